@@ -1,0 +1,42 @@
+# meshinfer: the commands a developer and CI use. See README.md.
+GO      ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X main.version=$(VERSION)
+# CI runs on 2 cores; -race and a timeout that fails loudly instead of hanging CI.
+TESTFLAGS ?= -race -count=1 -timeout 14m
+
+.PHONY: build run test bench fuzz soak lint clean
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/meshinfer ./cmd/meshinfer
+
+# A 5-node testnet on loopback with the built-in model: a table of nodes, then live status.
+run: build
+	./bin/meshinfer testnet --nodes 5
+
+test:
+	$(GO) vet ./...
+	$(GO) test $(TESTFLAGS) ./...
+
+# Ratio benchmarks (BENCHMARKS.md); each reports its reference measured in the same run.
+bench:
+	$(GO) test -run='^$$' -bench=. -benchtime=1x ./testnet/
+	$(GO) test -run='^$$' -bench=. ./mesh/... ./reputation/
+
+# Each fuzz target for 60 s (T3: not part of CI; seeds run in `make test`).
+FUZZTIME ?= 60s
+fuzz:
+	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZTIME) ./mesh/caps/
+	$(GO) test -run='^$$' -fuzz='^FuzzVerifySignature$$' -fuzztime=$(FUZZTIME) ./mesh/caps/
+	$(GO) test -run='^$$' -fuzz='^FuzzStoreOps$$' -fuzztime=$(FUZZTIME) ./reputation/
+
+# Long-running tests (T3), behind a build tag so CI never runs them.
+soak:
+	$(GO) test -race -count=1 -tags soak -timeout 30m -run Soak ./...
+
+lint:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1)
+	$(GO) vet ./...
+
+clean:
+	rm -rf bin

@@ -1,0 +1,134 @@
+// Command meshinfer runs a node of the meshinfer peer-to-peer inference mesh, a local
+// testnet of many nodes, and small tools around them (status, id).
+//
+// This package parses flags, sets up logging and calls into node and testnet; it holds no
+// domain logic.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	golog "github.com/ipfs/go-log/v2"
+	"github.com/libp2p/go-libp2p/gologshim"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+const usage = `meshinfer: a peer-to-peer inference mesh node
+
+Usage:
+  meshinfer <command> [flags]
+
+Commands:
+  node      run a node: join the mesh, announce this machine's capabilities, serve the console
+  testnet   run N nodes in this process on loopback and show them find each other
+  status    show a running node's status (reads its console)
+  id        print this node's peer ID (creates the identity on first use)
+  version   print the version
+
+Run 'meshinfer <command> --help' for the flags of a command.
+
+Logging: GOLOG_LOG_LEVEL sets levels for meshinfer and go-libp2p alike, for example
+  GOLOG_LOG_LEVEL=info  or  GOLOG_LOG_LEVEL="error,mesh/announce=debug"
+`
+
+func main() {
+	setupLogging()
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// errUsage marks a command-line mistake: exit status 2, as flag does.
+var errUsage = errors.New("usage")
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	var err error
+	switch cmd, rest := args[0], args[1:]; cmd {
+	case "node":
+		err = runNode(rest, stdout, stderr)
+	case "testnet":
+		err = runTestnet(rest, stdout, stderr)
+	case "status":
+		err = runStatus(rest, stdout, stderr)
+	case "id":
+		err = runID(rest, stdout, stderr)
+	case "version", "--version", "-version":
+		fmt.Fprintln(stdout, "meshinfer", version)
+	case "help", "--help", "-help", "-h":
+		fmt.Fprint(stdout, usage)
+	default:
+		fmt.Fprintf(stderr, "meshinfer: unknown command %q\n\n%s", cmd, usage)
+		return 2
+	}
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		return 2
+	default:
+		fmt.Fprintf(stderr, "meshinfer: %v\n", err)
+		return 1
+	}
+}
+
+// setupLogging routes go-libp2p's slog output through go-log, so GOLOG_LOG_LEVEL controls
+// both, and keeps the default level at warn: a node's normal output is what it prints itself.
+func setupLogging() {
+	cfg := golog.GetConfig()
+	if os.Getenv("GOLOG_LOG_LEVEL") == "" {
+		cfg.Level = golog.LevelWarn
+	}
+	golog.SetupLogging(cfg)
+	if os.Getenv("GOLOG_LOG_LEVEL") == "" {
+		// The DHT warns on every refresh while its table is empty, which is normal for the
+		// first node of a mesh and during shutdown.
+		golog.SetLogLevel("dht/RtRefreshManager", "error")
+	}
+	gologshim.SetDefaultHandler(golog.SlogHandler())
+}
+
+// newFlagSet returns a FlagSet that prints its usage with a one-line synopsis and reports
+// errors instead of exiting.
+func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: meshinfer %s\n\n%s\n\nFlags:\n", name, synopsis)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parse parses args and turns flag errors into errUsage (flag has printed the message).
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(fs.Output(), "meshinfer %s: unexpected argument %q\n", fs.Name(), fs.Arg(0))
+		fs.Usage()
+		return errUsage
+	}
+	return nil
+}
+
+// listFlag is a repeatable string flag.
+type listFlag []string
+
+func (l *listFlag) String() string { return fmt.Sprint([]string(*l)) }
+
+func (l *listFlag) Set(s string) error {
+	*l = append(*l, s)
+	return nil
+}

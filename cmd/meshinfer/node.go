@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/meshinfer/meshinfer/node"
+)
+
+const nodeSynopsis = `Run a node: listen for peers, join the mesh through bootstrap peers, the DHT and mDNS,
+announce this machine's signed capability vector, and serve the local console.
+
+Examples:
+  meshinfer node
+  meshinfer node --role bootstrap --listen /ip4/0.0.0.0/tcp/4001
+  meshinfer node --bootstrap /ip4/192.0.2.7/tcp/4001/p2p/12D3KooW...`
+
+func runNode(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("node", nodeSynopsis, stderr)
+	var listen, boots listFlag
+	dataDir := fs.String("data-dir", "", "where the identity key lives (default $XDG_DATA_HOME/meshinfer, else ~/.local/share/meshinfer)")
+	mesh := fs.String("mesh", node.DefaultMesh, "mesh to join; nodes of different meshes never see each other")
+	role := fs.String("role", string(node.RoleContributor), "contributor, or bootstrap (DHT server, relay and AutoNAT service for others)")
+	fs.Var(&listen, "listen", "libp2p listen multiaddr, repeatable (default TCP and QUIC on port 4001, IPv4 and IPv6)")
+	fs.Var(&boots, "bootstrap", "bootstrap peer multiaddr ending in /p2p/<peer ID>, repeatable")
+	noMDNS := fs.Bool("no-mdns", false, "do not discover or answer peers on the local network (mDNS)")
+	consoleAddr := fs.String("console", node.DefaultConsoleAddr, `console listen address, or "off"`)
+	consolePublic := fs.Bool("console-public", false, "allow a non-loopback console address (exposes peers and addresses)")
+	heartbeat := fs.Duration("heartbeat", node.DefaultHeartbeat, "capability re-announcement period")
+	connsLow := fs.Int("conns-low", node.DefaultConnsLow, "connection manager low water mark")
+	connsHigh := fs.Int("conns-high", node.DefaultConnsHigh, "connection manager high water mark")
+	probeRoot := fs.String("probe-root", "/", "filesystem root under which /proc and /sys are read (for tests)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	cfg := node.Config{
+		DataDir:       *dataDir,
+		Mesh:          *mesh,
+		ListenAddrs:   listen,
+		MDNS:          !*noMDNS,
+		ConsoleAddr:   *consoleAddr,
+		ConsolePublic: *consolePublic,
+		Heartbeat:     *heartbeat,
+		ConnsLow:      *connsLow,
+		ConnsHigh:     *connsHigh,
+		ProbeRoot:     *probeRoot,
+		Version:       version,
+	}
+	roles, err := parseRoles(*role)
+	if err != nil {
+		return err
+	}
+	cfg.Roles = roles
+	for _, b := range boots {
+		ai, err := peer.AddrInfoFromString(b)
+		if err != nil {
+			return fmt.Errorf("--bootstrap %q: %w (want a multiaddr ending in /p2p/<peer ID>, as 'meshinfer status' shows under listen addresses)", b, err)
+		}
+		cfg.Bootstrap = append(cfg.Bootstrap, *ai)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	n, err := node.New(cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "meshinfer %s node %s\n", version, n.ID())
+	fmt.Fprintf(stdout, "  mesh     %s\n", *mesh)
+	fmt.Fprintf(stdout, "  roles    %s\n", *role)
+	for _, a := range n.P2PAddrs() {
+		fmt.Fprintf(stdout, "  listen   %s\n", a)
+	}
+	if a := n.ConsoleAddr(); a != "" {
+		fmt.Fprintf(stdout, "  console  http://%s/api/status\n", a)
+	}
+	if len(cfg.Bootstrap) == 0 && *role != string(node.RoleBootstrap) {
+		fmt.Fprintln(stdout, "  no --bootstrap peers: finding peers through mDNS on this network only")
+	}
+	fmt.Fprintln(stdout, "Ctrl-C stops the node.")
+	<-ctx.Done()
+	fmt.Fprintln(stdout, "stopping...")
+	done := make(chan error, 1)
+	go func() { done <- n.Close() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("node did not stop within 10s")
+	}
+}
+
+func parseRoles(s string) ([]node.Role, error) {
+	var roles []node.Role
+	for _, r := range strings.Split(s, ",") {
+		switch node.Role(strings.TrimSpace(r)) {
+		case node.RoleContributor:
+		case node.RoleBootstrap:
+			roles = append(roles, node.RoleBootstrap)
+		case "coordinator":
+			return nil, fmt.Errorf("--role coordinator is not built yet; run as contributor or bootstrap")
+		default:
+			return nil, fmt.Errorf("--role %q: known roles are contributor and bootstrap", r)
+		}
+	}
+	return roles, nil
+}

@@ -1,0 +1,149 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/meshinfer/meshinfer/mesh/caps"
+	"github.com/meshinfer/meshinfer/node"
+	"github.com/meshinfer/meshinfer/node/console"
+)
+
+// statusTimeout bounds the whole status query: the console is local and answers at once.
+const statusTimeout = 5 * time.Second
+
+// maxConsoleBody bounds what status reads from a console (4096 peers of ~2 KiB each).
+const maxConsoleBody = 16 << 20
+
+func runStatus(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("status", "Show a running node's status, read from its local console.", stderr)
+	addr := fs.String("console", node.DefaultConsoleAddr, "the node's console address")
+	asJSON := fs.Bool("json", false, "print the raw JSON of /api/status and /api/peers, for scripts")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
+	defer cancel()
+	base := "http://" + *addr
+	var st console.Status
+	if err := getJSON(ctx, base+"/api/status", &st); err != nil {
+		return fmt.Errorf("%w\nis a node running? start one with 'meshinfer node', or point --console at its console", err)
+	}
+	var peers console.Peers
+	if err := getJSON(ctx, base+"/api/peers", &peers); err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(struct {
+			Status console.Status `json:"status"`
+			Peers  []console.Peer `json:"peers"`
+		}{st, peers.Peers})
+	}
+	renderStatus(stdout, st, peers.Peers)
+	return nil
+}
+
+func getJSON(ctx context.Context, url string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("cannot reach the console: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxConsoleBody)).Decode(v); err != nil {
+		return fmt.Errorf("GET %s: bad JSON: %w", url, err)
+	}
+	return nil
+}
+
+func renderStatus(w io.Writer, st console.Status, peers []console.Peer) {
+	ready := "bootstrapping"
+	if st.Ready {
+		ready = "ready"
+	}
+	fmt.Fprintf(w, "node      %s (%s)\n", st.NodeID, ready)
+	fmt.Fprintf(w, "version   %s   roles %s   up %s\n", st.Version, strings.Join(st.Roles, ","), (time.Duration(st.UptimeS) * time.Second).String())
+	fmt.Fprintf(w, "mesh      %s: %d known (%d stale), %d connected, %d on the caps topic, %d in the DHT\n",
+		st.Mesh.Name, st.Mesh.PeersKnown, st.Mesh.PeersStale, st.Mesh.PeersConnected, st.Mesh.TopicPeers, st.Mesh.DHTPeers)
+	a := st.Announcements
+	fmt.Fprintf(w, "announce  %d published; received %d accepted, %d rejected, %d ignored\n", a.Published, a.Accepted, a.Rejected, a.Ignored)
+	for _, addr := range st.ListenAddrs {
+		fmt.Fprintf(w, "listen    %s\n", addr)
+	}
+	if c := st.Capability; c != nil {
+		fmt.Fprintf(w, "this node %s\n", describe(c))
+	}
+	fmt.Fprintln(w)
+	if len(peers) == 0 {
+		fmt.Fprintln(w, "no peers known yet")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PEER\tSTATE\tAGE\tCAPABILITY")
+	for _, p := range peers {
+		state := "connected"
+		switch {
+		case p.Stale:
+			state = "stale"
+		case !p.Connected:
+			state = "via mesh"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.0fs\t%s\n", shortID(p.PeerID), state, p.AgeS, describe(p.Capability))
+	}
+	tw.Flush()
+}
+
+// describe renders a vector in one line for people.
+func describe(c *caps.Vector) string {
+	if c == nil {
+		return "-"
+	}
+	parts := []string{
+		fmt.Sprintf("%d× %s", c.CPU.Cores, c.CPU.Arch),
+		fmt.Sprintf("%.1f/%.1f GiB free", float64(c.RAM.FreeMB)/1024, float64(c.RAM.TotalMB)/1024),
+	}
+	for _, g := range c.GPU {
+		parts = append(parts, fmt.Sprintf("gpu %s %s", g.Vendor, g.Model))
+	}
+	if c.Battery.Present {
+		b := fmt.Sprintf("battery %d%%", c.Battery.Level)
+		if c.Battery.Charging {
+			b += " charging"
+		}
+		parts = append(parts, b)
+	} else {
+		parts = append(parts, "mains")
+	}
+	parts = append(parts, "thermal "+c.Thermal, fmt.Sprintf("rtt %.2fms", c.Net.RTTMS))
+	if len(c.Models) == 0 {
+		parts = append(parts, "no models")
+	} else {
+		var names []string
+		for _, m := range c.Models {
+			names = append(names, m.Name)
+		}
+		parts = append(parts, "models "+strings.Join(names, ","))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func shortID(id string) string {
+	if len(id) <= 16 {
+		return id
+	}
+	return id[:8] + "…" + id[len(id)-6:]
+}

@@ -1,0 +1,280 @@
+package announce
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p"
+	pubsub "github.com/libp2p/go-libp2p-pubsub"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/meshinfer/meshinfer/mesh/caps"
+	"github.com/meshinfer/meshinfer/mesh/registry"
+)
+
+const testMesh = "test"
+
+// fixedSource returns a plausible hardware vector.
+type fixedSource struct{}
+
+func (fixedSource) Vector(time.Time) caps.Vector { return baseVector() }
+
+func baseVector() caps.Vector {
+	return caps.Vector{
+		Runtime:  caps.RuntimeDesktop,
+		CPU:      caps.CPU{Cores: 8, Arch: "amd64"},
+		RAM:      caps.RAM{TotalMB: 16384, FreeMB: 8192},
+		Thermal:  caps.ThermalNominal,
+		AppState: caps.AppStateActive,
+		Net:      caps.Net{Effective: caps.Effective4G},
+		Models:   []caps.Model{},
+		Load:     caps.Load{Accepting: true},
+	}
+}
+
+// signed returns the wire form of a vector signed by key with seq, valid from now for ttl.
+func signed(t *testing.T, key crypto.PrivKey, seq uint64, now time.Time, ttl time.Duration, edit func(*caps.Vector)) []byte {
+	t.Helper()
+	v := baseVector()
+	v.Seq, v.IssuedAt, v.Expires = seq, now.UnixMilli(), now.Add(ttl).UnixMilli()
+	if err := caps.Sign(key, &v); err != nil {
+		t.Fatal(err)
+	}
+	if edit != nil {
+		edit(&v)
+	}
+	b, err := json.Marshal(&v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func newHost(t *testing.T, key crypto.PrivKey) host.Host {
+	t.Helper()
+	h, err := libp2p.New(libp2p.Identity(key), libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableRelay())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
+}
+
+func newKey(t *testing.T) crypto.PrivKey {
+	t.Helper()
+	k, _, err := crypto.GenerateEd25519Key(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// victimAndAttacker connects a victim running an Announcer to an attacker that publishes raw
+// bytes on the caps topic with its own (validly signed) pubsub messages.
+type rig struct {
+	victim   *Announcer
+	reg      *registry.Registry
+	attacker host.Host
+	attKey   crypto.PrivKey
+	topic    *pubsub.Topic
+}
+
+func newRig(t *testing.T, seenTTL time.Duration) *rig {
+	t.Helper()
+	vKey, aKey := newKey(t), newKey(t)
+	vh, ah := newHost(t, vKey), newHost(t, aKey)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	vps, err := pubsub.NewGossipSub(ctx, vh, pubsub.WithSeenMessagesTTL(seenTTL), pubsub.WithMaxMessageSize(64<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	aps, err := pubsub.NewGossipSub(ctx, ah, pubsub.WithMaxMessageSize(64<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := registry.New(registry.ParamsForHeartbeat(time.Hour))
+	a, err := New(vh, vps, vKey, reg, fixedSource{}, Params{Mesh: testMesh, Heartbeat: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	topic, err := aps.Join(Topic(testMesh))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ah.Connect(ctx, peer.AddrInfo{ID: vh.ID(), Addrs: vh.Addrs()}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "attacker to see the victim on the topic", func() bool { return len(topic.ListPeers()) == 1 })
+	return &rig{victim: a, reg: reg, attacker: ah, attKey: aKey, topic: topic}
+}
+
+// send publishes data from the attacker and waits until the victim's validator has judged it.
+func (r *rig) send(t *testing.T, data []byte) Counts {
+	t.Helper()
+	before := r.victim.Counts()
+	if err := r.topic.Publish(context.Background(), data); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the victim to validate the message", func() bool {
+		c := r.victim.Counts()
+		return c.Accepted+c.Rejected+c.Ignored > before.Accepted+before.Rejected+before.Ignored
+	})
+	after := r.victim.Counts()
+	return Counts{after.Accepted - before.Accepted, after.Rejected - before.Rejected, after.Ignored - before.Ignored}
+}
+
+func TestValidatorRejectsForgeriesWithoutStateChange(t *testing.T) {
+	r := newRig(t, 2*time.Minute)
+	now := time.Now()
+	other := newKey(t)
+	otherID, _ := peer.IDFromPrivateKey(other)
+	huge := strings.Repeat("x", caps.MaxEncodedSize)
+
+	cases := []struct {
+		name string
+		data []byte
+		want string // "reject" or "ignore"
+	}{
+		{"bad signature", signed(t, r.attKey, 10, now, time.Minute, func(v *caps.Vector) {
+			v.Sig = "ed25519:" + strings.Repeat("A", 86) + "=="
+		}), "reject"},
+		{"missing signature", signed(t, r.attKey, 10, now, time.Minute, func(v *caps.Vector) { v.Sig = "" }), "reject"},
+		{"A claims B", signed(t, other, 10, now, time.Minute, nil), "reject"},
+		{"A claims B with A's signature", signed(t, r.attKey, 10, now, time.Minute, func(v *caps.Vector) { v.PeerID = otherID.String() }), "reject"},
+		{"tampered field", signed(t, r.attKey, 10, now, time.Minute, func(v *caps.Vector) {
+			v.Models = append(v.Models, caps.Model{Name: "gpt-huge", State: caps.ModelWarm})
+		}), "reject"},
+		{"out of bounds", signed(t, r.attKey, 10, now, time.Minute, func(v *caps.Vector) {}), ""}, // placeholder replaced below
+		{"expired", signed(t, r.attKey, 10, now.Add(-10*time.Minute), time.Minute, nil), "ignore"},
+		{"oversized", []byte(`{"peer_id":"` + huge + `"}`), "reject"},
+		{"not json", []byte("hello"), "reject"},
+	}
+	// A properly signed vector claiming impossible VRAM.
+	cases[5] = struct {
+		name string
+		data []byte
+		want string
+	}{"out of bounds", func() []byte {
+		v := baseVector()
+		v.GPU = []caps.GPU{{Vendor: "nvidia", VRAMMB: 10 << 30}}
+		v.Seq, v.IssuedAt, v.Expires = 10, now.UnixMilli(), now.Add(time.Minute).UnixMilli()
+		if err := caps.Sign(r.attKey, &v); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := json.Marshal(&v)
+		return b
+	}(), "reject"}
+
+	for _, tc := range cases {
+		got := r.send(t, tc.data)
+		want := Counts{}
+		if tc.want == "reject" {
+			want.Rejected = 1
+		} else {
+			want.Ignored = 1
+		}
+		if got != want {
+			t.Errorf("%s: got %+v, want %+v", tc.name, got, want)
+		}
+		if n := r.reg.Len(); n != 0 {
+			t.Fatalf("%s: registry holds %d peers, want 0", tc.name, n)
+		}
+	}
+
+	// A genuine vector is accepted, so the rig itself works.
+	if got := r.send(t, signed(t, r.attKey, 10, now, time.Minute, nil)); got.Accepted != 1 {
+		t.Fatalf("genuine vector: got %+v, want accepted", got)
+	}
+	waitFor(t, "registry entry", func() bool { return r.reg.Len() == 1 })
+}
+
+func TestValidatorIgnoresReplays(t *testing.T) {
+	// A seen-cache of 50 ms: replays arrive after GossipSub has forgotten the message.
+	r := newRig(t, 50*time.Millisecond)
+	now := time.Now()
+	newer := signed(t, r.attKey, 20, now, time.Minute, nil)
+	if got := r.send(t, newer); got.Accepted != 1 {
+		t.Fatalf("seq 20: got %+v, want accepted", got)
+	}
+	waitFor(t, "registry entry", func() bool { return r.reg.Len() == 1 })
+
+	for _, tc := range []struct {
+		name string
+		data []byte
+	}{
+		{"older seq", signed(t, r.attKey, 19, now, time.Minute, nil)},
+		{"same seq", signed(t, r.attKey, 20, now, time.Minute, nil)},
+		{"same bytes after seen-cache expiry", newer},
+	} {
+		time.Sleep(100 * time.Millisecond) // let GossipSub's 50 ms seen-cache expire
+		if got := r.send(t, tc.data); got.Ignored != 1 {
+			t.Errorf("%s: got %+v, want ignored", tc.name, got)
+		}
+		e, _ := r.reg.Get(r.attacker.ID(), time.Now())
+		if e.Vector.Seq != 20 {
+			t.Errorf("%s: registry seq %d, want 20", tc.name, e.Vector.Seq)
+		}
+	}
+}
+
+func TestTwoAnnouncersSeeEachOther(t *testing.T) {
+	k1, k2 := newKey(t), newKey(t)
+	h1, h2 := newHost(t, k1), newHost(t, k2)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ps1, _ := pubsub.NewGossipSub(ctx, h1)
+	ps2, _ := pubsub.NewGossipSub(ctx, h2)
+	r1 := registry.New(registry.ParamsForHeartbeat(time.Minute))
+	r2 := registry.New(registry.ParamsForHeartbeat(time.Minute))
+	a1, err := New(h1, ps1, k1, r1, fixedSource{}, Params{Mesh: testMesh, Heartbeat: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a1.Close()
+	a2, err := New(h2, ps2, k2, r2, fixedSource{}, Params{Mesh: testMesh, Heartbeat: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a2.Close()
+	if err := h2.Connect(ctx, peer.AddrInfo{ID: h1.ID(), Addrs: h1.Addrs()}); err != nil {
+		t.Fatal(err)
+	}
+	// Heartbeat is a minute: seeing each other within seconds proves the join trigger.
+	waitFor(t, "both registries", func() bool { return r1.Len() == 1 && r2.Len() == 1 })
+	e, _ := r1.Get(h2.ID(), time.Now())
+	if !e.Connected || e.Vector.PeerID != h2.ID().String() {
+		t.Fatalf("entry %+v: want connected with h2's vector", e)
+	}
+	// A clean disconnect shows at once.
+	h2.Close()
+	waitFor(t, "disconnect to show", func() bool {
+		e, _ := r1.Get(h2.ID(), time.Now())
+		return !e.Connected
+	})
+	// Close is idempotent.
+	if err := a1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a1.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,337 @@
+package announce
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	logging "github.com/ipfs/go-log/v2"
+	pubsub "github.com/libp2p/go-libp2p-pubsub"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/event"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/p2p/protocol/ping"
+
+	"github.com/meshinfer/meshinfer/mesh/caps"
+	"github.com/meshinfer/meshinfer/mesh/registry"
+)
+
+var log = logging.Logger("mesh/announce")
+
+// Defaults.
+const (
+	// DefaultHeartbeat is the re-announcement period. 15 s detects a silent peer in about
+	// 31 s (two misses plus a grace second), against mesh-llm's ~41 s.
+	DefaultHeartbeat = 15 * time.Second
+	// DefaultMinGap is the least time between two publishes of this node: join and change
+	// triggers inside it fold into one message, so a burst of joins costs one announcement.
+	DefaultMinGap = time.Second
+	// pingTimeout bounds one RTT measurement. A peer slower than that is not worth a figure.
+	pingTimeout = 2 * time.Second
+	// pingPeers is how many connected peers are pinged per heartbeat: enough for a median.
+	pingPeers = 4
+	// ttlHeartbeats is how many heartbeats a vector stays valid: three, so one lost message
+	// never expires a live peer's vector.
+	ttlHeartbeats = 3
+)
+
+// Source supplies the unsigned parts of this node's vector: hardware, models, load and what
+// it knows of its network (metered, downlink). The Announcer fills peer_id, net.rtt_ms,
+// net.effective, seq, issued_at, expires_at and sig.
+type Source interface {
+	Vector(now time.Time) caps.Vector
+}
+
+// Params configures an Announcer.
+type Params struct {
+	Mesh      string           // mesh name; selects the topic
+	Heartbeat time.Duration    // re-announce period; DefaultHeartbeat when 0
+	MinGap    time.Duration    // least gap between publishes; DefaultMinGap when 0
+	Now       func() time.Time // clock; time.Now when nil
+}
+
+// Announcer publishes this node's vector and feeds the registry from others'.
+type Announcer struct {
+	h      host.Host
+	key    crypto.PrivKey
+	src    Source
+	reg    *registry.Registry
+	params Params
+	val    *validator
+	ps     *pubsub.PubSub
+	topic  *pubsub.Topic
+	sub    *pubsub.Subscription
+	events *pubsub.TopicEventHandler
+	bus    event.Subscription
+
+	trigger chan struct{} // one slot: a pending publish request
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	closed  atomic.Bool
+
+	own       atomic.Pointer[caps.Vector] // latest signed vector of this node
+	published atomic.Uint64               // publishes done
+	rttMS     atomic.Uint64               // math.Float64bits of the latest median RTT
+
+	mu  sync.Mutex // guards seq
+	seq uint64
+}
+
+// New joins the mesh's capability topic on ps, registers its validator and starts the
+// publish, receive and event loops. Close stops them.
+func New(h host.Host, ps *pubsub.PubSub, key crypto.PrivKey, reg *registry.Registry, src Source, p Params) (*Announcer, error) {
+	if p.Heartbeat <= 0 {
+		p.Heartbeat = DefaultHeartbeat
+	}
+	if p.MinGap <= 0 {
+		p.MinGap = DefaultMinGap
+	}
+	if p.Now == nil {
+		p.Now = time.Now
+	}
+	if p.Heartbeat*ttlHeartbeats > caps.MaxTTL {
+		return nil, fmt.Errorf("heartbeat %v too long: vectors would outlive %v", p.Heartbeat, caps.MaxTTL)
+	}
+	a := &Announcer{
+		h: h, key: key, src: src, reg: reg, params: p, ps: ps,
+		val:     newValidator(p.Now),
+		trigger: make(chan struct{}, 1),
+		// Start the seq at the wall clock in ms, so a restart with the same identity keeps
+		// announcing above the seq its peers remember.
+		seq: uint64(max(p.Now().UnixMilli(), 1)),
+	}
+	name := Topic(p.Mesh)
+	if err := ps.RegisterTopicValidator(name, pubsub.ValidatorEx(a.val.Validate)); err != nil {
+		return nil, fmt.Errorf("register validator on %s: %w", name, err)
+	}
+	if err := a.join(name); err != nil {
+		a.release()
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	a.cancel = cancel
+	a.Changed() // announce at start
+	// Each loop exits when ctx is cancelled by Close (or its input closes), and is waited for there.
+	a.wg.Add(4)
+	go a.publishLoop(ctx)
+	go a.receiveLoop(ctx)
+	go a.joinLoop(ctx)
+	go a.connectednessLoop(ctx)
+	return a, nil
+}
+
+func (a *Announcer) join(name string) error {
+	var err error
+	if a.topic, err = a.ps.Join(name); err != nil {
+		return fmt.Errorf("join %s: %w", name, err)
+	}
+	if a.sub, err = a.topic.Subscribe(); err != nil {
+		return fmt.Errorf("subscribe %s: %w", name, err)
+	}
+	if a.events, err = a.topic.EventHandler(); err != nil {
+		return fmt.Errorf("topic events %s: %w", name, err)
+	}
+	if a.bus, err = a.h.EventBus().Subscribe(new(event.EvtPeerConnectednessChanged)); err != nil {
+		return fmt.Errorf("subscribe to connection events: %w", err)
+	}
+	return nil
+}
+
+// release undoes join and the validator registration; safe on a partial join.
+func (a *Announcer) release() {
+	if a.bus != nil {
+		a.bus.Close()
+	}
+	if a.events != nil {
+		a.events.Cancel()
+	}
+	if a.sub != nil {
+		a.sub.Cancel()
+	}
+	if a.topic != nil {
+		a.topic.Close()
+	}
+	a.ps.UnregisterTopicValidator(Topic(a.params.Mesh))
+}
+
+// Close stops the loops and leaves the topic. It is idempotent.
+func (a *Announcer) Close() error {
+	if !a.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	a.cancel()
+	a.bus.Close() // ends connectednessLoop's channel
+	a.wg.Wait()
+	a.release()
+	return nil
+}
+
+// Changed asks for a publish soon. Many calls fold into one.
+func (a *Announcer) Changed() {
+	select {
+	case a.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// Own returns the latest vector this node published, or nil before the first.
+func (a *Announcer) Own() *caps.Vector { return a.own.Load().Clone() }
+
+// Counts returns how many incoming announcements were accepted, rejected and ignored.
+func (a *Announcer) Counts() Counts { return a.val.counts() }
+
+// Published is the number of announcements this node has published.
+func (a *Announcer) Published() uint64 { return a.published.Load() }
+
+// TopicPeers is the number of peers subscribed to the capability topic.
+func (a *Announcer) TopicPeers() int { return len(a.topic.ListPeers()) }
+
+// publishLoop publishes on triggers and heartbeats, never twice within MinGap: a trigger
+// that arrives during the gap waits in the one-slot channel and causes one publish after it.
+// Exits when ctx is done.
+func (a *Announcer) publishLoop(ctx context.Context) {
+	defer a.wg.Done()
+	heartbeat := time.NewTicker(a.params.Heartbeat)
+	defer heartbeat.Stop()
+	gap := time.NewTimer(a.params.MinGap)
+	defer gap.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-heartbeat.C:
+			a.measureRTT(ctx)
+			a.reg.Sweep(a.params.Now())
+		case <-a.trigger:
+		}
+		if err := a.publish(ctx); err != nil && ctx.Err() == nil {
+			log.Warnw("publish capability vector", "err", err)
+		}
+		gap.Reset(a.params.MinGap)
+		select {
+		case <-ctx.Done():
+			return
+		case <-gap.C:
+		}
+	}
+}
+
+// publish signs the current vector with the next seq and publishes it.
+func (a *Announcer) publish(ctx context.Context) error {
+	now := a.params.Now()
+	v := a.src.Vector(now)
+	v.Net.RTTMS = math.Float64frombits(a.rttMS.Load())
+	v.Net.Effective = caps.EffectiveType(v.Net.RTTMS, v.Net.DownlinkMbps)
+	v.IssuedAt = now.UnixMilli()
+	v.Expires = now.Add(ttlHeartbeats * a.params.Heartbeat).UnixMilli()
+	a.mu.Lock()
+	a.seq = max(a.seq+1, uint64(max(now.UnixMilli(), 1)))
+	v.Seq = a.seq
+	a.mu.Unlock()
+	v.PeerID = a.h.ID().String()
+	if err := v.Validate(); err != nil {
+		// Peers would reject it: say so here, where it can be fixed (usually a probe that
+		// cannot read /proc under its root).
+		return fmt.Errorf("own capability vector is invalid: %w", err)
+	}
+	if err := caps.Sign(a.key, &v); err != nil {
+		return err
+	}
+	data, err := caps.Encode(&v)
+	if err != nil {
+		return err
+	}
+	a.own.Store(&v)
+	if err := a.topic.Publish(ctx, data); err != nil {
+		return fmt.Errorf("publish on %s: %w", a.topic, err)
+	}
+	a.published.Add(1)
+	return nil
+}
+
+// receiveLoop stores accepted vectors of other peers. Exits when ctx is done.
+func (a *Announcer) receiveLoop(ctx context.Context) {
+	defer a.wg.Done()
+	for {
+		msg, err := a.sub.Next(ctx)
+		if err != nil {
+			return // ctx cancelled or subscription cancelled
+		}
+		vec, ok := msg.ValidatorData.(*caps.Vector)
+		if !ok || msg.GetFrom() == a.h.ID() {
+			continue
+		}
+		author := msg.GetFrom()
+		if a.reg.Put(author, vec, a.params.Now()) {
+			a.reg.SetConnected(author, a.h.Network().Connectedness(author) == network.Connected)
+		}
+	}
+}
+
+// joinLoop re-announces when a peer joins the topic. Exits when ctx is done.
+func (a *Announcer) joinLoop(ctx context.Context) {
+	defer a.wg.Done()
+	for {
+		ev, err := a.events.NextPeerEvent(ctx)
+		if err != nil {
+			return
+		}
+		if ev.Type == pubsub.PeerJoin {
+			a.Changed()
+		}
+	}
+}
+
+// connectednessLoop mirrors libp2p connection events into the registry, so a clean
+// disconnect shows at once. Exits when the event subscription is closed by Close.
+func (a *Announcer) connectednessLoop(ctx context.Context) {
+	defer a.wg.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case e, ok := <-a.bus.Out():
+			if !ok {
+				return
+			}
+			ev := e.(event.EvtPeerConnectednessChanged)
+			a.reg.SetConnected(ev.Peer, ev.Connectedness == network.Connected)
+		}
+	}
+}
+
+// measureRTT pings up to pingPeers connected peers and keeps the median RTT.
+func (a *Announcer) measureRTT(ctx context.Context) {
+	peers := a.h.Network().Peers()
+	if len(peers) > pingPeers {
+		peers = peers[:pingPeers]
+	}
+	rtts := make([]time.Duration, len(peers))
+	var wg sync.WaitGroup
+	for i, p := range peers {
+		wg.Go(func() {
+			pctx, cancel := context.WithTimeout(ctx, pingTimeout)
+			defer cancel()
+			select {
+			case res := <-ping.Ping(pctx, a.h, p):
+				if res.Error == nil {
+					rtts[i] = res.RTT
+				}
+			case <-pctx.Done():
+			}
+		})
+	}
+	wg.Wait()
+	rtts = slices.DeleteFunc(rtts, func(d time.Duration) bool { return d <= 0 })
+	if len(rtts) == 0 {
+		return
+	}
+	slices.Sort(rtts)
+	med := rtts[len(rtts)/2]
+	a.rttMS.Store(math.Float64bits(float64(med.Microseconds()) / 1000))
+}

@@ -1,0 +1,33 @@
+// Package announce publishes this node's signed capability vector on the mesh's GossipSub
+// topic and turns the vectors of other nodes into registry entries.
+//
+// Topic: /meshinfer/<mesh>/caps/1 (see Topic). Each message is one caps.Vector in its wire
+// form, signed with the node's ed25519 identity.
+//
+// When this node publishes:
+//   - at start, and again whenever a peer joins the topic, so a new node is visible within
+//     seconds instead of at the next heartbeat;
+//   - when Changed is called (one-slot coalescing trigger: many calls, one publish);
+//   - every heartbeat (15 s by default), with a fresh seq, issued_at and expires_at.
+//
+// Publishes are at least MinGap apart; triggers inside the gap fold into one publish.
+//
+// What the topic validator does with an incoming message (in this order):
+//
+//	> MaxEncodedSize bytes, malformed JSON, out-of-bound values   Reject
+//	bad, missing or foreign-key signature                          Reject
+//	signed author of the pubsub message ≠ vector's peer_id         Reject (A announcing B)
+//	expired, or issued more than 5 min ahead (clock_skew)          Ignore (may be a slow relay)
+//	seq ≤ the highest seq accepted from that peer                  Ignore (replay)
+//	otherwise                                                      Accept
+//
+// The per-peer seq high-water mark lives here, not in GossipSub's seen-cache, so a replay is
+// refused also after that cache (120 s) has forgotten the message. Only an accepted message
+// changes any state. Ordering uses seq only, never the remote timestamps.
+//
+// The Announcer also watches libp2p connection events so the registry marks a clean
+// disconnect at once, and sweeps forgotten peers every heartbeat.
+package announce
+
+// Topic returns the GossipSub topic for capability vectors of the named mesh.
+func Topic(mesh string) string { return "/meshinfer/" + mesh + "/caps/1" }

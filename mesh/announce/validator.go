@@ -1,0 +1,127 @@
+package announce
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	pubsub "github.com/libp2p/go-libp2p-pubsub"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/meshinfer/meshinfer/mesh/caps"
+)
+
+// highWaterCap bounds the per-peer seq table. Past it, entries whose last acceptance is older
+// than highWaterKeep are evicted first (any record they could replay has expired by then),
+// then the oldest.
+const highWaterCap = 16384
+
+// highWaterKeep is how long a seq high-water mark must be remembered: the longest a signed
+// vector can stay valid (caps.MaxTTL) plus the clock skew a receiver tolerates.
+const highWaterKeep = caps.MaxTTL + 2*caps.MaxClockSkew
+
+// Counts of validation outcomes, for the console.
+type Counts struct {
+	Accepted uint64 `json:"accepted"`
+	Rejected uint64 `json:"rejected"`
+	Ignored  uint64 `json:"ignored"`
+}
+
+// validator checks incoming announcements. It keeps the per-peer seq high-water mark.
+type validator struct {
+	now func() time.Time
+
+	accepted, rejected, ignored atomic.Uint64
+
+	mu   sync.Mutex
+	high map[peer.ID]mark
+}
+
+type mark struct {
+	seq uint64
+	at  time.Time // local time of acceptance
+}
+
+func newValidator(now func() time.Time) *validator {
+	return &validator{now: now, high: make(map[peer.ID]mark)}
+}
+
+// Validate is a pubsub.ValidatorEx. On Accept it stores the decoded vector in
+// msg.ValidatorData for the subscriber.
+func (v *validator) Validate(_ context.Context, _ peer.ID, msg *pubsub.Message) pubsub.ValidationResult {
+	res := v.check(msg)
+	switch res {
+	case pubsub.ValidationAccept:
+		v.accepted.Add(1)
+	case pubsub.ValidationReject:
+		v.rejected.Add(1)
+	default:
+		v.ignored.Add(1)
+	}
+	return res
+}
+
+func (v *validator) check(msg *pubsub.Message) pubsub.ValidationResult {
+	if len(msg.Data) > caps.MaxEncodedSize {
+		log.Debugw("announcement rejected", "peer", msg.ReceivedFrom, "err", caps.ErrTooLarge)
+		return pubsub.ValidationReject
+	}
+	now := v.now()
+	vec, err := caps.Verify(msg.Data, now)
+	if err != nil {
+		if errors.Is(err, caps.ErrExpired) || errors.Is(err, caps.ErrClockSkew) {
+			log.Debugw("announcement ignored", "peer", msg.ReceivedFrom, "err", err)
+			return pubsub.ValidationIgnore
+		}
+		log.Debugw("announcement rejected", "peer", msg.ReceivedFrom, "err", err)
+		return pubsub.ValidationReject
+	}
+	author := msg.GetFrom()
+	if author.String() != vec.PeerID {
+		log.Debugw("announcement rejected: author is not the vector's peer", "peer", author, "target", vec.PeerID)
+		return pubsub.ValidationReject
+	}
+	if !v.advance(author, vec.Seq, now) {
+		return pubsub.ValidationIgnore
+	}
+	msg.ValidatorData = vec
+	return pubsub.ValidationAccept
+}
+
+// advance raises the high-water mark of p to seq and reports whether seq was above it.
+func (v *validator) advance(p peer.ID, seq uint64, now time.Time) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if m, ok := v.high[p]; ok {
+		if seq <= m.seq {
+			return false
+		}
+	} else if len(v.high) >= highWaterCap {
+		v.evictLocked(now)
+	}
+	v.high[p] = mark{seq: seq, at: now}
+	return true
+}
+
+func (v *validator) evictLocked(now time.Time) {
+	var oldest peer.ID
+	var oldestAt time.Time
+	for id, m := range v.high {
+		if now.Sub(m.at) > highWaterKeep {
+			delete(v.high, id)
+			continue
+		}
+		if oldest == "" || m.at.Before(oldestAt) {
+			oldest, oldestAt = id, m.at
+		}
+	}
+	if len(v.high) >= highWaterCap {
+		delete(v.high, oldest)
+	}
+}
+
+func (v *validator) counts() Counts {
+	return Counts{Accepted: v.accepted.Load(), Rejected: v.rejected.Load(), Ignored: v.ignored.Load()}
+}

@@ -1,0 +1,165 @@
+package caps
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Bounds on announced values. A vector outside them is rejected as impossible: they are wide
+// enough for any real machine and tight enough that a liar cannot claim a datacentre.
+const (
+	// MaxEncodedSize is the largest announcement accepted, in bytes. A full vector with 64
+	// models of 128-byte names is about 9.5 KiB; 16 KiB leaves room without letting one
+	// message cost much.
+	MaxEncodedSize = 16 << 10
+	// MaxCores is the most logical cores a node may claim (the largest 2-socket servers have 512).
+	MaxCores = 4096
+	// MaxRAMMB is the most RAM a node may claim, in MiB (64 TiB).
+	MaxRAMMB = 64 << 20
+	// MaxGPUs is the most accelerators one node may list.
+	MaxGPUs = 16
+	// MaxVRAMMB is the most memory one accelerator may claim, in MiB (1 TiB).
+	MaxVRAMMB = 1 << 20
+	// MaxModels is the most models one node may announce.
+	MaxModels = 64
+	// MaxISA is the most ISA extensions listed.
+	MaxISA = 64
+	// MaxString is the longest free-text field (model names, CPU model), in bytes.
+	MaxString = 128
+	// MaxRTTMS caps the announced RTT, in milliseconds (a minute means "unreachable").
+	MaxRTTMS = 60_000
+	// MaxDownlinkMbps caps the announced downlink (1 Tbit/s).
+	MaxDownlinkMbps = 1_000_000
+	// MaxLoad caps in-flight and queued task counts.
+	MaxLoad = 1 << 20
+	// MaxTTL is the longest validity a signer may give a vector. Vectors are re-issued every
+	// heartbeat (15 s), so anything longer only widens the replay window.
+	MaxTTL = 10 * time.Minute
+	// MaxClockSkew is how far the signer's clock may be from the receiver's, either way
+	// (RELIABILITY.md F5): issued_at may lie this far ahead, and expires_at this far behind.
+	MaxClockSkew = 5 * time.Minute
+)
+
+// ErrOutOfBounds marks a vector whose values are impossible or malformed.
+var ErrOutOfBounds = errors.New("capability value out of bounds")
+
+// Validate checks every field against the documented bounds. It does not check the signature
+// or the time window (see Verify).
+func (v *Vector) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrOutOfBounds, fmt.Sprintf(format, args...))
+	}
+	if v.PeerID == "" {
+		return bad("peer_id missing")
+	}
+	if v.Runtime != RuntimeDesktop {
+		return bad("runtime %q unknown", v.Runtime)
+	}
+	if v.CPU.Cores < 1 || v.CPU.Cores > MaxCores {
+		return bad("cpu.cores %d not in [1, %d]", v.CPU.Cores, MaxCores)
+	}
+	if !shortText(v.CPU.Arch) || v.CPU.Arch == "" || !shortText(v.CPU.Model) {
+		return bad("cpu arch or model malformed")
+	}
+	if len(v.CPU.ISA) > MaxISA {
+		return bad("cpu.isa has %d entries, max %d", len(v.CPU.ISA), MaxISA)
+	}
+	for _, s := range v.CPU.ISA {
+		if s == "" || !shortText(s) {
+			return bad("cpu.isa entry malformed")
+		}
+	}
+	if len(v.GPU) > MaxGPUs {
+		return bad("gpu has %d entries, max %d", len(v.GPU), MaxGPUs)
+	}
+	for _, g := range v.GPU {
+		if g.Vendor == "" || !shortText(g.Vendor) || !shortText(g.Model) {
+			return bad("gpu vendor or model malformed")
+		}
+		if g.VRAMMB < 0 || g.VRAMMB > MaxVRAMMB {
+			return bad("gpu.vram_mb %d not in [0, %d]", g.VRAMMB, MaxVRAMMB)
+		}
+	}
+	if !shortText(v.NPU.Model) {
+		return bad("npu.model malformed")
+	}
+	if v.RAM.TotalMB < 1 || v.RAM.TotalMB > MaxRAMMB || v.RAM.FreeMB < 0 || v.RAM.FreeMB > v.RAM.TotalMB {
+		return bad("ram total %d free %d inconsistent", v.RAM.TotalMB, v.RAM.FreeMB)
+	}
+	if v.Battery.Level < 0 || v.Battery.Level > 100 || (!v.Battery.Present && (v.Battery.Level != 0 || v.Battery.Charging)) {
+		return bad("battery level %d present %v inconsistent", v.Battery.Level, v.Battery.Present)
+	}
+	switch v.Thermal {
+	case ThermalNominal, ThermalFair, ThermalSerious, ThermalCritical:
+	default:
+		return bad("thermal %q unknown", v.Thermal)
+	}
+	switch v.AppState {
+	case AppStateActive, AppStateIdle:
+	default:
+		return bad("app_state %q unknown", v.AppState)
+	}
+	if !finiteIn(v.Net.RTTMS, 0, MaxRTTMS) || !finiteIn(v.Net.DownlinkMbps, 0, MaxDownlinkMbps) {
+		return bad("net rtt_ms %v downlink_mbps %v out of range", v.Net.RTTMS, v.Net.DownlinkMbps)
+	}
+	switch v.Net.Effective {
+	case EffectiveSlow2G, Effective2G, Effective3G, Effective4G:
+	default:
+		return bad("net.effective %q unknown", v.Net.Effective)
+	}
+	if len(v.Models) > MaxModels {
+		return bad("models has %d entries, max %d", len(v.Models), MaxModels)
+	}
+	seen := make(map[string]bool, len(v.Models))
+	for _, m := range v.Models {
+		if m.Name == "" || !shortText(m.Name) || seen[m.Name] {
+			return bad("model name %q empty, too long or repeated", m.Name)
+		}
+		seen[m.Name] = true
+		if m.State != ModelWarm && m.State != ModelCold {
+			return bad("model %q state %q unknown", m.Name, m.State)
+		}
+	}
+	if v.Load.InFlight < 0 || v.Load.InFlight > MaxLoad || v.Load.Queue < 0 || v.Load.Queue > MaxLoad {
+		return bad("load in_flight %d queue %d out of range", v.Load.InFlight, v.Load.Queue)
+	}
+	if v.Seq == 0 {
+		return bad("seq must be positive")
+	}
+	ttl := v.Expires - v.IssuedAt
+	if v.IssuedAt <= 0 || ttl <= 0 || ttl > MaxTTL.Milliseconds() {
+		return bad("validity window %d ms not in (0, %d]", ttl, MaxTTL.Milliseconds())
+	}
+	return nil
+}
+
+// App states: whether the owner is using the machine. Desktops report active unless the
+// participation policy knows better.
+const (
+	AppStateActive = "active"
+	AppStateIdle   = "idle"
+)
+
+// Model states.
+const (
+	ModelWarm = "warm"
+	ModelCold = "cold"
+)
+
+func shortText(s string) bool {
+	if len(s) > MaxString {
+		return false
+	}
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f || r == 0xfffd {
+			return false
+		}
+	}
+	return true
+}
+
+func finiteIn(x, lo, hi float64) bool {
+	return !math.IsNaN(x) && !math.IsInf(x, 0) && x >= lo && x <= hi
+}

@@ -1,0 +1,539 @@
+package caps
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"math"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+)
+
+// nowMS is the receiver's clock in every test, in unix milliseconds (2027-01-15).
+const nowMS = 1_800_000_000_000
+
+// testTTL is the validity a realistic signer gives a vector: three 15 s heartbeats.
+const testTTL = 45 * time.Second
+
+func testNow() time.Time { return time.UnixMilli(nowMS) }
+
+// newKey returns a fresh ed25519 identity key.
+func newKey(tb testing.TB) crypto.PrivKey {
+	tb.Helper()
+	k, _, err := crypto.GenerateEd25519Key(rand.Reader)
+	if err != nil {
+		tb.Fatalf("generate ed25519 key: %v", err)
+	}
+	return k
+}
+
+// seededKey returns an ed25519 key derived from seed, so that fuzz targets, benchmarks and
+// known-answer tests see the same bytes on every run.
+func seededKey(tb testing.TB, seed byte) crypto.PrivKey {
+	tb.Helper()
+	k, _, err := crypto.GenerateEd25519Key(bytes.NewReader(bytes.Repeat([]byte{seed}, 32)))
+	if err != nil {
+		tb.Fatalf("generate seeded ed25519 key: %v", err)
+	}
+	return k
+}
+
+// validVector returns an unsigned vector that passes Validate once it has a peer ID: a
+// laptop-class desktop node with one GPU, two models, issued at now for testTTL.
+func validVector(now time.Time) *Vector {
+	return &Vector{
+		Runtime: RuntimeDesktop,
+		CPU: CPU{
+			Cores: 16,
+			Arch:  "amd64",
+			Model: "AMD Ryzen 9 7940HS w/ Radeon 780M Graphics",
+			ISA:   []string{"avx2", "avx512f", "fma"},
+		},
+		GPU:      []GPU{{Vendor: "nvidia", Model: "NVIDIA GeForce RTX 4070 Laptop GPU", VRAMMB: 8188}},
+		NPU:      NPU{Present: true, Model: "AMD XDNA"},
+		RAM:      RAM{TotalMB: 31_416, FreeMB: 18_230},
+		Battery:  Battery{Present: true, Level: 87, Charging: true},
+		Thermal:  ThermalNominal,
+		AppState: AppStateActive,
+		Net:      Net{RTTMS: 23.5, DownlinkMbps: 94.2, Effective: Effective4G},
+		Models: []Model{
+			{Name: "llama-3.1-8b-instruct-q4_k_m", State: ModelWarm},
+			{Name: "qwen2.5-7b-instruct-q4_k_m", State: ModelCold},
+		},
+		Load:     Load{InFlight: 1, Queue: 0, Accepting: true},
+		Seq:      1,
+		IssuedAt: now.UnixMilli(),
+		Expires:  now.Add(testTTL).UnixMilli(),
+	}
+}
+
+// signedVector returns validVector(testNow()) changed by mut (when not nil) and then signed
+// by key, so that whatever mut did is covered by a correct signature.
+func signedVector(tb testing.TB, key crypto.PrivKey, mut func(*Vector)) *Vector {
+	tb.Helper()
+	v := validVector(testNow())
+	if mut != nil {
+		mut(v)
+	}
+	if err := Sign(key, v); err != nil {
+		tb.Fatalf("Sign: %v", err)
+	}
+	return v
+}
+
+// marshal is json.Marshal without Encode's size limit, so tests can build oversized input.
+func marshal(tb testing.TB, v any) []byte {
+	tb.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		tb.Fatalf("marshal: %v", err)
+	}
+	return b
+}
+
+// sigOver signs msg with key directly, bypassing Sign, and formats it as the sig field.
+func sigOver(tb testing.TB, key crypto.PrivKey, msg []byte) string {
+	tb.Helper()
+	sig, err := key.Sign(msg)
+	if err != nil {
+		tb.Fatalf("sign: %v", err)
+	}
+	return sigPrefix + base64.StdEncoding.EncodeToString(sig)
+}
+
+// peerIDOf returns the string peer ID of key.
+func peerIDOf(tb testing.TB, key crypto.PrivKey) string {
+	tb.Helper()
+	id, err := peer.IDFromPrivateKey(key)
+	if err != nil {
+		tb.Fatalf("peer ID: %v", err)
+	}
+	return id.String()
+}
+
+// canonical is Canonical that fails the test on error.
+func canonical(tb testing.TB, v *Vector) []byte {
+	tb.Helper()
+	b, err := Canonical(v)
+	if err != nil {
+		tb.Fatalf("Canonical: %v", err)
+	}
+	return b
+}
+
+// sentinels are the errors callers of Decode and Verify act on; every failure must be one.
+var sentinels = []error{ErrTooLarge, ErrMalformed, ErrOutOfBounds, ErrBadSignature, ErrExpired, ErrClockSkew}
+
+// sentinelOf returns the sentinel err wraps, or nil.
+func sentinelOf(err error) error {
+	for _, s := range sentinels {
+		if errors.Is(err, s) {
+			return s
+		}
+	}
+	return nil
+}
+
+func TestValidVectorHelper(t *testing.T) {
+	v := signedVector(t, newKey(t), nil)
+	if err := v.Validate(); err != nil {
+		t.Fatalf("validVector does not validate: %v", err)
+	}
+	b, err := Encode(v)
+	if err != nil {
+		t.Fatalf("Encode: %v", err)
+	}
+	if len(b) > MaxEncodedSize/4 {
+		t.Errorf("a typical vector encodes to %d bytes, want well under MaxEncodedSize", len(b))
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	key := newKey(t)
+	v := signedVector(t, key, nil)
+	if want := peerIDOf(t, key); v.PeerID != want {
+		t.Fatalf("Sign set peer_id %q, want %q", v.PeerID, want)
+	}
+	if !strings.HasPrefix(v.Sig, sigPrefix) {
+		t.Fatalf("Sign set sig %q, want prefix %q", v.Sig, sigPrefix)
+	}
+	b, err := Encode(v)
+	if err != nil {
+		t.Fatalf("Encode: %v", err)
+	}
+	got, err := Verify(b, testNow())
+	if err != nil {
+		t.Fatalf("Verify: %v", err)
+	}
+	if !reflect.DeepEqual(got, v) {
+		t.Fatalf("Verify returned\n%+v\nwant\n%+v", got, v)
+	}
+	dec, err := Decode(b)
+	if err != nil {
+		t.Fatalf("Decode: %v", err)
+	}
+	if !reflect.DeepEqual(dec, v) {
+		t.Fatalf("Decode returned\n%+v\nwant\n%+v", dec, v)
+	}
+}
+
+func TestSignIsDeterministicAndReplacesOldSig(t *testing.T) {
+	key := newKey(t)
+	v := signedVector(t, key, nil)
+	first := v.Sig
+	if err := Sign(key, v); err != nil {
+		t.Fatalf("second Sign: %v", err)
+	}
+	if v.Sig != first {
+		t.Fatalf("re-signing an unchanged vector gave %q, want %q (ed25519 is deterministic and sig is not signed)", v.Sig, first)
+	}
+	v.Seq++
+	if err := Sign(key, v); err != nil {
+		t.Fatalf("Sign after change: %v", err)
+	}
+	if v.Sig == first {
+		t.Fatalf("sig unchanged after seq changed")
+	}
+	if _, err := Verify(marshal(t, v), testNow()); err != nil {
+		t.Fatalf("Verify after re-signing: %v", err)
+	}
+}
+
+func TestSignRefusesOtherKeyTypes(t *testing.T) {
+	secp, _, err := crypto.GenerateSecp256k1Key(rand.Reader)
+	if err != nil {
+		t.Fatalf("generate secp256k1 key: %v", err)
+	}
+	v := validVector(testNow())
+	if err := Sign(secp, v); err == nil {
+		t.Fatalf("Sign with a secp256k1 key succeeded, want an error")
+	}
+	if v.Sig != "" || v.PeerID != "" {
+		t.Fatalf("failed Sign changed the vector: peer_id %q sig %q", v.PeerID, v.Sig)
+	}
+}
+
+func TestSignRefusesUnencodableVector(t *testing.T) {
+	v := validVector(testNow())
+	v.Net.RTTMS = math.NaN()
+	if err := Sign(newKey(t), v); err == nil {
+		t.Fatalf("Sign of a vector with NaN rtt succeeded, want an error")
+	}
+}
+
+// TestCanonicalKnownAnswer pins the signed encoding: field order, names, omitempty, HTML
+// escaping, the domain tag and the signature format. A change here breaks every deployed
+// verifier (and any non-Go signer); it must come with a new Domain.
+func TestCanonicalKnownAnswer(t *testing.T) {
+	key := seededKey(t, 1)
+	v := validVector(testNow())
+	v.Models = append(v.Models, Model{Name: "a<b>&c", State: ModelCold}) // escaped by encoding/json
+	if err := Sign(key, v); err != nil {
+		t.Fatalf("Sign: %v", err)
+	}
+	const wantPeer = "12D3KooWK99VoVxNE7XzyBwXEzW7xhK7Gpv85r9F3V3fyKSUKPH5"
+	const wantBody = `{"peer_id":"` + wantPeer + `","runtime":"desktop",` +
+		`"cpu":{"cores":16,"arch":"amd64","model":"AMD Ryzen 9 7940HS w/ Radeon 780M Graphics","isa":["avx2","avx512f","fma"]},` +
+		`"gpu":[{"vendor":"nvidia","model":"NVIDIA GeForce RTX 4070 Laptop GPU","vram_mb":8188}],` +
+		`"npu":{"present":true,"model":"AMD XDNA"},"ram":{"total_mb":31416,"free_mb":18230},` +
+		`"battery":{"present":true,"level":87,"charging":true},"thermal":"nominal","app_state":"active",` +
+		`"net":{"rtt_ms":23.5,"downlink_mbps":94.2,"effective":"4g","metered":false},` +
+		`"models":[{"name":"llama-3.1-8b-instruct-q4_k_m","state":"warm"},{"name":"qwen2.5-7b-instruct-q4_k_m","state":"cold"},` +
+		`{"name":"a\u003cb\u003e\u0026c","state":"cold"}],` +
+		`"load":{"in_flight":1,"queue":0,"accepting":true},"seq":1,"issued_at":1800000000000,"expires_at":1800000045000}`
+	const wantSig = "ed25519:pwNLlpaMRgpzTUDUuUXcxbkG6SGM/ea4EfJQMAak/IKMp2ArQNKrrge6iO1/cFLHyN566gbG3MplAld7KMFhDw=="
+	if v.PeerID != wantPeer {
+		t.Fatalf("peer_id %q, want %q", v.PeerID, wantPeer)
+	}
+	if got := string(canonical(t, v)); got != Domain+wantBody {
+		t.Fatalf("Canonical =\n%q\nwant\n%q", got, Domain+wantBody)
+	}
+	if v.Sig != wantSig {
+		t.Fatalf("sig %q, want %q", v.Sig, wantSig)
+	}
+	// Independently of libp2p and encoding/json: the hand-written bytes verify with the
+	// standard library's ed25519 under the seed's public key.
+	pub := ed25519.NewKeyFromSeed(bytes.Repeat([]byte{1}, ed25519.SeedSize)).Public().(ed25519.PublicKey)
+	rawSig, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(wantSig, sigPrefix))
+	if err != nil || !ed25519.Verify(pub, []byte(Domain+wantBody), rawSig) {
+		t.Fatalf("wantSig does not verify over Domain+wantBody with crypto/ed25519 (err %v)", err)
+	}
+	enc, err := Encode(v)
+	if err != nil {
+		t.Fatalf("Encode: %v", err)
+	}
+	if want := strings.TrimSuffix(wantBody, "}") + `,"sig":"` + wantSig + `"}`; string(enc) != want {
+		t.Fatalf("Encode =\n%s\nwant\n%s", enc, want)
+	}
+}
+
+func TestCanonicalIgnoresSig(t *testing.T) {
+	v := signedVector(t, newKey(t), nil)
+	signedBytes := canonical(t, v)
+	v.Sig = ""
+	if !bytes.Equal(canonical(t, v), signedBytes) {
+		t.Fatalf("Canonical depends on sig")
+	}
+	if !bytes.HasPrefix(signedBytes, []byte(Domain)) {
+		t.Fatalf("Canonical lacks the domain prefix: %q", signedBytes[:40])
+	}
+	if bytes.Contains(signedBytes, []byte(`"sig"`)) {
+		t.Fatalf("Canonical contains the sig field")
+	}
+}
+
+func TestCloneDeepCopy(t *testing.T) {
+	v := signedVector(t, newKey(t), nil)
+	want := marshal(t, v)
+	c := v.Clone()
+	if !reflect.DeepEqual(c, v) {
+		t.Fatalf("Clone =\n%+v\nwant\n%+v", c, v)
+	}
+	c.CPU.ISA[0] = "sse2"
+	c.CPU.ISA = append(c.CPU.ISA, "amx")
+	c.GPU[0].VRAMMB = 1
+	c.GPU[0].Model = "changed"
+	c.GPU = append(c.GPU, GPU{Vendor: "amd"})
+	c.Models[0].Name = "changed"
+	c.Models[1].State = ModelWarm
+	c.Models = append(c.Models, Model{Name: "extra", State: ModelWarm})
+	c.Seq = 99
+	if got := marshal(t, v); !bytes.Equal(got, want) {
+		t.Fatalf("mutating the clone changed the original:\n%s\nwant\n%s", got, want)
+	}
+	// And the other way round: the clone must not see later changes of the original.
+	c = v.Clone()
+	v.CPU.ISA[0] = "neon"
+	v.GPU[0].Vendor = "apple"
+	v.Models[0].State = ModelCold
+	if c.CPU.ISA[0] != "avx2" || c.GPU[0].Vendor != "nvidia" || c.Models[0].State != ModelWarm {
+		t.Fatalf("mutating the original changed the clone: %+v", c)
+	}
+	var nilVec *Vector
+	if nilVec.Clone() != nil {
+		t.Fatalf("nil Clone is not nil")
+	}
+}
+
+// TestClonePreservesSignedEncoding: a clone of a verified vector must still verify when it is
+// encoded again, so the clone must keep empty-but-present slices (which encode as [] and are
+// signed as []) apart from absent ones (null).
+func TestClonePreservesSignedEncoding(t *testing.T) {
+	cases := []struct {
+		name string
+		mut  func(*Vector)
+	}{
+		{"no gpu as []", func(v *Vector) { v.GPU = []GPU{} }},
+		{"no models as []", func(v *Vector) { v.Models = []Model{} }},
+		{"no gpu as null", func(v *Vector) { v.GPU = nil }},
+		{"no models as null", func(v *Vector) { v.Models = nil }},
+		{"empty isa", func(v *Vector) { v.CPU.ISA = []string{} }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			v := signedVector(t, newKey(t), tc.mut)
+			got, err := Verify(marshal(t, v), testNow())
+			if err != nil {
+				t.Fatalf("Verify of the original: %v", err)
+			}
+			c := got.Clone()
+			if !bytes.Equal(canonical(t, c), canonical(t, got)) {
+				t.Fatalf("the clone's canonical bytes differ from the original's")
+			}
+			if _, err = Verify(marshal(t, c), testNow()); err != nil {
+				t.Fatalf("Verify of the re-encoded clone: %v", err)
+			}
+		})
+	}
+}
+
+func TestEffectiveType(t *testing.T) {
+	cases := []struct {
+		rtt, down float64
+		want      string
+	}{
+		// RTT thresholds, downlink unknown (0): judged on RTT alone.
+		{0, 0, Effective4G},
+		{269.999, 0, Effective4G},
+		{270, 0, Effective3G},
+		{1399.999, 0, Effective3G},
+		{1400, 0, Effective2G},
+		{1999.999, 0, Effective2G},
+		{2000, 0, EffectiveSlow2G},
+		{60_000, 0, EffectiveSlow2G},
+		// Downlink thresholds, fast RTT.
+		{10, 0.0499, EffectiveSlow2G},
+		{10, 0.05, Effective2G},
+		{10, 0.0699, Effective2G},
+		{10, 0.07, Effective3G},
+		{10, 0.6999, Effective3G},
+		{10, 0.7, Effective4G},
+		{10, 1000, Effective4G},
+		{0, 0.01, EffectiveSlow2G},
+		// The worse of the two wins.
+		{2000, 1000, EffectiveSlow2G},
+		{1400, 1000, Effective2G},
+		{270, 1000, Effective3G},
+		{100, 0.06, Effective2G},
+		{1500, 0.5, Effective2G},
+		{300, 0.01, EffectiveSlow2G},
+	}
+	for _, tc := range cases {
+		if got := EffectiveType(tc.rtt, tc.down); got != tc.want {
+			t.Errorf("EffectiveType(%v ms, %v Mbps) = %q, want %q", tc.rtt, tc.down, got, tc.want)
+		}
+	}
+}
+
+// boundsCase is a change that takes a valid vector outside the documented bounds.
+type boundsCase struct {
+	name string
+	mut  func(*Vector)
+}
+
+// outOfBounds lists impossible values that are still valid JSON, so each can be signed
+// correctly and must be refused for the bound alone.
+func outOfBounds() []boundsCase {
+	models := func(n int) []Model {
+		ms := make([]Model, n)
+		for i := range ms {
+			ms[i] = Model{Name: "model-" + string(rune('a'+i/26)) + string(rune('a'+i%26)), State: ModelCold}
+		}
+		return ms
+	}
+	return []boundsCase{
+		{"peer_id empty", func(v *Vector) { v.PeerID = "" }},
+		{"runtime unknown", func(v *Vector) { v.Runtime = "mainframe" }},
+		{"runtime empty", func(v *Vector) { v.Runtime = "" }},
+		{"cores 0", func(v *Vector) { v.CPU.Cores = 0 }},
+		{"cores negative", func(v *Vector) { v.CPU.Cores = -8 }},
+		{"cores over max", func(v *Vector) { v.CPU.Cores = MaxCores + 1 }},
+		{"cpu arch empty", func(v *Vector) { v.CPU.Arch = "" }},
+		{"cpu model too long", func(v *Vector) { v.CPU.Model = strings.Repeat("x", MaxString+1) }},
+		{"cpu model control char", func(v *Vector) { v.CPU.Model = "ryzen\x00" }},
+		{"isa over max", func(v *Vector) { v.CPU.ISA = make([]string, MaxISA+1); fill(v.CPU.ISA, "sse") }},
+		{"isa entry empty", func(v *Vector) { v.CPU.ISA = []string{"avx2", ""} }},
+		{"gpu count over max", func(v *Vector) { v.GPU = make([]GPU, MaxGPUs+1); fill(v.GPU, GPU{Vendor: "nvidia"}) }},
+		{"gpu vendor empty", func(v *Vector) { v.GPU[0].Vendor = "" }},
+		{"gpu vram 10 PB", func(v *Vector) { v.GPU[0].VRAMMB = 10 << 30 }},
+		{"gpu vram over 1 TiB", func(v *Vector) { v.GPU[0].VRAMMB = MaxVRAMMB + 1 }},
+		{"gpu vram negative", func(v *Vector) { v.GPU[0].VRAMMB = -1 }},
+		{"npu model delete char", func(v *Vector) { v.NPU.Model = "xdna\x7f" }},
+		{"ram total 0", func(v *Vector) { v.RAM = RAM{TotalMB: 0, FreeMB: 0} }},
+		{"ram total over 64 TiB", func(v *Vector) { v.RAM = RAM{TotalMB: MaxRAMMB + 1, FreeMB: 1} }},
+		{"ram free over total", func(v *Vector) { v.RAM.FreeMB = v.RAM.TotalMB + 1 }},
+		{"ram free negative", func(v *Vector) { v.RAM.FreeMB = -1 }},
+		{"battery level 101", func(v *Vector) { v.Battery.Level = 101 }},
+		{"battery level negative", func(v *Vector) { v.Battery.Level = -1 }},
+		{"battery level without battery", func(v *Vector) { v.Battery = Battery{Level: 50} }},
+		{"battery charging without battery", func(v *Vector) { v.Battery = Battery{Charging: true} }},
+		{"thermal unknown", func(v *Vector) { v.Thermal = "hot" }},
+		{"thermal empty", func(v *Vector) { v.Thermal = "" }},
+		{"app_state unknown", func(v *Vector) { v.AppState = "gaming" }},
+		{"rtt negative", func(v *Vector) { v.Net.RTTMS = -1 }},
+		{"rtt over a minute", func(v *Vector) { v.Net.RTTMS = MaxRTTMS + 0.5 }},
+		{"downlink negative (negative throughput)", func(v *Vector) { v.Net.DownlinkMbps = -0.5 }},
+		{"downlink over 1 Tbit/s", func(v *Vector) { v.Net.DownlinkMbps = MaxDownlinkMbps * 2 }},
+		{"effective unknown", func(v *Vector) { v.Net.Effective = "5g" }},
+		{"65 models", func(v *Vector) { v.Models = models(MaxModels + 1) }},
+		{"duplicate model names", func(v *Vector) { v.Models[1].Name = v.Models[0].Name }},
+		{"model name empty", func(v *Vector) { v.Models[0].Name = "" }},
+		{"model name too long", func(v *Vector) { v.Models[0].Name = strings.Repeat("m", MaxString+1) }},
+		{"model name newline", func(v *Vector) { v.Models[0].Name = "llama\n" }},
+		{"model name replacement char", func(v *Vector) { v.Models[0].Name = "llama\ufffd" }},
+		{"model state unknown", func(v *Vector) { v.Models[0].State = "hot" }},
+		{"in_flight negative", func(v *Vector) { v.Load.InFlight = -1 }},
+		{"queue over max", func(v *Vector) { v.Load.Queue = MaxLoad + 1 }},
+		{"seq 0", func(v *Vector) { v.Seq = 0 }},
+		{"ttl over MaxTTL", func(v *Vector) { v.Expires = v.IssuedAt + MaxTTL.Milliseconds() + 1 }},
+		{"ttl 0", func(v *Vector) { v.Expires = v.IssuedAt }},
+		{"expires before issued", func(v *Vector) { v.Expires = v.IssuedAt - 1 }},
+		{"issued_at 0", func(v *Vector) { v.IssuedAt, v.Expires = 0, 45_000 }},
+		{"issued_at negative", func(v *Vector) { v.IssuedAt, v.Expires = -1000, 44_000 }},
+		{"ttl overflowing int64", func(v *Vector) { v.IssuedAt, v.Expires = 1, math.MinInt64 }},
+	}
+}
+
+func fill[T any](s []T, x T) {
+	for i := range s {
+		s[i] = x
+	}
+}
+
+func TestValidate(t *testing.T) {
+	base := func() *Vector {
+		v := validVector(testNow())
+		v.PeerID = "12D3KooWK99VoVxNE7XzyBwXEzW7xhK7Gpv85r9F3V3fyKSUKPH5"
+		return v
+	}
+	if err := base().Validate(); err != nil {
+		t.Fatalf("base vector: %v", err)
+	}
+	bad := append(outOfBounds(),
+		// Not encodable as JSON, so only reachable through Validate.
+		boundsCase{"rtt NaN", func(v *Vector) { v.Net.RTTMS = math.NaN() }},
+		boundsCase{"rtt +Inf", func(v *Vector) { v.Net.RTTMS = math.Inf(1) }},
+		boundsCase{"downlink NaN", func(v *Vector) { v.Net.DownlinkMbps = math.NaN() }},
+		boundsCase{"downlink -Inf", func(v *Vector) { v.Net.DownlinkMbps = math.Inf(-1) }},
+	)
+	for _, tc := range bad {
+		t.Run("reject/"+tc.name, func(t *testing.T) {
+			v := base()
+			tc.mut(v)
+			if err := v.Validate(); !errors.Is(err, ErrOutOfBounds) {
+				t.Fatalf("Validate = %v, want ErrOutOfBounds", err)
+			}
+		})
+	}
+	good := []boundsCase{
+		{"cores 1", func(v *Vector) { v.CPU.Cores = 1 }},
+		{"cores max", func(v *Vector) { v.CPU.Cores = MaxCores }},
+		{"no isa", func(v *Vector) { v.CPU.ISA = nil }},
+		{"isa max", func(v *Vector) { v.CPU.ISA = make([]string, MaxISA); fill(v.CPU.ISA, "sse") }},
+		{"cpu model max length", func(v *Vector) { v.CPU.Model = strings.Repeat("x", MaxString) }},
+		{"cpu model non-ascii", func(v *Vector) { v.CPU.Model = "Apple M3 Max — 16 cœurs" }},
+		{"no gpu", func(v *Vector) { v.GPU = nil }},
+		{"gpu max", func(v *Vector) { v.GPU = make([]GPU, MaxGPUs); fill(v.GPU, GPU{Vendor: "amd"}) }},
+		{"gpu vram unknown", func(v *Vector) { v.GPU[0].VRAMMB = 0 }},
+		{"gpu vram max", func(v *Vector) { v.GPU[0].VRAMMB = MaxVRAMMB }},
+		{"ram max", func(v *Vector) { v.RAM = RAM{TotalMB: MaxRAMMB, FreeMB: MaxRAMMB} }},
+		{"ram 1 MiB none free", func(v *Vector) { v.RAM = RAM{TotalMB: 1, FreeMB: 0} }},
+		{"no battery", func(v *Vector) { v.Battery = Battery{} }},
+		{"battery empty", func(v *Vector) { v.Battery = Battery{Present: true, Level: 0} }},
+		{"battery full", func(v *Vector) { v.Battery = Battery{Present: true, Level: 100} }},
+		{"thermal critical", func(v *Vector) { v.Thermal = ThermalCritical }},
+		{"app idle", func(v *Vector) { v.AppState = AppStateIdle }},
+		{"rtt max", func(v *Vector) { v.Net.RTTMS = MaxRTTMS }},
+		{"rtt and downlink unknown", func(v *Vector) { v.Net.RTTMS, v.Net.DownlinkMbps = 0, 0 }},
+		{"downlink max", func(v *Vector) { v.Net.DownlinkMbps = MaxDownlinkMbps }},
+		{"effective slow-2g", func(v *Vector) { v.Net.Effective = EffectiveSlow2G }},
+		{"no models", func(v *Vector) { v.Models = nil }},
+		{"64 models", func(v *Vector) {
+			v.Models = make([]Model, MaxModels)
+			for i := range v.Models {
+				v.Models[i] = Model{Name: strings.Repeat("m", i+1), State: ModelWarm}
+			}
+		}},
+		{"load max", func(v *Vector) { v.Load = Load{InFlight: MaxLoad, Queue: MaxLoad} }},
+		{"ttl 1 ms", func(v *Vector) { v.Expires = v.IssuedAt + 1 }},
+		{"ttl MaxTTL", func(v *Vector) { v.Expires = v.IssuedAt + MaxTTL.Milliseconds() }},
+		{"seq max", func(v *Vector) { v.Seq = math.MaxUint64 }},
+	}
+	for _, tc := range good {
+		t.Run("accept/"+tc.name, func(t *testing.T) {
+			v := base()
+			tc.mut(v)
+			if err := v.Validate(); err != nil {
+				t.Fatalf("Validate = %v, want nil", err)
+			}
+		})
+	}
+}

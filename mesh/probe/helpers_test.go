@@ -1,0 +1,83 @@
+package probe
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// waitDeadline bounds every wait on the background loop. Waits end as soon as their condition
+// holds; the deadline only stops a broken test from hanging.
+const waitDeadline = 10 * time.Second
+
+// writeTree lays out files (path relative to root → content) under root.
+func writeTree(t *testing.T, root string, files map[string]string) {
+	t.Helper()
+	for p, content := range files {
+		full := filepath.Join(root, p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// newTree returns a fresh root holding files.
+func newTree(t *testing.T, files map[string]string) string {
+	t.Helper()
+	root := t.TempDir()
+	writeTree(t, root, files)
+	return root
+}
+
+// newProber returns a Prober closed at the end of the test.
+func newProber(t *testing.T, opts ...Option) *Prober {
+	t.Helper()
+	p, err := New(opts...)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// waitGPU blocks until cond holds for the published GPU state, woken by each publication.
+func waitGPU(t *testing.T, p *Prober, cond func(gpuState) bool) gpuState {
+	t.Helper()
+	deadline := time.NewTimer(waitDeadline)
+	defer deadline.Stop()
+	for {
+		p.mu.Lock()
+		st := p.gpu
+		p.mu.Unlock()
+		if cond(st) {
+			return st
+		}
+		select {
+		case <-st.changed:
+		case <-deadline.C:
+			t.Fatalf("gpu state never met the condition; last: %+v", st)
+		}
+	}
+}
+
+// refreshed is a waitGPU condition: at least n complete refreshes.
+func refreshed(n int) func(gpuState) bool {
+	return func(st gpuState) bool { return st.refreshes >= n }
+}
+
+// fakeCommand writes an executable shell script and returns its absolute path.
+func fakeCommand(t *testing.T, script string) string {
+	t.Helper()
+	if _, err := os.Stat("/bin/sh"); err != nil {
+		t.Skip("no /bin/sh")
+	}
+	path := filepath.Join(t.TempDir(), "nvidia-smi")
+	if err := os.WriteFile(path, []byte("#!/bin/sh\n"+script+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}

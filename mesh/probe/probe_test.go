@@ -1,0 +1,233 @@
+package probe
+
+import (
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meshinfer/meshinfer/mesh/caps"
+)
+
+// vectorOf wraps h in a vector whose other fields are valid, so Validate judges h alone.
+func vectorOf(h Hardware) *caps.Vector {
+	return &caps.Vector{
+		PeerID:   "12D3KooWprobe",
+		Runtime:  caps.RuntimeDesktop,
+		CPU:      h.CPU,
+		GPU:      h.GPU,
+		NPU:      h.NPU,
+		RAM:      h.RAM,
+		Battery:  h.Battery,
+		Thermal:  h.Thermal,
+		AppState: caps.AppStateActive,
+		Net:      caps.Net{Effective: caps.Effective4G},
+		Seq:      1,
+		IssuedAt: 1,
+		Expires:  2,
+	}
+}
+
+func TestNewRejectsBadOptions(t *testing.T) {
+	for name, opt := range map[string]Option{
+		"empty root":      WithRoot(""),
+		"zero refresh":    WithGPURefresh(0),
+		"negative timout": WithGPUTimeout(-time.Second),
+	} {
+		if p, err := New(opt); err == nil {
+			p.Close()
+			t.Fatalf("%s: New succeeded", name)
+		}
+	}
+}
+
+func TestProbeFakeTree(t *testing.T) {
+	files := map[string]string{
+		"proc/cpuinfo":                                      cpuinfoX86,
+		"proc/meminfo":                                      meminfo,
+		"sys/class/power_supply/BAT0/type":                  "Battery\n",
+		"sys/class/power_supply/BAT0/capacity":              "42\n",
+		"sys/class/power_supply/BAT0/status":                "Discharging\n",
+		"sys/class/power_supply/AC/type":                    "Mains\n",
+		"sys/class/power_supply/AC/online":                  "0\n",
+		"sys/class/thermal/thermal_zone0/temp":              "72000\n",
+		"sys/class/thermal/thermal_zone0/trip_point_0_type": "critical\n",
+		"sys/class/thermal/thermal_zone0/trip_point_0_temp": "100000\n",
+		"dev/accel/accel0":                                  "",
+	}
+	for k, v := range gpuTreeFiles {
+		files[k] = v
+	}
+	p := newProber(t, WithRoot(newTree(t, files)), WithGPUCommand(fakeCommand(t, smi4090)))
+	st := waitGPU(t, p, refreshed(1))
+	h := p.Probe(st.at)
+
+	if h.CPU.Cores != 2 || h.CPU.Arch != runtime.GOARCH || h.CPU.Model != "Intel(R) Xeon(R) Platinum 8480+" || len(h.CPU.ISA) != 14 {
+		t.Fatalf("cpu = %+v", h.CPU)
+	}
+	wantGPUs(t, h.GPU, gpuIntel, gpu4090, gpuAMD, gpuOther)
+	if h.NPU != (caps.NPU{Present: true}) {
+		t.Fatalf("npu = %+v", h.NPU)
+	}
+	if h.RAM != (caps.RAM{TotalMB: 15936, FreeMB: 7968}) {
+		t.Fatalf("ram = %+v", h.RAM)
+	}
+	if h.Battery != (caps.Battery{Present: true, Level: 42}) {
+		t.Fatalf("battery = %+v", h.Battery)
+	}
+	if h.Thermal != caps.ThermalFair {
+		t.Fatalf("thermal = %q", h.Thermal)
+	}
+	if err := vectorOf(h).Validate(); err != nil {
+		t.Fatalf("probed vector invalid: %v", err)
+	}
+
+	// Probe hands out copies.
+	h.CPU.ISA[0] = "mutated"
+	h.GPU[0].Model = "mutated"
+	again := p.Probe(st.at)
+	if again.CPU.ISA[0] == "mutated" || again.GPU[0].Model == "mutated" {
+		t.Fatal("Probe returned shared slices")
+	}
+}
+
+func TestProbeGarbageTreeDoesNotPanic(t *testing.T) {
+	junk := "\x00\xff\xfe:::\n" + strings.Repeat("9", 40) + "\n:\n\xff"
+	files := map[string]string{}
+	for _, p := range []string{
+		"proc/cpuinfo", "proc/meminfo",
+		"sys/class/power_supply/BAT0/type", "sys/class/power_supply/BAT0/capacity",
+		"sys/class/power_supply/BAT0/status", "sys/class/power_supply/BAT0/scope",
+		"sys/class/thermal/thermal_zone0/temp", "sys/class/thermal/thermal_zone0/trip_point_0_type",
+		pci + "0000:01:00.0/class", pci + "0000:01:00.0/vendor", pci + "0000:01:00.0/mem_info_vram_total",
+	} {
+		files[p] = junk
+	}
+	// Truncated variants: half a line, no newline.
+	files["sys/class/power_supply/BAT1/type"] = "Batt"
+	files["sys/class/thermal/thermal_zone1/temp"] = "7"
+	files[pci+"0000:02:00.0/class"] = "0x03"
+	root := newTree(t, files)
+	// A directory where a file should be, and a dangling link.
+	for _, d := range []string{"sys/class/power_supply/BAT2/type", "sys/class/thermal/thermal_zone2/temp"} {
+		if err := os.MkdirAll(root+"/"+d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("/nonexistent", root+"/sys/class/power_supply/dangling"); err != nil {
+		t.Fatal(err)
+	}
+
+	p := newProber(t, WithRoot(root), WithGPUCommand(fakeCommand(t, "head -c 100000 /dev/urandom")))
+	st := waitGPU(t, p, refreshed(1))
+	h := p.Probe(st.at)
+	v := vectorOf(h)
+	if v.RAM.TotalMB == 0 {
+		v.RAM = caps.RAM{TotalMB: 1} // unknown RAM is the documented default, which Validate refuses
+	}
+	if err := v.Validate(); err != nil {
+		t.Fatalf("vector from a garbage tree invalid: %v (%+v)", err, h)
+	}
+}
+
+func TestProbeRealRoot(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("reads Linux procfs")
+	}
+	p := newProber(t)
+	h := p.Probe(time.Now())
+	t.Logf("real hardware: %+v", h)
+	if h.CPU.Cores < 1 || h.RAM.TotalMB <= 0 {
+		t.Fatalf("cores %d, ram %d MiB: want both positive", h.CPU.Cores, h.RAM.TotalMB)
+	}
+	if err := vectorOf(h).Validate(); err != nil {
+		t.Fatalf("probed vector invalid: %v", err)
+	}
+}
+
+func TestProbeConcurrent(t *testing.T) {
+	root := newTree(t, gpuTreeFiles)
+	p := newProber(t, WithRoot(root), WithGPUCommand(fakeCommand(t, smi4090)), WithGPURefresh(time.Millisecond))
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 50 {
+				p.Probe(time.Now())
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// waitGoroutines waits until at most n goroutines run; it fails the test at the deadline.
+func waitGoroutines(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.Now().Add(waitDeadline)
+	for runtime.NumGoroutine() > n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines remain, want at most %d", runtime.NumGoroutine(), n)
+		}
+		runtime.Gosched()
+	}
+}
+
+// waitFile waits until path exists; it fails the test at the deadline.
+func waitFile(t *testing.T, path string) {
+	t.Helper()
+	deadline := time.Now().Add(waitDeadline)
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never appeared", path)
+		}
+		runtime.Gosched()
+	}
+}
+
+func TestCloseStopsRefresh(t *testing.T) {
+	base := runtime.NumGoroutine()
+	p, err := New(WithRoot(newTree(t, gpuTreeFiles)), WithGPUCommand(fakeCommand(t, smi4090)), WithGPURefresh(time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitGPU(t, p, refreshed(3))
+	if err := p.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	waitGoroutines(t, base)
+
+	// Probe still answers after Close.
+	if h := p.Probe(time.Now()); len(h.GPU) != 4 {
+		t.Fatalf("gpu after Close = %+v", h.GPU)
+	}
+}
+
+func TestCloseKillsRunningCommand(t *testing.T) {
+	base := runtime.NumGoroutine()
+	started := t.TempDir() + "/started"
+	cmd := fakeCommand(t, `touch "`+started+`"; exec sleep 10`)
+	p, err := New(WithRoot(newTree(t, gpuTreeFiles)), WithGPUCommand(cmd), WithGPUTimeout(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFile(t, started)
+	var wg sync.WaitGroup
+	for range 2 { // concurrent Closes both return once the loop is gone
+		wg.Go(func() { p.Close() })
+	}
+	wg.Wait()
+	waitGoroutines(t, base)
+	p.mu.Lock()
+	refreshes := p.gpu.refreshes
+	p.mu.Unlock()
+	if refreshes != 0 {
+		t.Fatalf("refreshes = %d after Close interrupted the first, want 0", refreshes)
+	}
+}

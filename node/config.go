@@ -1,0 +1,153 @@
+package node
+
+import (
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+)
+
+// Role is what a node does for the mesh beyond contributing.
+type Role string
+
+const (
+	// RoleContributor is a desktop node: it serves and uses the mesh. Every node has it.
+	RoleContributor Role = "contributor"
+	// RoleBootstrap also helps others join: DHT server mode, circuit relay v2 service and the
+	// AutoNAT service.
+	RoleBootstrap Role = "bootstrap"
+)
+
+// Defaults, each the value a Config field takes when left zero.
+const (
+	// DefaultMesh is the mesh joined when none is named.
+	DefaultMesh = "default"
+	// DefaultConsoleAddr is the local console; loopback, so nothing else on the network sees it.
+	DefaultConsoleAddr = "127.0.0.1:3131"
+	// DefaultHeartbeat is the capability re-announcement period (see mesh/announce).
+	DefaultHeartbeat = 15 * time.Second
+	// DefaultConnsLow and DefaultConnsHigh are the connection manager's water marks: trimming
+	// starts above High and stops at Low. 64 peers give GossipSub (D=6..12) and the DHT
+	// plenty of choice; 128 keeps a desktop's sockets and memory modest.
+	DefaultConnsLow  = 64
+	DefaultConnsHigh = 128
+)
+
+// DefaultListenAddrs are where a node listens when none are given: TCP and QUIC on 4001 on
+// every interface, IPv4 and IPv6.
+var DefaultListenAddrs = []string{
+	"/ip4/0.0.0.0/tcp/4001",
+	"/ip4/0.0.0.0/udp/4001/quic-v1",
+	"/ip6/::/tcp/4001",
+	"/ip6/::/udp/4001/quic-v1",
+}
+
+// Config is everything New needs to assemble a node. The zero value of every field means its
+// documented default, except where noted.
+type Config struct {
+	// Identity is the node's key. When nil, it is loaded from (or created in) DataDir.
+	Identity crypto.PrivKey
+	// DataDir holds the identity key. Default: DefaultDataDir().
+	DataDir string
+	// Mesh names the mesh to join; meshes with different names never see each other's
+	// announcements. Letters, digits, '-', '_' and '.', at most 64. Default: DefaultMesh.
+	Mesh string
+	// Roles beyond RoleContributor, which every node has.
+	Roles []Role
+	// ListenAddrs are libp2p multiaddrs to listen on. Default: DefaultListenAddrs.
+	ListenAddrs []string
+	// Bootstrap peers are dialled at start and whenever the node runs short of connections.
+	Bootstrap []peer.AddrInfo
+	// MDNS turns on LAN discovery.
+	MDNS bool
+	// ConsoleAddr is the console's listen address; "off" disables it. Default:
+	// DefaultConsoleAddr. A non-loopback address is refused unless ConsolePublic is set.
+	ConsoleAddr   string
+	ConsolePublic bool
+	// Heartbeat is the capability re-announcement period. Default: DefaultHeartbeat.
+	Heartbeat time.Duration
+	// ConnsLow and ConnsHigh are the connection manager's water marks.
+	ConnsLow, ConnsHigh int
+	// Loopback configures the node for a testnet on one machine: no NAT traversal services,
+	// DHT in server mode (loopback addresses are never "public"), no mDNS.
+	Loopback bool
+	// ProbeRoot is the filesystem root the capability probe reads /proc and /sys under.
+	// Default: "/".
+	ProbeRoot string
+	// Version is reported on the console and in identify.
+	Version string
+	// Now is the clock. Default: time.Now.
+	Now func() time.Time
+}
+
+var meshName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+// withDefaults validates cfg and fills in defaults.
+func (cfg Config) withDefaults() (Config, error) {
+	if cfg.Mesh == "" {
+		cfg.Mesh = DefaultMesh
+	}
+	if !meshName.MatchString(cfg.Mesh) {
+		return cfg, fmt.Errorf("mesh name %q: use 1 to 64 letters, digits, '-', '_' or '.'", cfg.Mesh)
+	}
+	for _, r := range cfg.Roles {
+		switch r {
+		case RoleContributor, RoleBootstrap:
+		default:
+			return cfg, fmt.Errorf("role %q: known roles are %s and %s", r, RoleContributor, RoleBootstrap)
+		}
+	}
+	if len(cfg.ListenAddrs) == 0 {
+		cfg.ListenAddrs = DefaultListenAddrs
+	}
+	if cfg.ConsoleAddr == "" {
+		cfg.ConsoleAddr = DefaultConsoleAddr
+	}
+	if cfg.Heartbeat == 0 {
+		cfg.Heartbeat = DefaultHeartbeat
+	}
+	if cfg.Heartbeat < 100*time.Millisecond {
+		return cfg, fmt.Errorf("heartbeat %v is too short (min 100ms)", cfg.Heartbeat)
+	}
+	if cfg.ConnsLow == 0 {
+		cfg.ConnsLow = DefaultConnsLow
+	}
+	if cfg.ConnsHigh == 0 {
+		cfg.ConnsHigh = DefaultConnsHigh
+	}
+	if cfg.ConnsLow < 1 || cfg.ConnsHigh < cfg.ConnsLow {
+		return cfg, fmt.Errorf("connection water marks low %d high %d: need 1 <= low <= high", cfg.ConnsLow, cfg.ConnsHigh)
+	}
+	if cfg.ProbeRoot == "" {
+		cfg.ProbeRoot = "/"
+	}
+	if cfg.Version == "" {
+		cfg.Version = "dev"
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Identity == nil && cfg.DataDir == "" {
+		dir, err := DefaultDataDir()
+		if err != nil {
+			return cfg, err
+		}
+		cfg.DataDir = dir
+	}
+	return cfg, nil
+}
+
+// HasRole reports whether the node has role r.
+func (cfg Config) HasRole(r Role) bool {
+	if r == RoleContributor {
+		return true
+	}
+	for _, have := range cfg.Roles {
+		if have == r {
+			return true
+		}
+	}
+	return false
+}

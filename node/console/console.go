@@ -1,0 +1,194 @@
+// Package console serves the node's local console: a small read-only HTTP API on loopback.
+//
+//	GET /api/status   this node: identity, roles, mesh counts, listen addresses, uptime, its
+//	                  own signed capability vector, announcement counters
+//	GET /api/peers    every known peer: verified capability vector, age, connected, stale
+//	GET /health       liveness: always 200 while the process serves; "ready" in the body
+//	GET /health/ready readiness: 200 once bootstrapped and announcing, else 503
+//
+// The JSON shapes are the types in this file; `meshinfer status` decodes them with the same
+// types. Handlers read a snapshot from their Source and never block on the mesh.
+//
+// The listener must be loopback unless the operator explicitly allows otherwise (Public):
+// the console shows the node's peers and addresses, which are nobody else's business.
+package console
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	logging "github.com/ipfs/go-log/v2"
+
+	"github.com/meshinfer/meshinfer/mesh/caps"
+)
+
+var log = logging.Logger("node/console")
+
+// Status is the body of GET /api/status.
+type Status struct {
+	NodeID        string        `json:"node_id"`
+	Version       string        `json:"version"`
+	Roles         []string      `json:"roles"`
+	Mesh          Mesh          `json:"mesh"`
+	ListenAddrs   []string      `json:"listen_addrs"`
+	UptimeS       float64       `json:"uptime_s"`
+	Ready         bool          `json:"ready"`
+	Capability    *caps.Vector  `json:"capability"`
+	Announcements Announcements `json:"announcements"`
+}
+
+// Mesh is the node's view of its mesh.
+type Mesh struct {
+	Name           string `json:"name"`
+	PeersConnected int    `json:"peers_connected"` // direct libp2p connections, any peer
+	PeersKnown     int    `json:"peers_known"`     // peers with a verified vector in the registry
+	PeersStale     int    `json:"peers_stale"`     // known peers silent for over two heartbeats
+	TopicPeers     int    `json:"topic_peers"`     // connected peers subscribed to the caps topic
+	DHTPeers       int    `json:"dht_peers"`       // peers in the DHT routing table
+}
+
+// Announcements counts capability messages.
+type Announcements struct {
+	Published uint64 `json:"published"`
+	Accepted  uint64 `json:"accepted"`
+	Rejected  uint64 `json:"rejected"`
+	Ignored   uint64 `json:"ignored"`
+}
+
+// Peer is one entry of GET /api/peers.
+type Peer struct {
+	PeerID     string       `json:"peer_id"`
+	Connected  bool         `json:"connected"`
+	Stale      bool         `json:"stale"`
+	AgeS       float64      `json:"age_s"` // seconds since its latest verified vector
+	Capability *caps.Vector `json:"capability"`
+}
+
+// Peers is the body of GET /api/peers.
+type Peers struct {
+	Peers []Peer `json:"peers"`
+}
+
+// Health is the body of GET /health and GET /health/ready.
+type Health struct {
+	Status string `json:"status"` // "ok" while serving
+	Ready  bool   `json:"ready"`
+}
+
+// Source is what the console reads. Implementations return snapshots quickly.
+type Source interface {
+	Status() Status
+	Peers() []Peer
+	Ready() bool
+}
+
+// Server is the console HTTP server.
+type Server struct {
+	ln   net.Listener
+	srv  *http.Server
+	wg   sync.WaitGroup
+	once sync.Once
+}
+
+// readHeaderTimeout bounds a slow client's request header (slowloris).
+const readHeaderTimeout = 5 * time.Second
+
+// ErrNotLoopback is returned by New for a non-loopback address without Public.
+var ErrNotLoopback = errors.New("console address is not loopback")
+
+// New listens on addr and serves src. A non-loopback addr is refused unless public is set.
+func New(addr string, public bool, src Source) (*Server, error) {
+	if !public {
+		if err := checkLoopback(addr); err != nil {
+			return nil, err
+		}
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("console listen on %s: %w", addr, err)
+	}
+	s := &Server{ln: ln}
+	s.srv = &http.Server{Handler: Handler(src), ReadHeaderTimeout: readHeaderTimeout}
+	// Serve returns when Close shuts the server down.
+	s.wg.Go(func() {
+		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Errorw("console stopped", "err", err)
+		}
+	})
+	return s, nil
+}
+
+// Addr is the address the console listens on.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Close stops the server, waiting at most a second for requests in progress. Idempotent.
+func (s *Server) Close() error {
+	var err error
+	s.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if err = s.srv.Shutdown(ctx); err != nil {
+			err = s.srv.Close()
+		}
+		s.wg.Wait()
+	})
+	return err
+}
+
+func checkLoopback(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("console address %q: %w", addr, err)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	ip := net.ParseIP(host)
+	if ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("%w: %q; use 127.0.0.1:PORT, or pass --console-public to expose it on purpose", ErrNotLoopback, addr)
+	}
+	return nil
+}
+
+// Handler returns the console's routes over src.
+func Handler(src Source) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /api/status", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, src.Status())
+	})
+	mux.HandleFunc("GET /api/peers", func(w http.ResponseWriter, _ *http.Request) {
+		peers := src.Peers()
+		if peers == nil {
+			peers = []Peer{}
+		}
+		writeJSON(w, http.StatusOK, Peers{Peers: peers})
+	})
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, Health{Status: "ok", Ready: src.Ready()})
+	})
+	mux.HandleFunc("GET /health/ready", func(w http.ResponseWriter, _ *http.Request) {
+		h := Health{Status: "ok", Ready: src.Ready()}
+		code := http.StatusOK
+		if !h.Ready {
+			code = http.StatusServiceUnavailable
+		}
+		writeJSON(w, code, h)
+	})
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		log.Debugw("console write", "err", err)
+	}
+}

@@ -1,0 +1,142 @@
+package node
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/libp2p/go-libp2p"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	rcmgr "github.com/libp2p/go-libp2p/p2p/host/resource-manager"
+	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
+	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
+	relayv2 "github.com/libp2p/go-libp2p/p2p/protocol/circuitv2/relay"
+	"github.com/libp2p/go-libp2p/p2p/security/noise"
+	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
+	quic "github.com/libp2p/go-libp2p/p2p/transport/quic"
+	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
+)
+
+// Resource manager limits. They are explicit rather than go-libp2p's auto-scaled defaults so
+// a reader knows what one node will hold, and sized for a desktop contributor: a few hundred
+// peers, a few thousand streams (token streams are long-lived), memory a laptop can spare.
+// Scopes not named here (services, protocols, single streams) keep go-libp2p's defaults.
+const (
+	limitSystemConns     = 512      // all connections
+	limitSystemConnsIn   = 256      // inbound connections: half, so inbound floods cannot starve our own dials
+	limitSystemStreams   = 8192     // all streams
+	limitSystemStreamsIn = 4096     // inbound streams
+	limitSystemFD        = 512      // file descriptors for sockets
+	limitSystemMemory    = 1 << 30  // bytes reserved by muxers and protocols (1 GiB)
+	limitPeerStreams     = 512      // streams per peer
+	limitPeerStreamsIn   = 256      // inbound streams per peer (RELIABILITY.md L2 bounds an attacker)
+	limitPeerConns       = 8        // connections per peer (TCP + QUIC + relayed, with slack)
+	limitPeerMemory      = 64 << 20 // bytes per peer (64 MiB)
+)
+
+// Circuit relay v2 limits for the bootstrap role. go-libp2p's defaults reset a relayed
+// connection after 2 minutes or 128 KiB, which cuts a long token stream; these let a relayed
+// request run for an hour or 64 MiB each way, while the slot counts stay at the defaults'
+// scale so a relay cannot be used as a free bulk pipe.
+const (
+	relayDuration        = time.Hour
+	relayData            = 64 << 20
+	relayMaxReservations = 128
+	relayMaxCircuits     = 16
+)
+
+// connGrace is how long a new connection is safe from the connection manager's trimming.
+const connGrace = 30 * time.Second
+
+// newHost builds the libp2p host: TCP and QUIC, Noise and TLS, yamux, the resource manager
+// and connection manager, and (unless cfg.Loopback) AutoNAT, hole punching and the relay
+// client. The bootstrap role adds the relay service and the AutoNAT service.
+func newHost(cfg Config, key crypto.PrivKey) (host.Host, error) {
+	rm, err := newResourceManager()
+	if err != nil {
+		return nil, err
+	}
+	cm, err := connmgr.NewConnManager(cfg.ConnsLow, cfg.ConnsHigh, connmgr.WithGracePeriod(connGrace))
+	if err != nil {
+		rm.Close()
+		return nil, fmt.Errorf("connection manager: %w", err)
+	}
+	opts := []libp2p.Option{
+		libp2p.Identity(key),
+		libp2p.ListenAddrStrings(cfg.ListenAddrs...),
+		libp2p.Transport(tcp.NewTCPTransport),
+		libp2p.Transport(quic.NewTransport),
+		libp2p.Security(noise.ID, noise.New),
+		libp2p.Security(libp2ptls.ID, libp2ptls.New),
+		libp2p.Muxer(yamux.ID, yamux.DefaultTransport),
+		libp2p.ResourceManager(rm),
+		libp2p.ConnectionManager(cm),
+		libp2p.UserAgent("meshinfer/" + cfg.Version),
+		libp2p.Ping(true),
+		libp2p.DisableMetrics(),
+	}
+	if cfg.Loopback {
+		// One machine: nothing to traverse, and AutoNAT probes between loopback peers only
+		// cost CPU. Relay stays off too: every peer is directly reachable.
+		opts = append(opts, libp2p.DisableRelay(), libp2p.ForceReachabilityPublic())
+	} else {
+		opts = append(opts,
+			libp2p.EnableRelay(),
+			libp2p.EnableHolePunching(),
+			libp2p.EnableAutoNATv2(),
+			libp2p.NATPortMap(),
+		)
+		if len(cfg.Bootstrap) > 0 {
+			opts = append(opts, libp2p.EnableAutoRelayWithStaticRelays(cfg.Bootstrap))
+		}
+	}
+	if cfg.HasRole(RoleBootstrap) {
+		res := relayv2.DefaultResources()
+		res.Limit = &relayv2.RelayLimit{Duration: relayDuration, Data: relayData}
+		res.MaxReservations = relayMaxReservations
+		res.MaxCircuits = relayMaxCircuits
+		opts = append(opts, libp2p.EnableRelayService(relayv2.WithResources(res)))
+		if !cfg.Loopback {
+			opts = append(opts, libp2p.EnableNATService())
+		}
+	}
+	h, err := libp2p.New(opts...)
+	if err != nil {
+		// libp2p.New closes what it started on failure, except the managers we passed in.
+		cm.Close()
+		rm.Close()
+		return nil, fmt.Errorf("start libp2p host: %w", err)
+	}
+	return h, nil
+}
+
+func newResourceManager() (network.ResourceManager, error) {
+	limits := rcmgr.PartialLimitConfig{
+		System: rcmgr.ResourceLimits{
+			Conns:           limitSystemConns,
+			ConnsInbound:    limitSystemConnsIn,
+			ConnsOutbound:   limitSystemConns,
+			Streams:         limitSystemStreams,
+			StreamsInbound:  limitSystemStreamsIn,
+			StreamsOutbound: limitSystemStreams,
+			FD:              limitSystemFD,
+			Memory:          limitSystemMemory,
+		},
+		PeerDefault: rcmgr.ResourceLimits{
+			Conns:           limitPeerConns,
+			ConnsInbound:    limitPeerConns,
+			ConnsOutbound:   limitPeerConns,
+			Streams:         limitPeerStreams,
+			StreamsInbound:  limitPeerStreamsIn,
+			StreamsOutbound: limitPeerStreams,
+			Memory:          limitPeerMemory,
+		},
+	}
+	concrete := limits.Build(rcmgr.DefaultLimits.AutoScale())
+	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(concrete))
+	if err != nil {
+		return nil, fmt.Errorf("resource manager: %w", err)
+	}
+	return rm, nil
+}

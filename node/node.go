@@ -1,0 +1,244 @@
+// Package node assembles one meshinfer node from its parts and owns their lifecycle:
+// identity, libp2p host, Kademlia DHT (protocol prefix /meshinfer), GossipSub, the peer
+// registry, the capability probe and announcer, discovery, and the local console.
+//
+// New starts the parts in dependency order; if one fails, New closes what it started and
+// returns the error. Close stops them in reverse order, waits for every goroutine, and is
+// idempotent. The node holds no domain logic: each rule lives in the package that owns it,
+// and node only connects them.
+//
+// node is the only package that imports every other; nothing imports node but cmd and testnet.
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	logging "github.com/ipfs/go-log/v2"
+	dht "github.com/libp2p/go-libp2p-kad-dht"
+	pubsub "github.com/libp2p/go-libp2p-pubsub"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/peer"
+	drouting "github.com/libp2p/go-libp2p/p2p/discovery/routing"
+	ma "github.com/multiformats/go-multiaddr"
+
+	"github.com/meshinfer/meshinfer/mesh/announce"
+	"github.com/meshinfer/meshinfer/mesh/caps"
+	"github.com/meshinfer/meshinfer/mesh/discovery"
+	"github.com/meshinfer/meshinfer/mesh/probe"
+	"github.com/meshinfer/meshinfer/mesh/registry"
+	"github.com/meshinfer/meshinfer/node/console"
+)
+
+var log = logging.Logger("node")
+
+// DHTProtocolPrefix keeps this mesh's DHT apart from the public IPFS DHT (/ipfs/kad/1.0.0):
+// our nodes speak /meshinfer/kad/1.0.0 and never answer or query IPFS peers.
+const DHTProtocolPrefix = "/meshinfer"
+
+// Node is one running meshinfer node.
+type Node struct {
+	cfg     Config
+	key     crypto.PrivKey
+	started time.Time
+
+	host      host.Host
+	dht       *dht.IpfsDHT
+	ps        *pubsub.PubSub
+	psCancel  context.CancelFunc
+	reg       *registry.Registry
+	probe     *probe.Prober
+	announcer *announce.Announcer
+	disc      *discovery.Discovery
+	console   *console.Server
+
+	closers   []func() error // in start order; Close runs them backwards
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New assembles and starts a node.
+func New(cfg Config) (*Node, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{cfg: cfg, key: cfg.Identity, started: cfg.Now()}
+	if err := n.start(); err != nil {
+		n.Close()
+		return nil, err
+	}
+	return n, nil
+}
+
+func (n *Node) start() error {
+	cfg := n.cfg
+	if n.key == nil {
+		key, created, err := LoadOrCreateIdentity(cfg.DataDir)
+		if err != nil {
+			return err
+		}
+		if created {
+			log.Infow("created a new identity", "dir", cfg.DataDir)
+		}
+		n.key = key
+	}
+
+	h, err := newHost(cfg, n.key)
+	if err != nil {
+		return err
+	}
+	n.host = h
+	n.closers = append(n.closers, h.Close)
+
+	mode := dht.ModeAuto
+	if cfg.HasRole(RoleBootstrap) || cfg.Loopback {
+		mode = dht.ModeServer
+	}
+	n.dht, err = dht.New(h,
+		dht.ProtocolPrefix(DHTProtocolPrefix),
+		dht.Mode(mode),
+		dht.BootstrapPeers(cfg.Bootstrap...),
+	)
+	if err != nil {
+		return fmt.Errorf("start DHT: %w", err)
+	}
+	n.closers = append(n.closers, n.dht.Close)
+
+	// GossipSub's lifetime is its context; Close cancels it.
+	psCtx, psCancel := context.WithCancel(context.Background())
+	n.closers = append(n.closers, func() error { psCancel(); return nil })
+	n.ps, err = pubsub.NewGossipSub(psCtx, h,
+		pubsub.WithPeerExchange(cfg.HasRole(RoleBootstrap)),
+		pubsub.WithMaxMessageSize(maxPubsubMessage),
+	)
+	if err != nil {
+		return fmt.Errorf("start gossipsub: %w", err)
+	}
+
+	n.probe, err = probe.New(probe.WithRoot(cfg.ProbeRoot))
+	if err != nil {
+		return fmt.Errorf("start capability probe: %w", err)
+	}
+	n.closers = append(n.closers, n.probe.Close)
+
+	n.reg = registry.New(registry.ParamsForHeartbeat(cfg.Heartbeat))
+	n.announcer, err = announce.New(h, n.ps, n.key, n.reg, vectorSource{n.probe}, announce.Params{
+		Mesh: cfg.Mesh, Heartbeat: cfg.Heartbeat, Now: cfg.Now,
+	})
+	if err != nil {
+		return fmt.Errorf("start announcer: %w", err)
+	}
+	n.closers = append(n.closers, n.announcer.Close)
+
+	n.disc, err = discovery.New(h, discovery.Params{
+		Mesh:       cfg.Mesh,
+		Bootstrap:  cfg.Bootstrap,
+		Rendezvous: drouting.NewRoutingDiscovery(n.dht),
+		MDNS:       cfg.MDNS && !cfg.Loopback,
+		LowWater:   cfg.ConnsLow,
+	})
+	if err != nil {
+		return fmt.Errorf("start discovery: %w", err)
+	}
+	n.closers = append(n.closers, n.disc.Close)
+
+	if cfg.ConsoleAddr != "off" {
+		n.console, err = console.New(cfg.ConsoleAddr, cfg.ConsolePublic, consoleSource{n})
+		if err != nil {
+			return err
+		}
+		n.closers = append(n.closers, n.console.Close)
+	}
+	log.Infow("node started", "peer", h.ID(), "mesh", cfg.Mesh)
+	return nil
+}
+
+// maxPubsubMessage caps any GossipSub message this node will handle: capability vectors are
+// at most caps.MaxEncodedSize, and nothing else travels on pubsub yet. GossipSub's own 1 MiB
+// default would let one peer make us buffer 64× more than any valid message needs.
+const maxPubsubMessage = 64 << 10
+
+// Close stops every part in reverse start order. It is idempotent.
+func (n *Node) Close() error {
+	n.closeOnce.Do(func() {
+		var errs []error
+		for i := len(n.closers) - 1; i >= 0; i-- {
+			if err := n.closers[i](); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		n.closeErr = errors.Join(errs...)
+	})
+	return n.closeErr
+}
+
+// ID is the node's peer ID.
+func (n *Node) ID() peer.ID { return n.host.ID() }
+
+// Host is the node's libp2p host.
+func (n *Node) Host() host.Host { return n.host }
+
+// Registry is the node's peer registry.
+func (n *Node) Registry() *registry.Registry { return n.reg }
+
+// PubSub is the node's GossipSub router.
+func (n *Node) PubSub() *pubsub.PubSub { return n.ps }
+
+// AddrInfo is how other nodes reach this one.
+func (n *Node) AddrInfo() peer.AddrInfo {
+	return peer.AddrInfo{ID: n.host.ID(), Addrs: n.host.Addrs()}
+}
+
+// P2PAddrs are the node's listen addresses with /p2p/<id> appended, ready for --bootstrap.
+func (n *Node) P2PAddrs() []ma.Multiaddr {
+	addrs, err := peer.AddrInfoToP2pAddrs(&peer.AddrInfo{ID: n.host.ID(), Addrs: n.host.Addrs()})
+	if err != nil {
+		return nil
+	}
+	return addrs
+}
+
+// ConsoleAddr is where the console listens, or "" when it is off.
+func (n *Node) ConsoleAddr() string {
+	if n.console == nil {
+		return ""
+	}
+	return n.console.Addr()
+}
+
+// Own is the latest capability vector this node published, or nil before the first.
+func (n *Node) Own() *caps.Vector { return n.announcer.Own() }
+
+// Announce asks the node to publish its vector soon (coalesced).
+func (n *Node) Announce() { n.announcer.Changed() }
+
+// Ready reports whether the node has reached its bootstrap peers (or needs none) and has
+// published its capability vector.
+func (n *Node) Ready() bool {
+	return n.disc.Bootstrapped() && n.announcer.Published() > 0
+}
+
+// vectorSource fills the unsigned parts of the vector from the probe. Models and load stay
+// empty until the inference data plane exists.
+type vectorSource struct{ p *probe.Prober }
+
+func (s vectorSource) Vector(now time.Time) caps.Vector {
+	hw := s.p.Probe(now)
+	return caps.Vector{
+		Runtime:  caps.RuntimeDesktop,
+		CPU:      hw.CPU,
+		GPU:      hw.GPU,
+		NPU:      hw.NPU,
+		RAM:      hw.RAM,
+		Battery:  hw.Battery,
+		Thermal:  hw.Thermal,
+		AppState: caps.AppStateActive,
+		Models:   []caps.Model{},
+		Load:     caps.Load{Accepting: true},
+	}
+}

@@ -1,0 +1,85 @@
+package node
+
+import (
+	"github.com/libp2p/go-libp2p/core/network"
+
+	"github.com/meshinfer/meshinfer/node/console"
+)
+
+// consoleSource adapts a Node to console.Source.
+type consoleSource struct{ n *Node }
+
+func (s consoleSource) Ready() bool { return s.n.Ready() }
+
+func (s consoleSource) Status() console.Status { return s.n.Status() }
+
+func (s consoleSource) Peers() []console.Peer { return s.n.Peers() }
+
+// Status is the snapshot served at /api/status.
+func (n *Node) Status() console.Status {
+	now := n.cfg.Now()
+	roles := []string{string(RoleContributor)}
+	for _, r := range n.cfg.Roles {
+		if r != RoleContributor {
+			roles = append(roles, string(r))
+		}
+	}
+	var addrs []string
+	for _, a := range n.P2PAddrs() {
+		addrs = append(addrs, a.String())
+	}
+	entries := n.reg.Entries(now)
+	stale := 0
+	for _, e := range entries {
+		if e.Stale {
+			stale++
+		}
+	}
+	connected := 0
+	for _, p := range n.host.Network().Peers() {
+		if n.host.Network().Connectedness(p) == network.Connected {
+			connected++
+		}
+	}
+	c := n.announcer.Counts()
+	return console.Status{
+		NodeID:      n.host.ID().String(),
+		Version:     n.cfg.Version,
+		Roles:       roles,
+		ListenAddrs: addrs,
+		UptimeS:     now.Sub(n.started).Seconds(),
+		Ready:       n.Ready(),
+		Capability:  n.announcer.Own(),
+		Mesh: console.Mesh{
+			Name:           n.cfg.Mesh,
+			PeersConnected: connected,
+			PeersKnown:     len(entries),
+			PeersStale:     stale,
+			TopicPeers:     n.announcer.TopicPeers(),
+			DHTPeers:       n.dht.RoutingTable().Size(),
+		},
+		Announcements: console.Announcements{
+			Published: n.announcer.Published(),
+			Accepted:  c.Accepted,
+			Rejected:  c.Rejected,
+			Ignored:   c.Ignored,
+		},
+	}
+}
+
+// Peers is the snapshot served at /api/peers.
+func (n *Node) Peers() []console.Peer {
+	now := n.cfg.Now()
+	entries := n.reg.Entries(now)
+	out := make([]console.Peer, 0, len(entries))
+	for _, e := range entries {
+		out = append(out, console.Peer{
+			PeerID:     e.Peer.String(),
+			Connected:  e.Connected,
+			Stale:      e.Stale,
+			AgeS:       e.Age(now).Seconds(),
+			Capability: e.Vector,
+		})
+	}
+	return out
+}

@@ -1,0 +1,291 @@
+// Package testnet runs many meshinfer nodes in one process on loopback, for `meshinfer
+// testnet`, `make run`, integration tests and benchmarks.
+//
+// Node 0 has the bootstrap role. Every other node bootstraps to node 0 and to up to two
+// random nodes started before it, so the mesh does not hang on one hub. Nodes listen on
+// 127.0.0.1 TCP and QUIC with OS-chosen ports; consoles listen on ConsoleBase+i (or
+// OS-chosen ports when ConsoleBase is 0).
+//
+// Loopback pitfalls, handled here on purpose:
+//   - go-libp2p's resource manager exempts 127.0.0.0/8 from its per-IP connection limits, so
+//     100 nodes on one address are not throttled as one host would be. Tests of those limits
+//     must bind peers to distinct 127.0.0.x addresses.
+//   - kad-dht's IP-diversity filter would put all of 127/8 in one group and keep only a few
+//     peers per bucket; meshinfer nodes do not enable it, so the DHT fills normally.
+//   - loopback addresses are never "public", so DHT server mode is forced (Config.Loopback)
+//     and NAT traversal services, which would only burn CPU here, are off.
+//
+// Nothing in production imports this package.
+package testnet
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/meshinfer/meshinfer/node"
+)
+
+// Options configures a testnet.
+type Options struct {
+	Nodes       int           // how many nodes to start (at least 1)
+	Mesh        string        // mesh name; node.DefaultMesh when empty
+	ConsoleBase int           // node i's console on 127.0.0.1:ConsoleBase+i; 0: OS-chosen ports
+	NoConsole   bool          // start no consoles
+	Heartbeat   time.Duration // announcement period; node.DefaultHeartbeat when 0
+	ConnsLow    int           // connection manager low water; 16 when 0
+	ConnsHigh   int           // connection manager high water; 32 when 0
+	ProbeRoot   string        // filesystem root for the capability probe; "/" when empty
+	Version     string        // reported by each node
+	Seed        uint64        // seeds the choice of bootstrap peers
+	// Parallel is how many nodes start at once; 8 when 0. More saturates 2 cores with
+	// handshakes and slows everything.
+	Parallel int
+}
+
+// Testnet is a set of in-process nodes.
+type Testnet struct {
+	opts Options
+
+	mu    sync.Mutex
+	nodes []*node.Node // nil where stopped or killed
+	rng   *mrand.Rand
+}
+
+// New starts opts.Nodes nodes and returns once each has started (not converged: see
+// WaitConverged). On error, every node started so far is closed.
+func New(opts Options) (*Testnet, error) {
+	if opts.Nodes < 1 {
+		return nil, fmt.Errorf("testnet needs at least 1 node, got %d", opts.Nodes)
+	}
+	if opts.ConnsLow == 0 {
+		opts.ConnsLow = 16
+	}
+	if opts.ConnsHigh == 0 {
+		opts.ConnsHigh = 32
+	}
+	if opts.Parallel <= 0 {
+		opts.Parallel = 8
+	}
+	t := &Testnet{opts: opts, rng: mrand.New(mrand.NewPCG(opts.Seed, 0x6d657368))}
+	if _, err := t.add(); err != nil {
+		return nil, err
+	}
+	for len(t.nodes) < opts.Nodes {
+		wave := min(opts.Parallel, opts.Nodes-len(t.nodes))
+		if err := t.addWave(wave); err != nil {
+			t.Close()
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// addWave starts n nodes concurrently, each bootstrapping into the nodes already running.
+func (t *Testnet) addWave(n int) error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { _, errs[i] = t.add() })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// Add starts one more node, bootstrapped like the others, and returns its index.
+func (t *Testnet) Add() (int, error) { return t.add() }
+
+func (t *Testnet) add() (int, error) {
+	t.mu.Lock()
+	idx := len(t.nodes)
+	t.nodes = append(t.nodes, nil) // reserve the index (and its console port)
+	boot := t.bootstrapFor(idx)
+	t.mu.Unlock()
+
+	key, _, err := crypto.GenerateEd25519Key(rand.Reader)
+	if err != nil {
+		return 0, fmt.Errorf("node %d identity: %w", idx, err)
+	}
+	cfg := node.Config{
+		Identity:    key,
+		Mesh:        t.opts.Mesh,
+		ListenAddrs: []string{"/ip4/127.0.0.1/tcp/0", "/ip4/127.0.0.1/udp/0/quic-v1"},
+		Bootstrap:   boot,
+		ConsoleAddr: t.consoleAddr(idx),
+		Heartbeat:   t.opts.Heartbeat,
+		ConnsLow:    t.opts.ConnsLow,
+		ConnsHigh:   t.opts.ConnsHigh,
+		Loopback:    true,
+		ProbeRoot:   t.opts.ProbeRoot,
+		Version:     t.opts.Version,
+	}
+	if idx == 0 {
+		cfg.Roles = []node.Role{node.RoleBootstrap}
+	}
+	n, err := node.New(cfg)
+	if err != nil {
+		return 0, fmt.Errorf("node %d: %w", idx, err)
+	}
+	t.mu.Lock()
+	t.nodes[idx] = n
+	t.mu.Unlock()
+	return idx, nil
+}
+
+// bootstrapFor picks node 0 and up to two other running nodes below idx. Caller holds mu.
+func (t *Testnet) bootstrapFor(idx int) []peer.AddrInfo {
+	var running []int
+	for i := 0; i < idx; i++ {
+		if t.nodes[i] != nil {
+			running = append(running, i)
+		}
+	}
+	if len(running) == 0 {
+		return nil
+	}
+	var out []peer.AddrInfo
+	if running[0] == 0 {
+		out = append(out, t.nodes[0].AddrInfo())
+		running = running[1:]
+	}
+	t.rng.Shuffle(len(running), func(a, b int) { running[a], running[b] = running[b], running[a] })
+	for _, i := range running[:min(2, len(running))] {
+		out = append(out, t.nodes[i].AddrInfo())
+	}
+	return out
+}
+
+func (t *Testnet) consoleAddr(idx int) string {
+	switch {
+	case t.opts.NoConsole:
+		return "off"
+	case t.opts.ConsoleBase == 0:
+		return "127.0.0.1:0"
+	default:
+		return fmt.Sprintf("127.0.0.1:%d", t.opts.ConsoleBase+idx)
+	}
+}
+
+// Len is the number of node slots, running or not.
+func (t *Testnet) Len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.nodes)
+}
+
+// Node returns node i, or nil when it is stopped or i is out of range.
+func (t *Testnet) Node(i int) *node.Node {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if i < 0 || i >= len(t.nodes) {
+		return nil
+	}
+	return t.nodes[i]
+}
+
+// Running returns the running nodes in index order.
+func (t *Testnet) Running() []*node.Node {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []*node.Node
+	for _, n := range t.nodes {
+		if n != nil {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// Stop closes node i cleanly.
+func (t *Testnet) Stop(i int) error {
+	n := t.take(i)
+	if n == nil {
+		return fmt.Errorf("node %d is not running", i)
+	}
+	return n.Close()
+}
+
+// Kill crashes node i as its peers see it: its host closes every connection at once and it
+// never announces again. Then the rest of the node is torn down.
+func (t *Testnet) Kill(i int) error {
+	n := t.take(i)
+	if n == nil {
+		return fmt.Errorf("node %d is not running", i)
+	}
+	herr := n.Host().Close()
+	return errors.Join(herr, n.Close())
+}
+
+func (t *Testnet) take(i int) *node.Node {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if i < 0 || i >= len(t.nodes) {
+		return nil
+	}
+	n := t.nodes[i]
+	t.nodes[i] = nil
+	return n
+}
+
+// Converged reports whether every running node holds a fresh (not stale) verified vector
+// of every other running node.
+func (t *Testnet) Converged() bool {
+	nodes := t.Running()
+	for _, n := range nodes {
+		now := time.Now()
+		for _, other := range nodes {
+			if other == n {
+				continue
+			}
+			e, ok := n.Registry().Get(other.ID(), now)
+			if !ok || e.Stale {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// convergePoll is how often WaitConverged checks; a check at N=100 costs ~10k map lookups.
+const convergePoll = 20 * time.Millisecond
+
+// WaitConverged waits until Converged or ctx ends.
+func (t *Testnet) WaitConverged(ctx context.Context) error {
+	return WaitFor(ctx, convergePoll, t.Converged)
+}
+
+// WaitFor polls cond every interval until it holds or ctx ends.
+func WaitFor(ctx context.Context, interval time.Duration, cond func() bool) error {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("condition not reached: %w", ctx.Err())
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
+// Close stops every running node, in reverse index order.
+func (t *Testnet) Close() error {
+	t.mu.Lock()
+	nodes := t.nodes
+	t.nodes = make([]*node.Node, len(nodes))
+	t.mu.Unlock()
+	var errs []error
+	for i := len(nodes) - 1; i >= 0; i-- {
+		if nodes[i] != nil {
+			errs = append(errs, nodes[i].Close())
+		}
+	}
+	return errors.Join(errs...)
+}
