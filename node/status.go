@@ -63,6 +63,7 @@ func (n *Node) Status() console.Status {
 			Accepted:  c.Accepted,
 			Rejected:  c.Rejected,
 			Ignored:   c.Ignored,
+			Synced:    n.announcer.Synced(),
 		},
 	}
 }

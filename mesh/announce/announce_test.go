@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +13,9 @@ import (
 	pubsub "github.com/libp2p/go-libp2p-pubsub"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/multiformats/go-varint"
 
 	"github.com/meshinfer/meshinfer/mesh/caps"
 	"github.com/meshinfer/meshinfer/mesh/registry"
@@ -276,5 +279,87 @@ func TestTwoAnnouncersSeeEachOther(t *testing.T) {
 	}
 	if err := a1.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestNewcomerLearnsNonNeighbours: C connects to B only and learns A's vector within
+// seconds, with no re-announcement (the heartbeat is minutes): through B's sync answer, or
+// through GossipSub's IHAVE gossip if B still holds A's message in its history window.
+func TestNewcomerLearnsNonNeighbours(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type member struct {
+		h   host.Host
+		reg *registry.Registry
+		a   *Announcer
+	}
+	mk := func() member {
+		k := newKey(t)
+		h := newHost(t, k)
+		ps, err := pubsub.NewGossipSub(ctx, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reg := registry.New(registry.ParamsForHeartbeat(time.Hour))
+		a, err := New(h, ps, k, reg, fixedSource{}, Params{Mesh: testMesh, Heartbeat: time.Hour / ttlHeartbeats / 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { a.Close() })
+		return member{h, reg, a}
+	}
+	a, b, c := mk(), mk(), mk()
+	if err := b.h.Connect(ctx, peer.AddrInfo{ID: a.h.ID(), Addrs: a.h.Addrs()}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "A and B to know each other", func() bool { return a.reg.Len() == 1 && b.reg.Len() == 1 })
+	if err := c.h.Connect(ctx, peer.AddrInfo{ID: b.h.ID(), Addrs: b.h.Addrs()}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "C to learn A through B", func() bool {
+		_, ok := c.reg.Get(a.h.ID(), time.Now())
+		return ok
+	})
+}
+
+// TestSyncFromForgerChangesNothing: a peer answering the sync protocol with a forged vector
+// has its answer discarded, including the genuine vectors after it.
+func TestSyncFromForgerChangesNothing(t *testing.T) {
+	r := newRig(t, 2*time.Minute)
+	now := time.Now()
+	honest := newKey(t)
+	forged := signed(t, r.attKey, 50, now, time.Minute, func(v *caps.Vector) { v.Load.InFlight = 7 })
+	genuine := signed(t, honest, 50, now, time.Minute, nil)
+	r.attacker.SetStreamHandler(SyncProtocol(testMesh), func(s network.Stream) {
+		for _, d := range [][]byte{forged, genuine} {
+			s.Write(varint.ToUvarint(uint64(len(d))))
+			s.Write(d)
+		}
+		s.Close()
+	})
+	n, err := r.victim.syncFrom(context.Background(), r.attacker.ID())
+	if !errors.Is(err, errSyncMisbehaved) || n != 0 {
+		t.Fatalf("syncFrom = %d, %v; want 0 and errSyncMisbehaved", n, err)
+	}
+	if r.reg.Len() != 0 {
+		t.Fatalf("registry holds %d peers after a forged sync answer", r.reg.Len())
+	}
+	// An oversized frame length is refused before anything is read.
+	r.attacker.SetStreamHandler(SyncProtocol(testMesh), func(s network.Stream) {
+		s.Write(varint.ToUvarint(caps.MaxEncodedSize + 1))
+		s.Write(make([]byte, 1024))
+		s.Close()
+	})
+	if _, err := r.victim.syncFrom(context.Background(), r.attacker.ID()); !errors.Is(err, errSyncMisbehaved) {
+		t.Fatalf("oversized frame: err %v, want errSyncMisbehaved", err)
+	}
+	// A genuine answer is taken.
+	r.attacker.SetStreamHandler(SyncProtocol(testMesh), func(s network.Stream) {
+		s.Write(varint.ToUvarint(uint64(len(genuine))))
+		s.Write(genuine)
+		s.Close()
+	})
+	if n, err := r.victim.syncFrom(context.Background(), r.attacker.ID()); err != nil || n != 1 {
+		t.Fatalf("genuine sync = %d, %v; want 1, nil", n, err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/event"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/p2p/protocol/ping"
 
 	"github.com/meshinfer/meshinfer/mesh/caps"
@@ -70,12 +71,14 @@ type Announcer struct {
 	bus    event.Subscription
 
 	trigger chan struct{} // one slot: a pending publish request
+	syncQ   chan peer.ID  // peers to pull vectors from (see SyncProtocol)
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	closed  atomic.Bool
 
 	own       atomic.Pointer[caps.Vector] // latest signed vector of this node
 	published atomic.Uint64               // publishes done
+	synced    atomic.Uint64               // vectors learned through SyncProtocol
 	rttMS     atomic.Uint64               // math.Float64bits of the latest median RTT
 
 	mu  sync.Mutex // guards seq
@@ -101,6 +104,7 @@ func New(h host.Host, ps *pubsub.PubSub, key crypto.PrivKey, reg *registry.Regis
 		h: h, key: key, src: src, reg: reg, params: p, ps: ps,
 		val:     newValidator(p.Now),
 		trigger: make(chan struct{}, 1),
+		syncQ:   make(chan peer.ID, syncQueue),
 		// Start the seq at the wall clock in ms, so a restart with the same identity keeps
 		// announcing above the seq its peers remember.
 		seq: uint64(max(p.Now().UnixMilli(), 1)),
@@ -113,11 +117,13 @@ func New(h host.Host, ps *pubsub.PubSub, key crypto.PrivKey, reg *registry.Regis
 		a.release()
 		return nil, err
 	}
+	h.SetStreamHandler(SyncProtocol(p.Mesh), a.handleSync)
 	ctx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
 	a.Changed() // announce at start
 	// Each loop exits when ctx is cancelled by Close (or its input closes), and is waited for there.
-	a.wg.Add(4)
+	a.wg.Add(5)
+	go a.syncLoop(ctx)
 	go a.publishLoop(ctx)
 	go a.receiveLoop(ctx)
 	go a.joinLoop(ctx)
@@ -164,6 +170,7 @@ func (a *Announcer) Close() error {
 	if !a.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	a.h.RemoveStreamHandler(SyncProtocol(a.params.Mesh))
 	a.cancel()
 	a.bus.Close() // ends connectednessLoop's channel
 	a.wg.Wait()
@@ -184,6 +191,9 @@ func (a *Announcer) Own() *caps.Vector { return a.own.Load().Clone() }
 
 // Counts returns how many incoming announcements were accepted, rejected and ignored.
 func (a *Announcer) Counts() Counts { return a.val.counts() }
+
+// Synced is the number of vectors learned through SyncProtocol.
+func (a *Announcer) Synced() uint64 { return a.synced.Load() }
 
 // Published is the number of announcements this node has published.
 func (a *Announcer) Published() uint64 { return a.published.Load() }
@@ -283,6 +293,10 @@ func (a *Announcer) joinLoop(ctx context.Context) {
 		}
 		if ev.Type == pubsub.PeerJoin {
 			a.Changed()
+			select {
+			case a.syncQ <- ev.Peer:
+			default: // queue full: the heartbeat will bring the rest
+			}
 		}
 	}
 }

@@ -1,7 +1,7 @@
 // Package announce publishes this node's signed capability vector on the mesh's GossipSub
 // topic and turns the vectors of other nodes into registry entries.
 //
-// Topic: /meshinfer/<mesh>/caps/1 (see Topic). Each message is one caps.Vector in its wire
+// Topic: /meshinfer/<mesh>/caps/1 (see Topic); sync protocol: /meshinfer/<mesh>/caps-sync/1.0.0. Each message is one caps.Vector in its wire
 // form, signed with the node's ed25519 identity.
 //
 // When this node publishes:
@@ -24,6 +24,12 @@
 // The per-peer seq high-water mark lives here, not in GossipSub's seen-cache, so a replay is
 // refused also after that cache (120 s) has forgotten the message. Only an accepted message
 // changes any state. Ordering uses seq only, never the remote timestamps.
+//
+// Pull on join: when a peer joins the topic, the Announcer also pulls the vectors that peer
+// knows over SyncProtocol (see sync.go), each checked exactly like an announcement. A newcomer
+// thereby learns the whole mesh from its first neighbours within a second, instead of from
+// each node's next heartbeat, and a GossipSub message lost between mesh peers (GossipSub does
+// not repair losses to mesh peers) is made good at the next join.
 //
 // The Announcer also watches libp2p connection events so the registry marks a clean
 // disconnect at once, and sweeps forgotten peers every heartbeat.

@@ -59,6 +59,7 @@ type Announcements struct {
 	Accepted  uint64 `json:"accepted"`
 	Rejected  uint64 `json:"rejected"`
 	Ignored   uint64 `json:"ignored"`
+	Synced    uint64 `json:"synced"` // vectors learned by pulling from a newly met peer
 }
 
 // Peer is one entry of GET /api/peers.

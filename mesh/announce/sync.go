@@ -1,0 +1,185 @@
+package announce
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
+	"github.com/multiformats/go-varint"
+
+	"github.com/meshinfer/meshinfer/mesh/caps"
+)
+
+// SyncProtocol returns the protocol ID of the capability sync of the named mesh; the mesh
+// name is part of it so meshes never exchange vectors.
+//
+// The protocol lets a node that just met a peer on the capability topic pull the vectors that
+// peer knows, instead of waiting up to a heartbeat for each of them to be re-announced.
+//
+// Wire: the client opens a stream and closes its write side without sending anything. The
+// server writes up to syncMaxVectors frames, each an unsigned varint length (minimal
+// encoding) followed by one signed vector in its wire form (≤ caps.MaxEncodedSize bytes),
+// its own first, then closes. Every vector is checked by the client exactly as a GossipSub
+// announcement is (signature, bounds, expiry, seq high-water mark): a server can withhold
+// vectors but cannot forge or roll one back. A server that sends a forged or malformed vector
+// or an oversized frame has its stream reset and the rest of its answer discarded.
+func SyncProtocol(mesh string) protocol.ID {
+	return protocol.ID("/meshinfer/" + mesh + "/caps-sync/1.0.0")
+}
+
+const (
+	// syncTimeout bounds one whole sync exchange, both sides (deadline set first).
+	syncTimeout = 10 * time.Second
+	// syncMaxVectors bounds one answer: the registry's cap, so a full registry can be served.
+	syncMaxVectors = 4096
+	// syncQueue bounds peers waiting to be synced from; past it, joins are not synced (the
+	// heartbeat still converges them).
+	syncQueue = 64
+)
+
+var errSyncMisbehaved = errors.New("sync peer sent an invalid vector")
+
+// handleSync serves this node's vector and every fresh vector in its registry.
+func (a *Announcer) handleSync(s network.Stream) {
+	if err := s.SetDeadline(time.Now().Add(syncTimeout)); err != nil {
+		s.Reset()
+		return
+	}
+	if err := a.writeSync(s); err != nil {
+		log.Debugw("sync answer failed", "peer", s.Conn().RemotePeer(), "err", err)
+		s.Reset()
+		return
+	}
+	s.Close()
+}
+
+func (a *Announcer) writeSync(s network.Stream) error {
+	vecs := make([]*caps.Vector, 0, a.reg.Len()+1)
+	if own := a.own.Load(); own != nil {
+		vecs = append(vecs, own)
+	}
+	for _, e := range a.reg.Entries(a.params.Now()) {
+		if !e.Stale && e.Peer != s.Conn().RemotePeer() {
+			vecs = append(vecs, e.Vector)
+		}
+	}
+	w := bufio.NewWriter(s)
+	for _, v := range vecs[:min(len(vecs), syncMaxVectors)] {
+		data, err := caps.Encode(v)
+		if err != nil {
+			return err
+		}
+		if _, err := w.Write(varint.ToUvarint(uint64(len(data)))); err != nil {
+			return err
+		}
+		if _, err := w.Write(data); err != nil {
+			return err
+		}
+	}
+	return w.Flush()
+}
+
+// syncFrom pulls p's vectors and stores the ones that pass validation. It returns how many
+// were new.
+func (a *Announcer) syncFrom(ctx context.Context, p peer.ID) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, syncTimeout)
+	defer cancel()
+	s, err := a.h.NewStream(network.WithNoDial(ctx, "sync only with connected peers"), p, SyncProtocol(a.params.Mesh))
+	if err != nil {
+		return 0, fmt.Errorf("open sync stream: %w", err)
+	}
+	stop := context.AfterFunc(ctx, func() { s.Reset() })
+	defer stop()
+	if err := s.SetDeadline(time.Now().Add(syncTimeout)); err != nil {
+		s.Reset()
+		return 0, err
+	}
+	if err := s.CloseWrite(); err != nil {
+		s.Reset()
+		return 0, err
+	}
+	added, err := a.readSync(bufio.NewReader(s), p)
+	if err != nil {
+		s.Reset()
+		return added, err
+	}
+	s.Close()
+	return added, nil
+}
+
+func (a *Announcer) readSync(r *bufio.Reader, from peer.ID) (int, error) {
+	added := 0
+	for range syncMaxVectors {
+		n, err := varint.ReadUvarint(r)
+		if errors.Is(err, io.EOF) {
+			return added, nil
+		}
+		if err != nil {
+			return added, fmt.Errorf("read frame length: %w", err)
+		}
+		if n > caps.MaxEncodedSize {
+			return added, fmt.Errorf("%w: frame of %d bytes", errSyncMisbehaved, n)
+		}
+		buf := make([]byte, n)
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return added, fmt.Errorf("read frame: %w", err)
+		}
+		ok, err := a.acceptSynced(buf)
+		if err != nil {
+			return added, fmt.Errorf("%w from %s: %w", errSyncMisbehaved, from, err)
+		}
+		if ok {
+			added++
+		}
+	}
+	return added, nil // more than syncMaxVectors: the rest is ignored
+}
+
+// acceptSynced applies one synced vector. A vector that is merely old (expired, clock skew,
+// seq not above the high-water mark, our own) is skipped without error; a forged or
+// malformed one is an error.
+func (a *Announcer) acceptSynced(data []byte) (bool, error) {
+	now := a.params.Now()
+	v, err := caps.Verify(data, now)
+	if errors.Is(err, caps.ErrExpired) || errors.Is(err, caps.ErrClockSkew) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	author, err := peer.Decode(v.PeerID)
+	if err != nil {
+		return false, err
+	}
+	if author == a.h.ID() || !a.val.advance(author, v.Seq, now) {
+		return false, nil
+	}
+	if !a.reg.Put(author, v, now) {
+		return false, nil
+	}
+	a.reg.SetConnected(author, a.h.Network().Connectedness(author) == network.Connected)
+	return true, nil
+}
+
+// syncLoop syncs from peers queued by joinLoop, one at a time. Exits when ctx is done.
+func (a *Announcer) syncLoop(ctx context.Context) {
+	defer a.wg.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case p := <-a.syncQ:
+			n, err := a.syncFrom(ctx, p)
+			if err != nil && ctx.Err() == nil {
+				log.Debugw("sync failed", "peer", p, "err", err)
+			}
+			a.synced.Add(uint64(n))
+		}
+	}
+}
