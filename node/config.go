@@ -3,10 +3,13 @@ package node
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/meshinfer/meshinfer/node/console"
 )
 
 // Role is what a node does for the mesh beyond contributing.
@@ -26,6 +29,8 @@ const (
 	DefaultMesh = "default"
 	// DefaultConsoleAddr is the local console; loopback, so nothing else on the network sees it.
 	DefaultConsoleAddr = "127.0.0.1:3131"
+	// ConsoleOff as ConsoleAddr starts no console.
+	ConsoleOff = "off"
 	// DefaultHeartbeat is the capability re-announcement period (see mesh/announce).
 	DefaultHeartbeat = 15 * time.Second
 	// DefaultConnsLow and DefaultConnsHigh are the connection manager's water marks: trimming
@@ -62,7 +67,7 @@ type Config struct {
 	Bootstrap []peer.AddrInfo
 	// MDNS turns on LAN discovery.
 	MDNS bool
-	// ConsoleAddr is the console's listen address; "off" disables it. Default:
+	// ConsoleAddr is the console's listen address; ConsoleOff disables it. Default:
 	// DefaultConsoleAddr. A non-loopback address is refused unless ConsolePublic is set.
 	ConsoleAddr   string
 	ConsolePublic bool
@@ -100,10 +105,15 @@ func (cfg Config) withDefaults() (Config, error) {
 		}
 	}
 	if len(cfg.ListenAddrs) == 0 {
-		cfg.ListenAddrs = DefaultListenAddrs
+		cfg.ListenAddrs = slices.Clone(DefaultListenAddrs)
 	}
 	if cfg.ConsoleAddr == "" {
 		cfg.ConsoleAddr = DefaultConsoleAddr
+	}
+	if cfg.ConsoleAddr != ConsoleOff {
+		if err := console.CheckAddr(cfg.ConsoleAddr, cfg.ConsolePublic); err != nil {
+			return cfg, err
+		}
 	}
 	if cfg.Heartbeat == 0 {
 		cfg.Heartbeat = DefaultHeartbeat

@@ -86,11 +86,11 @@ func loadIdentity(path string) (crypto.PrivKey, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stat identity key: %w", err)
 	}
-	if perm := st.Mode().Perm(); perm&0o077 != 0 {
-		return nil, fmt.Errorf("identity key %s has mode %04o: others could read it; run 'chmod 600 %s' and start again", path, perm, path)
-	}
 	if !st.Mode().IsRegular() || st.Size() > maxKeyFile {
 		return nil, fmt.Errorf("identity key %s is not a key file; move it away to create a new identity (this changes the node's peer ID)", path)
+	}
+	if perm := st.Mode().Perm(); perm&0o077 != 0 {
+		return nil, fmt.Errorf("identity key %s has mode %04o: others could read it; run 'chmod 600 %s' and start again", path, perm, path)
 	}
 	raw := make([]byte, st.Size())
 	if _, err := f.ReadAt(raw, 0); err != nil {

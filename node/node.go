@@ -147,7 +147,7 @@ func (n *Node) start() error {
 	}
 	n.closers = append(n.closers, n.disc.Close)
 
-	if cfg.ConsoleAddr != "off" {
+	if cfg.ConsoleAddr != ConsoleOff {
 		n.console, err = console.New(cfg.ConsoleAddr, cfg.ConsolePublic, consoleSource{n})
 		if err != nil {
 			return err

@@ -165,7 +165,7 @@ func (t *Testnet) bootstrapFor(idx int) []peer.AddrInfo {
 func (t *Testnet) consoleAddr(idx int) string {
 	switch {
 	case t.opts.NoConsole:
-		return "off"
+		return node.ConsoleOff
 	case t.opts.ConsoleBase == 0:
 		return "127.0.0.1:0"
 	default:

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -70,6 +71,9 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	n, err := node.New(cfg)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("%w\nanother meshinfer node may be running here: stop it, or pick other --listen and --console addresses", err)
+	}
 	if err != nil {
 		return err
 	}

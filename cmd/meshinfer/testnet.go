@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -60,7 +61,10 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	printNodes(stdout, tn)
 
 	if err := tn.WaitConverged(ctx); err != nil {
-		return nil // interrupted before convergence: stop quietly
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return fmt.Errorf("nodes did not converge within --duration %v", *duration)
+		}
+		return nil // Ctrl-C before convergence: stop quietly
 	}
 	fmt.Fprintf(stdout, "\nconverged in %s: every node holds every other node's verified capability vector\n",
 		time.Since(start).Round(time.Millisecond))

@@ -105,10 +105,8 @@ var ErrNotLoopback = errors.New("console address is not loopback")
 
 // New listens on addr and serves src. A non-loopback addr is refused unless public is set.
 func New(addr string, public bool, src Source) (*Server, error) {
-	if !public {
-		if err := checkLoopback(addr); err != nil {
-			return nil, err
-		}
+	if err := CheckAddr(addr, public); err != nil {
+		return nil, err
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -142,7 +140,15 @@ func (s *Server) Close() error {
 	return err
 }
 
-func checkLoopback(addr string) error {
+// CheckAddr returns an error for an address New would refuse: malformed, or not loopback
+// while public is false. Callers use it to refuse a bad address before starting anything.
+func CheckAddr(addr string, public bool) error {
+	if public {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return fmt.Errorf("console address %q: %w", addr, err)
+		}
+		return nil
+	}
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("console address %q: %w", addr, err)
