@@ -1,0 +1,78 @@
+// Package synth is the built-in synthetic backend: a real decoder-only transformer, computed
+// in pure Go float32, whose weights come from a pseudo-random generator keyed by the model
+// name. It needs no download, so a node can serve inference out of the box.
+//
+// Its text is meaningless. The weights are random numbers, not trained on anything, and the
+// vocabulary is an enumeration of made-up syllables: output looks like pseudo-words
+// ("thoung bre kai,st") and says nothing. What is real is everything the mesh needs to be
+// exercised honestly: the cost (every token runs every layer), the cold start (weights are
+// materialized on load), the streaming, the context window, and determinism.
+//
+// # Model
+//
+// Token embedding plus a learned positional embedding, then per layer
+// RMSNorm → multi-head causal self-attention with a KV cache → residual → RMSNorm →
+// MLP (up, SiLU, down) → residual; a final RMSNorm and a separate (untied) output
+// projection. No biases. Prompts are processed 16 tokens per pass (each weight row read once
+// for all of them); then one token per pass. Large matrix products are split by rows over
+// GOMAXPROCS goroutines.
+//
+// Weights: each tensor is drawn from its own PCG generator (math/rand/v2) seeded with FNV-64a
+// of "<model>/<tensor>", through a cheap near-normal transform (the sum of four 16-bit
+// uniforms), scaled so activations stay of order 1 (the table is on weights.tensors). Norm
+// gains are 1.
+//
+// # Presets
+//
+//	name          d_model  layers  heads  ffn   vocab  context  parameters
+//	synth-tiny         64       2      4   256    512      512     196,928
+//	synth-small       256       4      8  1024   2048     1024   4,458,752
+//	synth-base        512       8      8  2048   4096     1024  29,893,120
+//
+// Memory is 4 bytes per parameter (synth-base: 120 MB) once loaded, plus per request a KV
+// cache of 2·layers·d_model·4 bytes per position of prompt and budget (synth-base: 32 KiB
+// per position, 32 MiB at a full context).
+//
+// # Tokenizer
+//
+// Byte-level with syllables: token 0 ends the text, tokens 1-4 mark the chat roles
+// (system, developer, user, assistant), tokens 5-260 are the 256 byte values, and the rest
+// of the vocabulary is pseudo-syllables such as "ka" or " bre", built by a fixed
+// enumeration. Encoding takes the longest matching syllable at each position, else the
+// byte, so it is total and lossless. The chat template is, for each message, its role
+// marker then its content, and finally the assistant marker. The model never samples a role
+// marker nor a byte outside printable ASCII and newline, so output is printable.
+//
+// # Decoding
+//
+// Temperature 0 is greedy (argmax, lowest id on ties); seed and top_p are then ignored.
+// Otherwise logits are divided by the temperature, softmax, restricted to the top_p nucleus
+// (most probable first, ties by lower id), and sampled with one uniform draw per token from
+// a PCG seeded by the request's seed (0 when absent). Generation ends at the end-of-text
+// token (finish "stop"), when a stop string appears (finish "stop"), or at max_tokens or
+// the end of the context window (finish "length"). A prompt that leaves no room for one
+// token in the context window is a context_overflow error.
+//
+// Stop strings follow OpenAI: the output ends just before the first occurrence of any stop
+// string in the generated text (the prompt is not searched); the stop string itself is not
+// returned. Tokens that might begin a stop string are held back until the following tokens
+// decide, so nothing emitted is ever taken back; the token in which the stop string begins
+// is emitted cut to the text before it, if any text remains.
+//
+// # Determinism
+//
+// The output (token ids, texts, finish reason, usage) is a function of (model, messages,
+// seed, temperature, top_p, max_tokens, stop) alone: identical in one process or another,
+// on any GOMAXPROCS, and by construction on any architecture. No result depends on map
+// iteration or goroutine order; products are rounded explicitly so the compiler cannot fuse
+// them into FMAs, and exp is our own rather than math.Exp, whose results vary by CPU.
+// Because one uniform draw is taken per token, a completion with a smaller max_tokens is a
+// prefix of one with a larger budget. The mesh relies on this to verify a result by
+// recomputing it and to resume a cut stream on another node. TestGolden pins the token ids
+// and TestGoldenLogits the exact logit bits (checked equal on amd64, GOAMD64=v3 and arm64);
+// changing either is a protocol change between versions.
+//
+// # Imports
+//
+// Standard library and the parent package inference only (a leaf, like its parent).
+package synth

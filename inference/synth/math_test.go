@@ -1,0 +1,60 @@
+package synth
+
+import (
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"testing"
+)
+
+func TestExp(t *testing.T) {
+	for x := -740.0; x <= 709; x += 0.37 {
+		got, want := exp(x), math.Exp(x)
+		if rel := math.Abs(got-want) / want; rel > 1e-12 {
+			t.Fatalf("exp(%g) = %g, math.Exp %g (rel err %g)", x, got, want, rel)
+		}
+	}
+	for _, tt := range []struct{ x, want float64 }{
+		{0, 1}, {math.Inf(-1), 0}, {-746, 0}, {710, math.Inf(1)}, {math.Inf(1), math.Inf(1)},
+	} {
+		if got := exp(tt.x); got != tt.want {
+			t.Errorf("exp(%g) = %g, want %g", tt.x, got, tt.want)
+		}
+	}
+	if !math.IsNaN(exp(math.NaN())) {
+		t.Errorf("exp(NaN) is not NaN")
+	}
+}
+
+// TestMatmulParallelBitIdentical: splitting rows over goroutines changes no bit.
+func TestMatmulParallelBitIdentical(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	const rows, cols, batch = 300, 257, 3
+	w, x := make([]float32, rows*cols), make([]float32, batch*cols)
+	for i := range w {
+		w[i] = float32(rng.NormFloat64())
+	}
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	serial := make([]float32, batch*rows)
+	matmulRows(serial, w, x, rows, cols, batch, 0, rows)
+	for _, procs := range []int{1, 2, 3, 7} {
+		prev := runtime.GOMAXPROCS(procs)
+		par := make([]float32, batch*rows)
+		matmul(par, w, x, rows, cols, batch)
+		runtime.GOMAXPROCS(prev)
+		for i := range serial {
+			if math.Float32bits(par[i]) != math.Float32bits(serial[i]) {
+				t.Fatalf("GOMAXPROCS %d: output %d is %g, serial %g", procs, i, par[i], serial[i])
+			}
+		}
+	}
+	var want float64
+	for i := range cols {
+		want += float64(w[i]) * float64(x[i])
+	}
+	if math.Abs(float64(serial[0])-want) > 1e-3 {
+		t.Errorf("dot = %g, float64 reference %g", serial[0], want)
+	}
+}

@@ -1,0 +1,290 @@
+package synth
+
+import (
+	"context"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+)
+
+// weights holds a materialized model. All tensors are row-major [out][in] slices of one
+// backing array, so a matrix-vector product reads each row contiguously. Immutable after
+// materialize returns; shared read-only by every request.
+type weights struct {
+	p         Preset
+	all       []float32 // the backing array: exactly p.Params() values
+	tokEmb    []float32 // [Vocab][Dim]
+	posEmb    []float32 // [Context][Dim]
+	layers    []layerWeights
+	finalNorm []float32 // [Dim]
+	out       []float32 // [Vocab][Dim]
+}
+
+type layerWeights struct {
+	attnNorm, mlpNorm []float32 // [Dim] RMSNorm gains
+	wq, wk, wv, wo    []float32 // [Dim][Dim]
+	up                []float32 // [FFN][Dim]
+	down              []float32 // [Dim][FFN]
+}
+
+// tensor is one named slice of the backing array and how it is initialized: std 0 means
+// all ones (norm gains), otherwise approximately normal with that standard deviation.
+type tensor struct {
+	name string
+	dst  *[]float32
+	n    int
+	std  float64
+}
+
+// tensors lays out w's tensors in their fixed order, with their initial scales:
+//
+//	tok_emb        std 1           the residual stream starts at unit scale
+//	pos_emb        std 0.5         position matters, but less than the token
+//	q, k, v, up    std 1/√Dim      unit-variance projections (attention logits of order 1)
+//	o, down        std 1/√fan_in/√(2·Layers)   GPT-2's residual scaling: the stream stays O(1)
+//	out            std 2/√Dim      logits with std ≈ 2, so temperature and top_p matter
+//	norm gains     1
+func (w *weights) tensors() []tensor {
+	p := w.p
+	d, f := p.Dim, p.FFN
+	proj := 1 / math.Sqrt(float64(d))
+	resid := 1 / math.Sqrt(2*float64(p.Layers))
+	ts := []tensor{
+		{"tok_emb", &w.tokEmb, p.Vocab * d, 1},
+		{"pos_emb", &w.posEmb, p.Context * d, 0.5},
+	}
+	w.layers = make([]layerWeights, p.Layers)
+	for i := range w.layers {
+		l := &w.layers[i]
+		pre := "layer" + strconv.Itoa(i) + "."
+		ts = append(ts,
+			tensor{pre + "attn_norm", &l.attnNorm, d, 0},
+			tensor{pre + "q", &l.wq, d * d, proj},
+			tensor{pre + "k", &l.wk, d * d, proj},
+			tensor{pre + "v", &l.wv, d * d, proj},
+			tensor{pre + "o", &l.wo, d * d, proj * resid},
+			tensor{pre + "mlp_norm", &l.mlpNorm, d, 0},
+			tensor{pre + "up", &l.up, f * d, proj},
+			tensor{pre + "down", &l.down, d * f, resid / math.Sqrt(float64(f))},
+		)
+	}
+	return append(ts,
+		tensor{"final_norm", &w.finalNorm, d, 0},
+		tensor{"out", &w.out, p.Vocab * d, 2 * proj},
+	)
+}
+
+// materialize builds the weights of p. Each tensor is drawn from its own PCG stream seeded
+// with FNV-64a of "<model name>/<tensor name>", so the values depend on nothing but the
+// names, and tensors can be filled in any order: GOMAXPROCS goroutines take them from a
+// shared counter and all end before materialize returns. It checks ctx between tensors and
+// every chunkCheck values inside a large one; on the first error the others stop too.
+func materialize(ctx context.Context, p Preset) (*weights, error) {
+	w := &weights{p: p, all: make([]float32, p.Params())}
+	ts := w.tensors()
+	off := 0
+	for _, t := range ts {
+		*t.dst = w.all[off : off+t.n : off+t.n]
+		off += t.n
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		next    atomic.Int64
+		wg      sync.WaitGroup
+		errOnce sync.Once
+		first   error
+	)
+	work := func() {
+		for i := int(next.Add(1) - 1); i < len(ts); i = int(next.Add(1) - 1) {
+			t := ts[i]
+			if err := fill(ctx, *t.dst, p.Name+"/"+t.name, t.std); err != nil {
+				errOnce.Do(func() { first = err; cancel() })
+				return
+			}
+		}
+	}
+	for range runtime.GOMAXPROCS(0) - 1 {
+		wg.Go(work)
+	}
+	work()
+	wg.Wait()
+	if first != nil {
+		return nil, first
+	}
+	return w, nil
+}
+
+// chunkCheck is how many values fill draws between two looks at ctx: about a millisecond
+// of work, so a cancelled load stops within a few milliseconds.
+const chunkCheck = 1 << 18
+
+// pcgStream is the second PCG word (the stream selector), fixed: "meshinfr".
+const pcgStream = 0x6d657368696e6672
+
+func fill(ctx context.Context, dst []float32, key string, std float64) error {
+	if std == 0 {
+		for i := range dst {
+			dst[i] = 1
+		}
+		return ctx.Err()
+	}
+	h := fnv.New64a()
+	h.Write([]byte(key))
+	rng := rand.NewPCG(h.Sum64(), pcgStream)
+	// Irwin–Hall: the sum of four uniform 16-bit draws from one 64-bit word is close to
+	// normal (mean 4·32767.5, variance 4·(65536²−1)/12) and bounded at ±3.46σ, so no weight
+	// is an outlier. scale maps it to the requested std.
+	const mean, sigma = 4 * 32767.5, 37837.22
+	scale := std / sigma
+	for i := range dst {
+		if i%chunkCheck == 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		u := rng.Uint64()
+		s := u&0xffff + u>>16&0xffff + u>>32&0xffff + u>>48
+		dst[i] = float32((float64(s) - mean) * scale)
+	}
+	return ctx.Err()
+}
+
+// blockSize is how many prompt tokens one forward pass processes together: a weight row is
+// then read once for 16 tokens, which makes prefill several times faster than one token at
+// a time, while scratch memory stays at 16 vectors and ctx is checked every 16 tokens.
+const blockSize = 16
+
+// state is one request's run of the model: its KV cache and scratch buffers. Not safe for
+// concurrent use; each Generate owns one.
+type state struct {
+	w   *weights
+	pos int // positions already in the cache
+
+	kc, vc [][]float32 // per layer: [cap][Dim] keys and values
+
+	x, xn, q, att, proj []float32 // [blockSize][Dim]
+	ff                  []float32 // [blockSize][FFN]
+	scores              []float64 // [cap]
+	logits              []float32 // [Vocab]
+}
+
+// newState allocates a run with room for capacity positions (prompt and completion).
+func newState(w *weights, capacity int) *state {
+	p := w.p
+	d := p.Dim
+	s := &state{
+		w:      w,
+		kc:     make([][]float32, p.Layers),
+		vc:     make([][]float32, p.Layers),
+		x:      make([]float32, blockSize*d),
+		xn:     make([]float32, blockSize*d),
+		q:      make([]float32, blockSize*d),
+		att:    make([]float32, blockSize*d),
+		proj:   make([]float32, blockSize*d),
+		ff:     make([]float32, blockSize*p.FFN),
+		scores: make([]float64, capacity),
+		logits: make([]float32, p.Vocab),
+	}
+	for l := range p.Layers {
+		s.kc[l] = make([]float32, capacity*d)
+		s.vc[l] = make([]float32, capacity*d)
+	}
+	return s
+}
+
+// feed runs tokens through the model at the next positions, filling the KV cache, and
+// returns the logits after the last one (valid until the next feed). The caller keeps
+// s.pos+len(tokens) within the capacity. The result does not depend on how tokens are split
+// between calls: every position is computed by the same sequence of operations.
+func (s *state) feed(ctx context.Context, tokens []int) ([]float32, error) {
+	for len(tokens) > 0 {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		n := min(len(tokens), blockSize)
+		s.block(tokens[:n])
+		tokens = tokens[n:]
+	}
+	return s.logits, nil
+}
+
+func (s *state) block(tokens []int) {
+	p := s.w.p
+	d, f, B := p.Dim, p.FFN, len(tokens)
+	x, xn, q, att, proj, ff := s.x[:B*d], s.xn[:B*d], s.q[:B*d], s.att[:B*d], s.proj[:B*d], s.ff[:B*f]
+
+	for b, id := range tokens {
+		row, te, pe := x[b*d:(b+1)*d], s.w.tokEmb[id*d:(id+1)*d], s.w.posEmb[(s.pos+b)*d:(s.pos+b+1)*d]
+		for i := range row {
+			row[i] = te[i] + pe[i]
+		}
+	}
+	for l := range s.w.layers {
+		lw := &s.w.layers[l]
+		kc, vc := s.kc[l], s.vc[l]
+		// Attention: x += o(attend(q(n(x)), k(n(x)), v(n(x)))).
+		for b := range B {
+			rmsNorm(xn[b*d:(b+1)*d], x[b*d:(b+1)*d], lw.attnNorm)
+		}
+		matmul(q, lw.wq, xn, d, d, B)
+		matmul(kc[s.pos*d:(s.pos+B)*d], lw.wk, xn, d, d, B)
+		matmul(vc[s.pos*d:(s.pos+B)*d], lw.wv, xn, d, d, B)
+		s.attend(att, q, kc, vc, B)
+		matmul(proj, lw.wo, att, d, d, B)
+		addTo(x, proj)
+		// MLP: x += down(silu(up(n(x)))).
+		for b := range B {
+			rmsNorm(xn[b*d:(b+1)*d], x[b*d:(b+1)*d], lw.mlpNorm)
+		}
+		matmul(ff, lw.up, xn, f, d, B)
+		silu(ff)
+		matmul(proj, lw.down, ff, d, f, B)
+		addTo(x, proj)
+	}
+	last := xn[:d]
+	rmsNorm(last, x[(B-1)*d:B*d], s.w.finalNorm)
+	matmul(s.logits, s.w.out, last, p.Vocab, d, 1)
+	s.pos += B
+}
+
+// attend computes causal multi-head attention for the B queries at positions s.pos…,
+// whose keys and values are already in the cache.
+func (s *state) attend(out, q, kc, vc []float32, B int) {
+	p := s.w.p
+	d, dh := p.Dim, p.Dim/p.Heads
+	scale := 1 / math.Sqrt(float64(dh))
+	for b := range B {
+		t := s.pos + b // the query's position: it sees keys 0…t
+		scores := s.scores[:t+1]
+		for h := range p.Heads {
+			off := h * dh
+			qh := q[b*d+off : b*d+off+dh]
+			best := math.Inf(-1)
+			for j := range scores {
+				sc := float64(float64(dot(qh, kc[j*d+off:j*d+off+dh])) * scale)
+				scores[j] = sc
+				best = max(best, sc)
+			}
+			var sum float64
+			for j, sc := range scores {
+				e := exp(sc - best)
+				scores[j] = e
+				sum += e
+			}
+			o := out[b*d+off : b*d+off+dh]
+			clear(o)
+			for j, e := range scores {
+				pj := float32(e / sum)
+				vj := vc[j*d+off : j*d+off+dh]
+				for i := range o {
+					o[i] += float32(pj * vj[i])
+				}
+			}
+		}
+	}
+}

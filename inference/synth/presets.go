@@ -1,0 +1,62 @@
+package synth
+
+import (
+	"slices"
+	"strings"
+)
+
+// Preset is the shape of one synthetic model. Its weights are a function of Name alone, so
+// two presets with the same shape and different names are different models.
+type Preset struct {
+	Name    string
+	Dim     int // width of the residual stream (d_model)
+	Layers  int // transformer blocks
+	Heads   int // attention heads; Dim/Heads is the head width
+	FFN     int // hidden width of the MLP
+	Vocab   int // vocabulary size, special tokens included
+	Context int // context window, in tokens (prompt and completion together)
+}
+
+// Params is the number of parameters (float32 values) of the model:
+//
+//	token embedding  Vocab×Dim
+//	positions        Context×Dim
+//	per layer        2·Dim (norm gains) + 4·Dim² (q, k, v, o) + 2·Dim·FFN (MLP)
+//	final norm       Dim
+//	output           Vocab×Dim (not tied to the embedding)
+func (p Preset) Params() int {
+	d := p.Dim
+	perLayer := 2*d + 4*d*d + 2*d*p.FFN
+	return p.Vocab*d + p.Context*d + p.Layers*perLayer + d + p.Vocab*d
+}
+
+// presets is the documented table (see the package doc). Returned by value from a function
+// so that there is no mutable package state.
+func presets() []Preset {
+	return []Preset{
+		{Name: "synth-tiny", Dim: 64, Layers: 2, Heads: 4, FFN: 256, Vocab: 512, Context: 512},
+		{Name: "synth-small", Dim: 256, Layers: 4, Heads: 8, FFN: 1024, Vocab: 2048, Context: 1024},
+		{Name: "synth-base", Dim: 512, Layers: 8, Heads: 8, FFN: 2048, Vocab: 4096, Context: 1024},
+	}
+}
+
+// Presets returns the preset table, smallest first. The slice is fresh.
+func Presets() []Preset { return presets() }
+
+// LookupPreset returns the preset with the given name.
+func LookupPreset(name string) (Preset, bool) {
+	i := slices.IndexFunc(presets(), func(p Preset) bool { return p.Name == name })
+	if i < 0 {
+		return Preset{}, false
+	}
+	return presets()[i], true
+}
+
+// presetNames lists the known names, comma-separated, for error messages.
+func presetNames() string {
+	var names []string
+	for _, p := range presets() {
+		names = append(names, p.Name)
+	}
+	return strings.Join(names, ", ")
+}

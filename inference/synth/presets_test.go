@@ -1,0 +1,112 @@
+package synth
+
+import (
+	"context"
+	"math"
+	"testing"
+
+	"github.com/meshinfer/meshinfer/inference"
+)
+
+// TestPresets checks the table in the package doc: parameter counts, the documented size
+// classes, and shapes the model and tokenizer can run.
+func TestPresets(t *testing.T) {
+	tests := []struct {
+		name     string
+		params   int
+		min, max int // the size class the issue asks for
+	}{
+		{"synth-tiny", 196_928, 0, 1_000_000},
+		{"synth-small", 4_458_752, 1_000_000, 10_000_000},
+		{"synth-base", 29_893_120, 10_000_000, 100_000_000},
+	}
+	ps := Presets()
+	if len(ps) != len(tests) {
+		t.Fatalf("%d presets, want %d", len(ps), len(tests))
+	}
+	for i, tt := range tests {
+		p := ps[i]
+		if p.Name != tt.name {
+			t.Errorf("preset %d is %q, want %q", i, p.Name, tt.name)
+		}
+		if got := p.Params(); got != tt.params || got < tt.min || got >= tt.max {
+			t.Errorf("%s: %d parameters, want %d in [%d, %d)", p.Name, got, tt.params, tt.min, tt.max)
+		}
+		if p.Dim%p.Heads != 0 || p.Vocab <= idSyllableBase || p.Vocab > idSyllableBase+syllableCapacity {
+			t.Errorf("%s: unusable shape %+v", p.Name, p)
+		}
+		if q, ok := LookupPreset(p.Name); !ok || q != p {
+			t.Errorf("LookupPreset(%q) = %+v, %v", p.Name, q, ok)
+		}
+	}
+	if _, ok := LookupPreset("synth-huge"); ok {
+		t.Errorf("LookupPreset(synth-huge) succeeded")
+	}
+}
+
+// TestActivationsFinite materializes the smaller presets, checks every tensor was laid out
+// and filled, and runs a prompt: logits stay finite and of order 1.
+func TestActivationsFinite(t *testing.T) {
+	for _, name := range []string{"synth-tiny", "synth-small"} {
+		p, _ := LookupPreset(name)
+		w, err := materialize(context.Background(), p)
+		if err != nil {
+			t.Fatalf("materialize %s: %v", name, err)
+		}
+		if len(w.all) != p.Params() {
+			t.Errorf("%s: %d values materialized, want %d", name, len(w.all), p.Params())
+		}
+		var sum, sumSq float64
+		for _, v := range w.tokEmb {
+			sum += float64(v)
+			sumSq += float64(v) * float64(v)
+		}
+		n := float64(len(w.tokEmb))
+		if mean, std := sum/n, math.Sqrt(sumSq/n); math.Abs(mean) > 0.01 || math.Abs(std-1) > 0.01 {
+			t.Errorf("%s: token embedding mean %g std %g, want 0 and 1", name, mean, std)
+		}
+		tok := newTokenizer(p.Vocab)
+		prompt := tok.encodeChat([]inference.Message{{Role: "user", Content: "The quick brown fox jumps over the lazy dog. 0123456789 !?"}}, p.Context)
+		st := newState(w, len(prompt))
+		logits, err := st.feed(context.Background(), prompt)
+		if err != nil {
+			t.Fatalf("feed: %v", err)
+		}
+		var ss float64
+		for _, l := range logits {
+			if math.IsNaN(float64(l)) || math.IsInf(float64(l), 0) {
+				t.Fatalf("%s: non-finite logit %g", name, l)
+			}
+			ss += float64(l) * float64(l)
+		}
+		if rms := math.Sqrt(ss / float64(len(logits))); rms < 0.5 || rms > 8 {
+			t.Errorf("%s: logit rms %g, want of order 2", name, rms)
+		}
+	}
+}
+
+// TestFeedSplitInvariant: the logits do not depend on how the prompt is split into passes,
+// which makes prefill and decode interchangeable (and output independent of blockSize).
+func TestFeedSplitInvariant(t *testing.T) {
+	p, _ := LookupPreset("synth-tiny")
+	w, err := materialize(context.Background(), p)
+	if err != nil {
+		t.Fatalf("materialize: %v", err)
+	}
+	prompt := make([]int, 40)
+	for i := range prompt {
+		prompt[i] = idSyllableBase + i*7%200
+	}
+	whole := newState(w, len(prompt))
+	want, _ := whole.feed(context.Background(), prompt)
+	one := newState(w, len(prompt))
+	var got []float32
+	for _, id := range prompt {
+		got, _ = one.feed(context.Background(), []int{id})
+	}
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("logit %d: %g one at a time, %g in blocks", i, got[i], want[i])
+		}
+	}
+}

@@ -1,0 +1,44 @@
+// Package infer implements the peer inference protocol, /meshinfer/infer/1.0.0: one request
+// per stream, answered by a stream of tokens and exactly one terminal frame.
+//
+// # Wire format
+//
+// Every message is a frame (transport/frame): an unsigned varint length, then the body. The
+// first body byte is the frame type.
+//
+//	client → server   0x01 request   JSON of inference.Request          ≤ MaxRequestFrame
+//	                  then nothing: the client keeps its write side open until the
+//	                  terminal frame; closing or resetting it earlier cancels the request
+//	server → client   0x02 token     uvarint index, uvarint id+1, text  ≤ MaxTokenFrame
+//	                  0x03 done      JSON {"finish_reason", "usage"}    ≤ MaxTerminalFrame
+//	                  0x04 error     JSON {"code", "message"}           ≤ MaxTerminalFrame
+//
+// A response is zero or more token frames with indices 0, 1, … n−1, then exactly one done or
+// error frame, then the server closes the stream. Anything else is a protocol violation: the
+// reader resets the stream. The error codes are inference's closed set; an unknown code
+// reads as unavailable.
+//
+// # Server rules
+//
+//   - The request must arrive within RequestTimeout of the stream opening (slow senders are
+//     reset), and is read through a reader that refuses frames over MaxRequestFrame after
+//     reading at most the varint.
+//   - Admission is decided before any work: at most MaxInFlight requests per node and
+//     MaxInFlightPerPeer per requesting peer; an excess request gets an overloaded error frame
+//     at once. Nothing queues.
+//   - Each frame write has a WriteTimeout: a client that stops reading is reset.
+//   - If the client resets or closes the stream before the terminal frame (it cancelled), the
+//     server's reading side sees it and cancels the generation at once; it is counted as
+//     client_disconnected.
+//   - Close (shutting down) cancels every generation; their clients get a shutting_down error
+//     frame where the stream still allows it.
+//
+// # Client rules
+//
+//   - The client resets the stream when its context ends (context.AfterFunc), so cancelling
+//     a request stops the server's work.
+//   - Each frame must arrive within the idle timeout (DefaultIdleTimeout; first token
+//     included): a silent server (hung process, SIGSTOP) gives timeout, a stream that ends
+//     without a terminal frame gives peer_lost, a stream that cannot be opened gives
+//     unavailable. Token indices are checked to be contiguous.
+package infer

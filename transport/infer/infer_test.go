@@ -1,0 +1,313 @@
+package infer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/inference/synth"
+	"github.com/meshinfer/meshinfer/transport/frame"
+)
+
+const model = "synth-tiny"
+
+func newHost(t *testing.T) host.Host {
+	t.Helper()
+	h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableRelay())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
+}
+
+func connect(t *testing.T, a, b host.Host) {
+	t.Helper()
+	if err := a.Connect(context.Background(), peer.AddrInfo{ID: b.ID(), Addrs: b.Addrs()}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func request(maxTokens int) *inference.Request {
+	seed := int64(7)
+	temp := 0.8
+	return &inference.Request{
+		Model:       model,
+		Messages:    []inference.Message{{Role: "user", Content: "hello mesh"}},
+		MaxTokens:   &maxTokens,
+		Seed:        &seed,
+		Temperature: &temp,
+	}
+}
+
+type pair struct {
+	client *Client
+	server *Server
+	sh     host.Host
+	be     *synth.Backend
+}
+
+func newPair(t *testing.T, sopts []ServerOption, copts ...ClientOption) pair {
+	t.Helper()
+	be, err := synth.New(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, sh := newHost(t), newHost(t)
+	srv := NewServer(sh, be, sopts...)
+	t.Cleanup(func() { srv.Close() })
+	connect(t, ch, sh)
+	return pair{client: NewClient(ch, copts...), server: srv, sh: sh, be: be}
+}
+
+func collect(toks *[]inference.Token) func(inference.Token) error {
+	return func(tk inference.Token) error { *toks = append(*toks, tk); return nil }
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Remote tokens are identical to the same backend serving locally.
+func TestRemoteStreamMatchesLocal(t *testing.T) {
+	p := newPair(t, nil)
+	var local, remote []inference.Token
+	lres, err := p.be.Generate(context.Background(), request(24), collect(&local))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rres, err := p.client.Generate(context.Background(), p.sh.ID(), request(24), collect(&remote))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(local) == 0 || len(local) != len(remote) {
+		t.Fatalf("local %d tokens, remote %d", len(local), len(remote))
+	}
+	for i := range local {
+		if local[i] != remote[i] {
+			t.Fatalf("token %d: local %+v remote %+v", i, local[i], remote[i])
+		}
+	}
+	if lres != rres {
+		t.Fatalf("result local %+v remote %+v", lres, rres)
+	}
+	waitFor(t, "server to count the request served", func() bool {
+		st := p.server.Stats()
+		return st.Served == 1 && st.InFlight == 0
+	})
+}
+
+func TestTypedErrorsCrossTheWire(t *testing.T) {
+	p := newPair(t, nil)
+	bad := request(8)
+	bad.Model = "no-such-model"
+	_, err := p.client.Generate(context.Background(), p.sh.ID(), bad, collect(new([]inference.Token)))
+	if inference.CodeOf(err) != inference.CodeModelNotFound {
+		t.Fatalf("unknown model: %v, want model_not_found", err)
+	}
+	invalid := request(8)
+	invalid.Messages = nil
+	_, err = p.client.Generate(context.Background(), p.sh.ID(), invalid, collect(new([]inference.Token)))
+	if inference.CodeOf(err) != inference.CodeInvalidRequest {
+		t.Fatalf("no messages: %v, want invalid_request", err)
+	}
+}
+
+func TestAdmissionRefusal(t *testing.T) {
+	paused := func(peer.ID) error { return inference.Errorf(inference.CodePolicyPaused, "on battery") }
+	p := newPair(t, []ServerOption{WithAdmission(paused)})
+	_, err := p.client.Generate(context.Background(), p.sh.ID(), request(8), collect(new([]inference.Token)))
+	if inference.CodeOf(err) != inference.CodePolicyPaused {
+		t.Fatalf("err %v, want policy_paused", err)
+	}
+}
+
+// blocking is a generator that emits one token and then waits for its context.
+type blocking struct{ started chan struct{} }
+
+func (b blocking) Generate(ctx context.Context, _ *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
+	if err := emit(inference.Token{Index: 0, Text: "x", ID: 1}); err != nil {
+		return inference.Result{}, err
+	}
+	b.started <- struct{}{}
+	<-ctx.Done()
+	return inference.Result{}, ctx.Err()
+}
+
+func TestOverAdmissionIsRefusedAtOnce(t *testing.T) {
+	ch, sh := newHost(t), newHost(t)
+	gen := blocking{started: make(chan struct{}, 8)}
+	srv := NewServer(sh, gen, WithMaxInFlight(2, 2))
+	defer srv.Close()
+	connect(t, ch, sh)
+	c := NewClient(ch)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 2)
+	for range 2 {
+		go func() {
+			_, err := c.Generate(ctx, sh.ID(), request(8), func(inference.Token) error { return nil })
+			done <- err
+		}()
+	}
+	<-gen.started
+	<-gen.started
+	began := time.Now()
+	_, err := c.Generate(context.Background(), sh.ID(), request(8), collect(new([]inference.Token)))
+	if inference.CodeOf(err) != inference.CodeOverloaded {
+		t.Fatalf("third request: %v, want overloaded", err)
+	}
+	t.Logf("overloaded answer in %v", time.Since(began))
+	cancel()
+	for range 2 {
+		<-done
+	}
+	waitFor(t, "slots released", func() bool { return srv.Stats().InFlight == 0 })
+}
+
+func TestClientCancelStopsServer(t *testing.T) {
+	ch, sh := newHost(t), newHost(t)
+	gen := blocking{started: make(chan struct{}, 1)}
+	srv := NewServer(sh, gen)
+	defer srv.Close()
+	connect(t, ch, sh)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := NewClient(ch).Generate(ctx, sh.ID(), request(8), func(inference.Token) error { return nil })
+		errc <- err
+	}()
+	<-gen.started
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("client err %v, want context.Canceled", err)
+	}
+	// The blocking generator returns only when its context ends: the reset reached it.
+	waitFor(t, "server to see the disconnect", func() bool {
+		st := srv.Stats()
+		return st.ClientDisconnected == 1 && st.InFlight == 0
+	})
+}
+
+// silent accepts the request and then says nothing (a hung or SIGSTOPped peer).
+func TestSilentPeerTimesOut(t *testing.T) {
+	ch, sh := newHost(t), newHost(t)
+	release := make(chan struct{})
+	defer close(release)
+	sh.SetStreamHandler(ID, func(s network.Stream) {
+		<-release
+		s.Reset()
+	})
+	connect(t, ch, sh)
+	c := NewClient(ch, WithIdleTimeout(300*time.Millisecond))
+	_, err := c.Generate(context.Background(), sh.ID(), request(8), collect(new([]inference.Token)))
+	if inference.CodeOf(err) != inference.CodeTimeout {
+		t.Fatalf("err %v, want timeout", err)
+	}
+}
+
+// A peer that dies mid-stream gives peer_lost, never a hang.
+func TestPeerLostMidStream(t *testing.T) {
+	ch, sh := newHost(t), newHost(t)
+	got2 := make(chan struct{})
+	sh.SetStreamHandler(ID, func(s network.Stream) {
+		frame.NewReader(s, MaxRequestFrame).Next()
+		frame.Write(s, encodeToken(nil, inference.Token{Index: 0, Text: "a", ID: 3}))
+		frame.Write(s, encodeToken(nil, inference.Token{Index: 1, Text: "b", ID: 4}))
+		<-got2 // the peer dies after the client has the first two tokens
+		s.Conn().Close()
+	})
+	connect(t, ch, sh)
+	var toks []inference.Token
+	_, err := NewClient(ch).Generate(context.Background(), sh.ID(), request(8), func(tk inference.Token) error {
+		toks = append(toks, tk)
+		if len(toks) == 2 {
+			close(got2)
+		}
+		return nil
+	})
+	if inference.CodeOf(err) != inference.CodePeerLost || len(toks) != 2 {
+		t.Fatalf("err %v after %d tokens, want peer_lost after 2", err, len(toks))
+	}
+}
+
+func TestProtocolViolationsGivePeerLost(t *testing.T) {
+	cases := map[string][][]byte{
+		"index gap":          {encodeToken(nil, inference.Token{Index: 1, Text: "a"})},
+		"empty token text":   {{frameToken, 0x00, 0x00}},
+		"bad finish reason":  {append([]byte{frameDone}, `{"finish_reason":"maybe"}`...)},
+		"unknown frame type": {{0x7f}},
+		"oversized frame":    {bytes.Repeat([]byte{frameToken}, maxFrame+1)},
+		"no terminal frame":  {encodeToken(nil, inference.Token{Index: 0, Text: "a"})},
+	}
+	for name, frames := range cases {
+		ch, sh := newHost(t), newHost(t)
+		sh.SetStreamHandler(ID, func(s network.Stream) {
+			frame.NewReader(s, MaxRequestFrame).Next()
+			for _, f := range frames {
+				frame.Write(s, f)
+			}
+			s.Close()
+		})
+		connect(t, ch, sh)
+		_, err := NewClient(ch).Generate(context.Background(), sh.ID(), request(8), collect(new([]inference.Token)))
+		if inference.CodeOf(err) != inference.CodePeerLost {
+			t.Errorf("%s: err %v, want peer_lost", name, err)
+		}
+	}
+}
+
+// An oversized request frame is refused after reading the length alone; the honest request
+// that follows on another stream is served.
+func TestServerRefusesOversizedRequest(t *testing.T) {
+	p := newPair(t, nil)
+	ch := newHost(t)
+	connect(t, ch, p.sh)
+	st, err := ch.NewStream(context.Background(), p.sh.ID(), ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	huge := make([]byte, MaxRequestFrame+1)
+	huge[0] = frameRequest
+	frame.Write(st, huge)
+	if _, err := frame.NewReader(st, maxFrame).Next(); err == nil {
+		t.Fatal("server answered an oversized request frame")
+	}
+	waitFor(t, "protocol error counted", func() bool { return p.server.Stats().ProtocolErrors == 1 })
+	var toks []inference.Token
+	if _, err := p.client.Generate(context.Background(), p.sh.ID(), request(4), collect(&toks)); err != nil {
+		t.Fatal("honest request after the oversized one:", err)
+	}
+}
+
+func TestShutdownEndsGenerations(t *testing.T) {
+	ch, sh := newHost(t), newHost(t)
+	gen := blocking{started: make(chan struct{}, 1)}
+	srv := NewServer(sh, gen)
+	connect(t, ch, sh)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := NewClient(ch).Generate(context.Background(), sh.ID(), request(8), func(inference.Token) error { return nil })
+		errc <- err
+	}()
+	<-gen.started
+	srv.Close()
+	if err := <-errc; inference.CodeOf(err) != inference.CodeShuttingDown {
+		t.Fatalf("err %v, want shutting_down", err)
+	}
+}

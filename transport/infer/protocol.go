@@ -1,0 +1,144 @@
+package infer
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/libp2p/go-libp2p/core/protocol"
+
+	"github.com/meshinfer/meshinfer/inference"
+)
+
+// ID is the protocol ID of peer inference.
+const ID = protocol.ID("/meshinfer/infer/1.0.0")
+
+// Sizes and timeouts. Each is the default a Server or Client uses.
+const (
+	// MaxRequestFrame bounds a request frame: the API's body cap (256 KiB) plus room for the
+	// frame type. A request that passed the API's limits always fits.
+	MaxRequestFrame = 256<<10 + 1
+	// MaxTokenFrame bounds a token frame. One token's text is a few bytes; 4 KiB leaves room
+	// for upstream backends that stream text in chunks.
+	MaxTokenFrame = 4 << 10
+	// MaxTerminalFrame bounds a done or error frame (a usage object or a message).
+	MaxTerminalFrame = 4 << 10
+	// maxFrame is the largest frame a client accepts from a server.
+	maxFrame = max(MaxTokenFrame, MaxTerminalFrame)
+	// RequestTimeout bounds the wait for a request frame after a stream opens (slowloris).
+	RequestTimeout = 10 * time.Second
+	// WriteTimeout bounds one frame write; a client that stops reading is cut off.
+	WriteTimeout = 30 * time.Second
+	// DefaultIdleTimeout bounds the gap between two frames at the client, first token
+	// included: cold starts of the built-in presets take about a second; 30 s leaves room
+	// for a slow upstream while detecting a hung peer well inside RELIABILITY.md's budget.
+	DefaultIdleTimeout = 30 * time.Second
+	// DefaultMaxInFlight bounds concurrent requests a node serves for peers.
+	DefaultMaxInFlight = 64
+	// DefaultMaxInFlightPerPeer bounds concurrent requests from one peer.
+	DefaultMaxInFlightPerPeer = 8
+	// maxGeneration bounds one whole generation at the server.
+	maxGeneration = 15 * time.Minute
+)
+
+// Frame types.
+const (
+	frameRequest byte = 0x01
+	frameToken   byte = 0x02
+	frameDone    byte = 0x03
+	frameError   byte = 0x04
+)
+
+var errProtocol = errors.New("infer protocol violation")
+
+type wireError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func encodeRequest(req *inference.Request) ([]byte, error) {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, fmt.Errorf("encode request: %w", err)
+	}
+	return append([]byte{frameRequest}, b...), nil
+}
+
+func decodeRequest(body []byte) (*inference.Request, error) {
+	if len(body) == 0 || body[0] != frameRequest {
+		return nil, fmt.Errorf("%w: first frame is not a request", errProtocol)
+	}
+	var req inference.Request
+	if err := json.Unmarshal(body[1:], &req); err != nil {
+		return nil, inference.Errorf(inference.CodeInvalidRequest, "request frame: %v", err)
+	}
+	return &req, nil
+}
+
+func encodeToken(dst []byte, t inference.Token) []byte {
+	dst = append(dst, frameToken)
+	dst = binary.AppendUvarint(dst, uint64(t.Index))
+	dst = binary.AppendUvarint(dst, uint64(t.ID+1)) // -1 (unknown) encodes as 0
+	return append(dst, t.Text...)
+}
+
+func decodeToken(body []byte) (inference.Token, error) {
+	rest := body[1:]
+	idx, n := binary.Uvarint(rest)
+	if n <= 0 || idx > 1<<31 {
+		return inference.Token{}, fmt.Errorf("%w: bad token index", errProtocol)
+	}
+	rest = rest[n:]
+	id, n := binary.Uvarint(rest)
+	if n <= 0 || id > 1<<31 {
+		return inference.Token{}, fmt.Errorf("%w: bad token id", errProtocol)
+	}
+	text := rest[n:]
+	if len(text) == 0 || !utf8.Valid(text) {
+		return inference.Token{}, fmt.Errorf("%w: token text empty or not UTF-8", errProtocol)
+	}
+	return inference.Token{Index: int(idx), ID: int(id) - 1, Text: string(text)}, nil
+}
+
+func encodeDone(res inference.Result) []byte {
+	b, _ := json.Marshal(res) // a struct of strings and ints always encodes
+	return append([]byte{frameDone}, b...)
+}
+
+func encodeError(err error) []byte {
+	code := inference.CodeOf(err)
+	msg := err.Error()
+	if len(msg) > MaxTerminalFrame/2 {
+		msg = msg[:MaxTerminalFrame/2]
+	}
+	b, _ := json.Marshal(wireError{Code: string(code), Message: msg})
+	return append([]byte{frameError}, b...)
+}
+
+func decodeTerminal(body []byte) (inference.Result, error) {
+	switch body[0] {
+	case frameDone:
+		var res inference.Result
+		if err := json.Unmarshal(body[1:], &res); err != nil {
+			return inference.Result{}, fmt.Errorf("%w: done frame: %w", errProtocol, err)
+		}
+		if res.FinishReason != inference.FinishStop && res.FinishReason != inference.FinishLength {
+			return inference.Result{}, fmt.Errorf("%w: finish reason %q", errProtocol, res.FinishReason)
+		}
+		return res, nil
+	case frameError:
+		var we wireError
+		if err := json.Unmarshal(body[1:], &we); err != nil {
+			return inference.Result{}, fmt.Errorf("%w: error frame: %w", errProtocol, err)
+		}
+		code, ok := inference.ParseCode(we.Code)
+		if !ok {
+			code = inference.CodeUnavailable
+		}
+		return inference.Result{}, inference.Errorf(code, "peer: %s", we.Message)
+	}
+	return inference.Result{}, fmt.Errorf("%w: frame type %#x", errProtocol, body[0])
+}

@@ -1,0 +1,238 @@
+package infer
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	logging "github.com/ipfs/go-log/v2"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/transport/frame"
+)
+
+var log = logging.Logger("transport/infer")
+
+// Generator is what the server needs of a backend.
+type Generator interface {
+	Generate(ctx context.Context, req *inference.Request, emit func(inference.Token) error) (inference.Result, error)
+}
+
+// Admission is consulted before a request is accepted; a non-nil error (typically a
+// policy_paused *inference.Error) is sent to the client as the terminal frame.
+type Admission func(from peer.ID) error
+
+// ServerStats counts what the server did.
+type ServerStats struct {
+	InFlight           int64  `json:"in_flight"`
+	Served             uint64 `json:"served"`              // ended with a done frame
+	Failed             uint64 `json:"failed"`              // ended with an error frame
+	Overloaded         uint64 `json:"overloaded"`          // refused by the in-flight limits
+	ClientDisconnected uint64 `json:"client_disconnected"` // the client reset before the end
+	ProtocolErrors     uint64 `json:"protocol_errors"`     // bad or missing request frame
+}
+
+// ServerOption configures a Server.
+type ServerOption func(*Server)
+
+// WithMaxInFlight sets the node-wide and per-peer in-flight limits.
+func WithMaxInFlight(total, perPeer int) ServerOption {
+	return func(s *Server) { s.maxTotal, s.maxPeer = total, perPeer }
+}
+
+// WithAdmission sets a policy consulted before each request.
+func WithAdmission(a Admission) ServerOption { return func(s *Server) { s.admit = a } }
+
+// WithLimits sets the request limits checked before generation.
+func WithLimits(l inference.Limits) ServerOption { return func(s *Server) { s.limits = l } }
+
+// Server answers /meshinfer/infer/1.0.0 with a Generator.
+type Server struct {
+	h        host.Host
+	gen      Generator
+	admit    Admission
+	limits   inference.Limits
+	maxTotal int
+	maxPeer  int
+
+	ctx    context.Context // cancelled by Close: every generation ends
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // one per stream being handled
+	closed atomic.Bool
+
+	served, failed, overloaded, disconnected, protoErrs atomic.Uint64
+
+	mu      sync.Mutex
+	total   int
+	perPeer map[peer.ID]int
+}
+
+// NewServer registers the protocol handler on h. Close removes it and ends every generation.
+func NewServer(h host.Host, gen Generator, opts ...ServerOption) *Server {
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Server{
+		h: h, gen: gen, maxTotal: DefaultMaxInFlight, maxPeer: DefaultMaxInFlightPerPeer,
+		ctx: ctx, cancel: cancel, perPeer: make(map[peer.ID]int),
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	h.SetStreamHandler(ID, s.handle)
+	return s
+}
+
+// Close stops accepting requests, cancels the running ones and waits for their handlers.
+// Idempotent.
+func (s *Server) Close() error {
+	if !s.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	s.h.RemoveStreamHandler(ID)
+	s.cancel()
+	s.wg.Wait()
+	return nil
+}
+
+// Stats returns a snapshot of the counters.
+func (s *Server) Stats() ServerStats {
+	s.mu.Lock()
+	inFlight := s.total
+	s.mu.Unlock()
+	return ServerStats{
+		InFlight: int64(inFlight), Served: s.served.Load(), Failed: s.failed.Load(),
+		Overloaded: s.overloaded.Load(), ClientDisconnected: s.disconnected.Load(),
+		ProtocolErrors: s.protoErrs.Load(),
+	}
+}
+
+func (s *Server) acquire(p peer.ID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.total >= s.maxTotal || s.perPeer[p] >= s.maxPeer {
+		return false
+	}
+	s.total++
+	s.perPeer[p]++
+	return true
+}
+
+func (s *Server) release(p peer.ID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.total--
+	if s.perPeer[p]--; s.perPeer[p] <= 0 {
+		delete(s.perPeer, p)
+	}
+}
+
+// maxTrailingBytes bounds what the server reads (and discards) after the request: a client
+// should send nothing, so a little slack is plenty.
+const maxTrailingBytes = 1 << 10
+
+func (s *Server) handle(st network.Stream) {
+	if s.closed.Load() {
+		st.Reset()
+		return
+	}
+	s.wg.Add(1)
+	defer s.wg.Done()
+	from := st.Conn().RemotePeer()
+
+	// Deadline first: the request frame must arrive within RequestTimeout.
+	if err := st.SetReadDeadline(time.Now().Add(RequestTimeout)); err != nil {
+		st.Reset()
+		return
+	}
+	body, err := frame.NewReader(st, MaxRequestFrame).Next()
+	if err != nil {
+		s.protoErrs.Add(1)
+		log.Debugw("bad request frame", "peer", from, "err", err)
+		st.Reset()
+		return
+	}
+	req, err := decodeRequest(body)
+	if errors.Is(err, errProtocol) {
+		s.protoErrs.Add(1)
+		st.Reset()
+		return
+	}
+	if err == nil {
+		err = req.Validate(s.limits)
+	}
+	if err == nil && s.admit != nil {
+		err = s.admit(from)
+	}
+	if err != nil {
+		s.finish(st, nil, err)
+		return
+	}
+	if !s.acquire(from) {
+		s.overloaded.Add(1)
+		s.finish(st, nil, inference.Errorf(inference.CodeOverloaded, "node at its limit of concurrent requests"))
+		return
+	}
+	defer s.release(from)
+
+	ctx, cancel := context.WithTimeout(s.ctx, maxGeneration)
+	defer cancel()
+	// The client sends nothing after the request and keeps its write side open until the
+	// terminal frame; its end (EOF or reset) before then means it gave up. Watching the read
+	// side turns that into a cancellation at once, even while the backend is loading and
+	// nothing is being written.
+	st.SetReadDeadline(time.Time{})
+	clientGone := make(chan struct{})
+	go func() { // exits when the read side ends: the client's EOF or reset, or finish's Close/Reset
+		defer close(clientGone)
+		io.Copy(io.Discard, io.LimitReader(st, maxTrailingBytes))
+		cancel()
+	}()
+	defer func() { <-clientGone }()
+
+	buf := make([]byte, 0, 64)
+	res, err := s.gen.Generate(ctx, req, func(t inference.Token) error {
+		buf = frame.Append(buf[:0], encodeToken(nil, t))
+		st.SetWriteDeadline(time.Now().Add(WriteTimeout))
+		_, werr := st.Write(buf)
+		return werr
+	})
+	if s.ctx.Err() != nil && err != nil {
+		err = inference.Errorf(inference.CodeShuttingDown, "node is shutting down")
+	}
+	s.finish(st, &res, err)
+}
+
+// finish writes the terminal frame and closes the stream, or resets it when the client is
+// gone.
+func (s *Server) finish(st network.Stream, res *inference.Result, err error) {
+	var body []byte
+	switch {
+	case err == nil:
+		body = encodeDone(*res)
+	case errors.Is(err, context.Canceled) && s.ctx.Err() == nil:
+		// Cancelled by the read-side watcher: the client reset the stream.
+		s.disconnected.Add(1)
+		st.Reset()
+		return
+	default:
+		body = encodeError(err)
+	}
+	st.SetWriteDeadline(time.Now().Add(WriteTimeout))
+	if werr := frame.Write(st, body); werr != nil {
+		// The write failed: the client reset or stopped reading.
+		s.disconnected.Add(1)
+		st.Reset()
+		return
+	}
+	if err == nil {
+		s.served.Add(1)
+	} else {
+		s.failed.Add(1)
+	}
+	st.Close()
+}
