@@ -10,6 +10,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/meshinfer/meshinfer/node/console"
+	"github.com/meshinfer/meshinfer/transport/openai"
 )
 
 // Role is what a node does for the mesh beyond contributing.
@@ -31,6 +32,10 @@ const (
 	DefaultConsoleAddr = "127.0.0.1:3131"
 	// ConsoleOff as ConsoleAddr starts no console.
 	ConsoleOff = "off"
+	// DefaultAPIAddr is the OpenAI-compatible API: the port mesh-llm users know, loopback.
+	DefaultAPIAddr = "127.0.0.1:9337"
+	// APIOff as APIAddr starts no API.
+	APIOff = "off"
 	// DefaultHeartbeat is the capability re-announcement period (see mesh/announce).
 	DefaultHeartbeat = 15 * time.Second
 	// DefaultConnsLow and DefaultConnsHigh are the connection manager's water marks: trimming
@@ -71,6 +76,13 @@ type Config struct {
 	// DefaultConsoleAddr. A non-loopback address is refused unless ConsolePublic is set.
 	ConsoleAddr   string
 	ConsolePublic bool
+	// Models are the built-in synthetic models (presets of inference/synth) this node serves.
+	// None means the node serves nothing itself and routes every request to peers.
+	Models []string
+	// APIAddr is the OpenAI-compatible API's listen address; APIOff disables it. Default:
+	// DefaultAPIAddr. A non-loopback address is refused unless APIPublic is set.
+	APIAddr   string
+	APIPublic bool
 	// Heartbeat is the capability re-announcement period. Default: DefaultHeartbeat.
 	Heartbeat time.Duration
 	// ConnsLow and ConnsHigh are the connection manager's water marks.
@@ -112,6 +124,14 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.ConsoleAddr != ConsoleOff {
 		if err := console.CheckAddr(cfg.ConsoleAddr, cfg.ConsolePublic); err != nil {
+			return cfg, err
+		}
+	}
+	if cfg.APIAddr == "" {
+		cfg.APIAddr = DefaultAPIAddr
+	}
+	if cfg.APIAddr != APIOff {
+		if err := openai.CheckAddr(cfg.APIAddr, cfg.APIPublic); err != nil {
 			return cfg, err
 		}
 	}

@@ -1,6 +1,8 @@
 // Package node assembles one meshinfer node from its parts and owns their lifecycle:
 // identity, libp2p host, Kademlia DHT (protocol prefix /meshinfer), GossipSub, the peer
-// registry, the capability probe and announcer, discovery, and the local console.
+// registry, the capability probe and announcer, discovery, the reputation store, the
+// synthetic backend with its peer inference server, the OpenAI-compatible API, and the local
+// console.
 //
 // New starts the parts in dependency order; if one fails, New closes what it started and
 // returns the error. Close stops them in reverse order, waits for every goroutine, and is
@@ -26,12 +28,16 @@ import (
 	drouting "github.com/libp2p/go-libp2p/p2p/discovery/routing"
 	ma "github.com/multiformats/go-multiaddr"
 
+	"github.com/meshinfer/meshinfer/inference/synth"
 	"github.com/meshinfer/meshinfer/mesh/announce"
 	"github.com/meshinfer/meshinfer/mesh/caps"
 	"github.com/meshinfer/meshinfer/mesh/discovery"
 	"github.com/meshinfer/meshinfer/mesh/probe"
 	"github.com/meshinfer/meshinfer/mesh/registry"
 	"github.com/meshinfer/meshinfer/node/console"
+	"github.com/meshinfer/meshinfer/reputation"
+	"github.com/meshinfer/meshinfer/transport/infer"
+	"github.com/meshinfer/meshinfer/transport/openai"
 )
 
 var log = logging.Logger("node")
@@ -55,6 +61,10 @@ type Node struct {
 	announcer *announce.Announcer
 	disc      *discovery.Discovery
 	console   *console.Server
+	rep       *reputation.Store
+	backend   *synth.Backend // nil when the node serves no model itself
+	infer     *infer.Server
+	api       *openai.Server
 
 	closers   []func() error // in start order; Close runs them backwards
 	closeOnce sync.Once
@@ -126,8 +136,21 @@ func (n *Node) start() error {
 	}
 	n.closers = append(n.closers, n.probe.Close)
 
+	if n.rep, err = reputation.New(reputation.DefaultParams()); err != nil {
+		return fmt.Errorf("reputation store: %w", err)
+	}
+	if len(cfg.Models) > 0 {
+		if n.backend, err = synth.New(cfg.Models...); err != nil {
+			return fmt.Errorf("models: %w", err)
+		}
+	}
+	if n.backend != nil {
+		n.infer = infer.NewServer(h, n.backend)
+		n.closers = append(n.closers, n.infer.Close)
+	}
+
 	n.reg = registry.New(registry.ParamsForHeartbeat(cfg.Heartbeat))
-	n.announcer, err = announce.New(h, n.ps, n.key, n.reg, vectorSource{n.probe}, announce.Params{
+	n.announcer, err = announce.New(h, n.ps, n.key, n.reg, vectorSource{n}, announce.Params{
 		Mesh: cfg.Mesh, Heartbeat: cfg.Heartbeat, Now: cfg.Now,
 	})
 	if err != nil {
@@ -147,6 +170,13 @@ func (n *Node) start() error {
 	}
 	n.closers = append(n.closers, n.disc.Close)
 
+	if cfg.APIAddr != APIOff {
+		d := dispatcher{n: n, client: infer.NewClient(h)}
+		if n.api, err = openai.New(cfg.APIAddr, d, openai.WithPublic(cfg.APIPublic)); err != nil {
+			return err
+		}
+		n.closers = append(n.closers, n.api.Close)
+	}
 	if cfg.ConsoleAddr != ConsoleOff {
 		n.console, err = console.New(cfg.ConsoleAddr, cfg.ConsolePublic, consoleSource{n})
 		if err != nil {
@@ -223,12 +253,37 @@ func (n *Node) Ready() bool {
 	return n.disc.Bootstrapped() && n.announcer.Published() > 0
 }
 
-// vectorSource fills the unsigned parts of the vector from the probe. Models and load stay
-// empty until the inference data plane exists.
-type vectorSource struct{ p *probe.Prober }
+// APIAddr is where the OpenAI-compatible API listens, or "" when it is off.
+func (n *Node) APIAddr() string {
+	if n.api == nil {
+		return ""
+	}
+	return n.api.Addr()
+}
+
+// vectorSource fills the unsigned parts of the vector: hardware from the probe, models and
+// load from the backend and the peer inference server.
+type vectorSource struct{ n *Node }
 
 func (s vectorSource) Vector(now time.Time) caps.Vector {
-	hw := s.p.Probe(now)
+	hw := s.n.probe.Probe(now)
+	models := []caps.Model{}
+	load := caps.Load{Accepting: s.n.backend != nil}
+	if s.n.backend != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		infos, err := s.n.backend.Models(ctx)
+		cancel()
+		if err == nil {
+			for _, m := range infos {
+				state := caps.ModelCold
+				if m.Warm {
+					state = caps.ModelWarm
+				}
+				models = append(models, caps.Model{Name: m.Name, State: state})
+			}
+		}
+		load.InFlight = int(s.n.infer.Stats().InFlight)
+	}
 	return caps.Vector{
 		Runtime:  caps.RuntimeDesktop,
 		CPU:      hw.CPU,
@@ -238,7 +293,7 @@ func (s vectorSource) Vector(now time.Time) caps.Vector {
 		Battery:  hw.Battery,
 		Thermal:  hw.Thermal,
 		AppState: caps.AppStateActive,
-		Models:   []caps.Model{},
-		Load:     caps.Load{Accepting: true},
+		Models:   models,
+		Load:     load,
 	}
 }

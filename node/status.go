@@ -42,7 +42,19 @@ func (n *Node) Status() console.Status {
 		}
 	}
 	c := n.announcer.Counts()
+	rs := n.rep.Stats(now)
+	inf := console.Inference{API: n.APIAddr(), Models: append([]string{}, n.cfg.Models...)}
+	if n.infer != nil {
+		st := n.infer.Stats()
+		inf.InFlight, inf.Served, inf.Failed = st.InFlight, st.Served, st.Failed
+		inf.Overloaded, inf.ClientDisconnected = st.Overloaded, st.ClientDisconnected
+	}
 	return console.Status{
+		Inference: inf,
+		RoutingAffinity: console.RoutingAffinity{TargetReputation: console.TargetReputation{
+			PenalizedTargets: rs.PenalizedTargets, RoutesPenalized: rs.RoutesPenalized,
+			CoolingTargets: rs.CoolingTargets, ExcludedPeers: rs.ExcludedPeers,
+		}},
 		NodeID:      n.host.ID().String(),
 		Version:     n.cfg.Version,
 		Roles:       roles,

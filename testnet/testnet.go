@@ -4,7 +4,8 @@
 // Node 0 has the bootstrap role. Every other node bootstraps to node 0 and to up to two
 // random nodes started before it, so the mesh does not hang on one hub. Nodes listen on
 // 127.0.0.1 TCP and QUIC with OS-chosen ports; consoles listen on ConsoleBase+i (or
-// OS-chosen ports when ConsoleBase is 0).
+// OS-chosen ports when ConsoleBase is 0), and OpenAI APIs on APIBase+i likewise. Nodes
+// serve different synthetic models (DefaultModels), so some requests must cross the mesh.
 //
 // Loopback pitfalls, handled here on purpose:
 //   - go-libp2p's resource manager exempts 127.0.0.0/8 from its per-IP connection limits, so
@@ -35,19 +36,32 @@ import (
 
 // Options configures a testnet.
 type Options struct {
-	Nodes       int           // how many nodes to start (at least 1)
-	Mesh        string        // mesh name; node.DefaultMesh when empty
-	ConsoleBase int           // node i's console on 127.0.0.1:ConsoleBase+i; 0: OS-chosen ports
-	NoConsole   bool          // start no consoles
-	Heartbeat   time.Duration // announcement period; node.DefaultHeartbeat when 0
-	ConnsLow    int           // connection manager low water; 16 when 0
-	ConnsHigh   int           // connection manager high water; 32 when 0
-	ProbeRoot   string        // filesystem root for the capability probe; "/" when empty
-	Version     string        // reported by each node
-	Seed        uint64        // seeds the choice of bootstrap peers
+	Nodes       int    // how many nodes to start (at least 1)
+	Mesh        string // mesh name; node.DefaultMesh when empty
+	ConsoleBase int    // node i's console on 127.0.0.1:ConsoleBase+i; 0: OS-chosen ports
+	NoConsole   bool   // start no consoles
+	APIBase     int    // node i's OpenAI API on 127.0.0.1:APIBase+i; 0: OS-chosen ports
+	NoAPI       bool   // start no APIs
+	// ModelsFor returns the synthetic models node i serves; DefaultModels when nil.
+	ModelsFor func(i int) []string
+	Heartbeat time.Duration // announcement period; node.DefaultHeartbeat when 0
+	ConnsLow  int           // connection manager low water; 16 when 0
+	ConnsHigh int           // connection manager high water; 32 when 0
+	ProbeRoot string        // filesystem root for the capability probe; "/" when empty
+	Version   string        // reported by each node
+	Seed      uint64        // seeds the choice of bootstrap peers
 	// Parallel is how many nodes start at once; 8 when 0. More saturates 2 cores with
 	// handshakes and slows everything.
 	Parallel int
+}
+
+// DefaultModels alternates synth-tiny and synth-small across the nodes, so a request for
+// either model sent to half the nodes has to cross the mesh.
+func DefaultModels(i int) []string {
+	if i%2 == 0 {
+		return []string{"synth-tiny"}
+	}
+	return []string{"synth-small"}
 }
 
 // Testnet is a set of in-process nodes.
@@ -73,6 +87,9 @@ func New(opts Options) (*Testnet, error) {
 	}
 	if opts.Parallel <= 0 {
 		opts.Parallel = 8
+	}
+	if opts.ModelsFor == nil {
+		opts.ModelsFor = DefaultModels
 	}
 	t := &Testnet{opts: opts, rng: mrand.New(mrand.NewPCG(opts.Seed, 0x6d657368))}
 	if _, err := t.add(); err != nil {
@@ -119,6 +136,8 @@ func (t *Testnet) add() (int, error) {
 		ListenAddrs: []string{"/ip4/127.0.0.1/tcp/0", "/ip4/127.0.0.1/udp/0/quic-v1"},
 		Bootstrap:   boot,
 		ConsoleAddr: t.consoleAddr(idx),
+		APIAddr:     t.apiAddr(idx),
+		Models:      t.opts.ModelsFor(idx),
 		Heartbeat:   t.opts.Heartbeat,
 		ConnsLow:    t.opts.ConnsLow,
 		ConnsHigh:   t.opts.ConnsHigh,
@@ -170,6 +189,17 @@ func (t *Testnet) consoleAddr(idx int) string {
 		return "127.0.0.1:0"
 	default:
 		return fmt.Sprintf("127.0.0.1:%d", t.opts.ConsoleBase+idx)
+	}
+}
+
+func (t *Testnet) apiAddr(idx int) string {
+	switch {
+	case t.opts.NoAPI:
+		return node.APIOff
+	case t.opts.APIBase == 0:
+		return "127.0.0.1:0"
+	default:
+		return fmt.Sprintf("127.0.0.1:%d", t.opts.APIBase+idx)
 	}
 }
 

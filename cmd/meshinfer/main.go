@@ -28,6 +28,7 @@ Commands:
   node      run a node: join the mesh, announce this machine's capabilities, serve the console
   testnet   run N nodes in this process on loopback and show them find each other
   status    show a running node's status (reads its console)
+  chat      send a prompt to a node's OpenAI-compatible API and stream the answer
   id        print this node's peer ID (creates the identity on first use)
   version   print the version
 
@@ -60,6 +61,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runStatus(rest, stdout, stderr)
 	case "id":
 		err = runID(rest, stdout, stderr)
+	case "chat":
+		err = runChat(rest, stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, "meshinfer", version)
 	case "help", "--help", "-help", "-h":

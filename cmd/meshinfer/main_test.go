@@ -123,6 +123,9 @@ func TestNodeHelpListsEveryFlagWithItsDefault(t *testing.T) {
 		{"conns-low", "(default 64)"},
 		{"conns-high", "(default 128)"},
 		{"probe-root", `(default "/")`},
+		{"model", "default synth-tiny"},
+		{"api", `(default "127.0.0.1:9337")`},
+		{"api-public", ""},
 	}
 	for _, tc := range tests {
 		block, ok := help[tc.flag]
@@ -182,11 +185,12 @@ func TestIDIsStable(t *testing.T) {
 }
 
 func TestTestnetCommand(t *testing.T) {
-	code, stdout, stderr := runCmd(t, "testnet", "--nodes", "3", "--duration", "3s", "--console-base", "0", "--watch", "0")
+	code, stdout, stderr := runCmd(t, "testnet", "--nodes", "3", "--duration", "10s", "--console-base", "0", "--api-base", "0", "--watch", "0")
 	if code != 0 {
 		t.Fatalf("exit code = %d, want 0\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
-	for _, s := range []string{"starting 3 nodes", "PEER ID", "LISTEN", "CONSOLE", "12D3KooW", "converged", "stopped."} {
+	for _, s := range []string{"starting 3 nodes", "PEER ID", "LISTEN", "CONSOLE", "12D3KooW", "converged",
+		"synth-small -> served by node 1 (peer)", "synth-tiny  -> served by local", "stopped."} {
 		if !strings.Contains(stdout, s) {
 			t.Errorf("stdout does not contain %q:\n%s", s, stdout)
 		}
@@ -242,5 +246,19 @@ func TestStatusAgainstTestnet(t *testing.T) {
 		if !strings.Contains(stdout, s) {
 			t.Errorf("status output does not contain %q:\n%s", s, stdout)
 		}
+	}
+
+	// chat through node 0 for the model only node 1 serves.
+	api := "http://" + n0.APIAddr()
+	code, stdout, stderr = runCmd(t, "chat", "--api", api, "--model", "synth-small", "--max-tokens", "8", "hello", "mesh")
+	if code != 0 || strings.TrimSpace(stdout) == "" || !strings.Contains(stderr, "served by peer:"+n1.ID().String()) {
+		t.Fatalf("chat: exit %d\nstdout %q\nstderr %q", code, stdout, stderr)
+	}
+	code, _, stderr = runCmd(t, "chat", "--api", api, "--model", "synth-nobody", "hi")
+	if code != 1 || !strings.Contains(stderr, "model_not_found") {
+		t.Fatalf("chat with an unknown model: exit %d, stderr %q", code, stderr)
+	}
+	if code, _, _ := runCmd(t, "chat", "--api", api); code != 2 {
+		t.Fatalf("chat without a prompt: exit %d, want 2", code)
 	}
 }

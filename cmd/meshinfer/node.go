@@ -17,7 +17,8 @@ import (
 )
 
 const nodeSynopsis = `Run a node: listen for peers, join the mesh through bootstrap peers, the DHT and mDNS,
-announce this machine's signed capability vector, and serve the local console.
+announce this machine's signed capability vector, serve the built-in model on the
+OpenAI-compatible API (and to peers), and serve the local console.
 
 Examples:
   meshinfer node
@@ -26,13 +27,16 @@ Examples:
 
 func runNode(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("node", nodeSynopsis, stderr)
-	var listen, boots listFlag
+	var listen, boots, models listFlag
 	dataDir := fs.String("data-dir", "", "where the identity key lives (default $XDG_DATA_HOME/meshinfer, else ~/.local/share/meshinfer)")
 	mesh := fs.String("mesh", node.DefaultMesh, "mesh to join; nodes of different meshes never see each other")
 	role := fs.String("role", string(node.RoleContributor), "contributor, or bootstrap (DHT server, relay and AutoNAT service for others)")
 	fs.Var(&listen, "listen", "libp2p listen multiaddr, repeatable (default TCP and QUIC on port 4001, IPv4 and IPv6)")
 	fs.Var(&boots, "bootstrap", "bootstrap peer multiaddr ending in /p2p/<peer ID>, repeatable")
 	noMDNS := fs.Bool("no-mdns", false, "do not discover or answer peers on the local network (mDNS)")
+	fs.Var(&models, "model", "built-in synthetic model to serve, repeatable: synth-tiny, synth-small or synth-base (default synth-tiny; \"none\" serves nothing and only routes)")
+	apiAddr := fs.String("api", node.DefaultAPIAddr, `OpenAI-compatible API listen address, or "off"`)
+	apiPublic := fs.Bool("api-public", false, "allow a non-loopback API address (anyone who reaches it can use this node)")
 	consoleAddr := fs.String("console", node.DefaultConsoleAddr, `console listen address, or "off"`)
 	consolePublic := fs.Bool("console-public", false, "allow a non-loopback console address (exposes peers and addresses)")
 	heartbeat := fs.Duration("heartbeat", node.DefaultHeartbeat, "capability re-announcement period")
@@ -47,6 +51,9 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 		Mesh:          *mesh,
 		ListenAddrs:   listen,
 		MDNS:          !*noMDNS,
+		Models:        modelList(models),
+		APIAddr:       *apiAddr,
+		APIPublic:     *apiPublic,
 		ConsoleAddr:   *consoleAddr,
 		ConsolePublic: *consolePublic,
 		Heartbeat:     *heartbeat,
@@ -83,6 +90,10 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	for _, a := range n.P2PAddrs() {
 		fmt.Fprintf(stdout, "  listen   %s\n", a)
 	}
+	fmt.Fprintf(stdout, "  models   %s\n", strings.Join(cfg.Models, ", "))
+	if a := n.APIAddr(); a != "" {
+		fmt.Fprintf(stdout, "  api      http://%s/v1   (try: meshinfer chat --api http://%s \"hello\")\n", a, a)
+	}
 	if a := n.ConsoleAddr(); a != "" {
 		fmt.Fprintf(stdout, "  console  http://%s/api/status\n", a)
 	}
@@ -100,6 +111,20 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	case <-time.After(10 * time.Second):
 		return fmt.Errorf("node did not stop within 10s")
 	}
+}
+
+// modelList applies the --model default and the "none" value.
+func modelList(flags []string) []string {
+	if len(flags) == 0 {
+		return []string{"synth-tiny"}
+	}
+	var out []string
+	for _, m := range flags {
+		if m != "none" {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 func parseRoles(s string) ([]node.Role, error) {

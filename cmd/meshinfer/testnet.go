@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -25,6 +26,7 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	nodes := fs.Int("nodes", 5, "how many nodes to run")
 	mesh := fs.String("mesh", node.DefaultMesh, "mesh name")
 	consoleBase := fs.Int("console-base", 3131, "console port of node 0; node i uses base+i (0: OS-chosen ports)")
+	apiBase := fs.Int("api-base", 9337, "OpenAI API port of node 0; node i uses base+i (0: OS-chosen ports)")
 	duration := fs.Duration("duration", 0, "stop after this long (0: run until Ctrl-C)")
 	heartbeat := fs.Duration("heartbeat", node.DefaultHeartbeat, "capability re-announcement period")
 	watch := fs.Duration("watch", 2*time.Second, "how often to print live status (0: never)")
@@ -47,11 +49,11 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "starting %d nodes on loopback...\n", *nodes)
 	start := time.Now()
 	tn, err := testnet.New(testnet.Options{
-		Nodes: *nodes, Mesh: *mesh, ConsoleBase: *consoleBase, Heartbeat: *heartbeat,
+		Nodes: *nodes, Mesh: *mesh, ConsoleBase: *consoleBase, APIBase: *apiBase, Heartbeat: *heartbeat,
 		Version: version, Seed: *seed,
 	})
 	if err != nil {
-		return fmt.Errorf("%w\nif a console port is taken, pick another with --console-base", err)
+		return fmt.Errorf("%w\nif a port is taken, pick others with --console-base and --api-base", err)
 	}
 	defer func() {
 		fmt.Fprintln(stdout, "stopping all nodes...")
@@ -68,6 +70,7 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "\nconverged in %s: every node holds every other node's verified capability vector\n",
 		time.Since(start).Round(time.Millisecond))
+	demo(ctx, stdout, tn)
 	if n := tn.Node(0); n != nil && n.ConsoleAddr() != "" {
 		fmt.Fprintf(stdout, "try: meshinfer status --console %s   (Ctrl-C stops the testnet)\n\n", n.ConsoleAddr())
 	}
@@ -89,7 +92,7 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 
 func printNodes(w io.Writer, tn *testnet.Testnet) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "#\tPEER ID\tLISTEN\tCONSOLE")
+	fmt.Fprintln(tw, "#\tPEER ID\tMODELS\tLISTEN\tAPI\tCONSOLE")
 	for i := range tn.Len() {
 		n := tn.Node(i)
 		if n == nil {
@@ -99,11 +102,14 @@ func printNodes(w io.Writer, tn *testnet.Testnet) {
 		if a := n.Host().Addrs(); len(a) > 0 {
 			addr = a[0].String()
 		}
-		cons := "-"
+		cons, api := "-", "-"
 		if c := n.ConsoleAddr(); c != "" {
 			cons = "http://" + c + "/api/status"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", i, n.ID(), addr, cons)
+		if a := n.APIAddr(); a != "" {
+			api = "http://" + a + "/v1"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", i, n.ID(), strings.Join(n.Status().Inference.Models, ","), addr, api, cons)
 	}
 	tw.Flush()
 }
@@ -117,7 +123,40 @@ func printLive(w io.Writer, tn *testnet.Testnet, up time.Duration) {
 			continue
 		}
 		st := n.Status()
-		fmt.Fprintf(w, "  n%d: %d known/%d conn", i, st.Mesh.PeersKnown, st.Mesh.PeersConnected)
+		fmt.Fprintf(w, "  n%d: %d known/%d conn/%d served", i, st.Mesh.PeersKnown, st.Mesh.PeersConnected, st.Inference.Served)
 	}
 	fmt.Fprintln(w)
+}
+
+// demo sends one request per model to the first two nodes' APIs and shows who served it, so
+// the first screen of `make run` shows requests crossing the mesh.
+func demo(ctx context.Context, w io.Writer, tn *testnet.Testnet) {
+	names := map[string]string{}
+	for i := range tn.Len() {
+		if n := tn.Node(i); n != nil {
+			names["peer:"+n.ID().String()] = fmt.Sprintf("node %d (peer)", i)
+		}
+	}
+	for i := range min(2, tn.Len()) {
+		n := tn.Node(i)
+		if n == nil || n.APIAddr() == "" {
+			continue
+		}
+		for _, model := range []string{"synth-tiny", "synth-small"} {
+			began := time.Now()
+			var text strings.Builder
+			out, err := chat(ctx, "http://"+n.APIAddr(), model, "hello mesh", 12, 0, func(s string) { text.WriteString(s) })
+			if err != nil {
+				fmt.Fprintf(w, "node %d API, %s: %v\n", i, model, err)
+				continue
+			}
+			where := out.route
+			if name, ok := names[where]; ok {
+				where = name
+			}
+			fmt.Fprintf(w, "node %d API, %-11s -> served by %-16s %2d tokens in %4dms: %q\n",
+				i, model, where, out.tokens, time.Since(began).Milliseconds(), text.String())
+		}
+	}
+	fmt.Fprintln(w, "(the synthetic models compute for real, but their text is meaningless)")
 }

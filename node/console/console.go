@@ -41,6 +41,34 @@ type Status struct {
 	Ready         bool          `json:"ready"`
 	Capability    *caps.Vector  `json:"capability"`
 	Announcements Announcements `json:"announcements"`
+	// Inference is this node's serving side; RoutingAffinity its routing memory.
+	Inference       Inference       `json:"inference"`
+	RoutingAffinity RoutingAffinity `json:"routing_affinity"`
+}
+
+// Inference describes what this node serves and how its peer server is doing.
+type Inference struct {
+	API    string   `json:"api"`    // OpenAI-compatible API address, "" when off
+	Models []string `json:"models"` // models this node serves itself
+	// Peer-protocol server counters: requests from other nodes.
+	InFlight           int64  `json:"in_flight"`
+	Served             uint64 `json:"served"`
+	Failed             uint64 `json:"failed"`
+	Overloaded         uint64 `json:"overloaded"`
+	ClientDisconnected uint64 `json:"client_disconnected"`
+}
+
+// RoutingAffinity is what the node's routing has learned (mesh-llm's field name).
+type RoutingAffinity struct {
+	TargetReputation TargetReputation `json:"target_reputation"`
+}
+
+// TargetReputation summarizes the reputation store.
+type TargetReputation struct {
+	PenalizedTargets int    `json:"penalized_targets"` // (model, target) pairs still penalized
+	RoutesPenalized  uint64 `json:"routes_penalized"`  // orderings that moved a penalized target back
+	CoolingTargets   int    `json:"cooling_targets"`   // (model, target) pairs in cooldown now
+	ExcludedPeers    int    `json:"excluded_peers"`    // peers scored under 40
 }
 
 // Mesh is the node's view of its mesh.

@@ -1,0 +1,135 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+)
+
+const chatSynopsis = `Send one chat message to a node's OpenAI-compatible API and stream the answer.
+
+  meshinfer chat "hello there"
+  meshinfer chat --model synth-small --max-tokens 64 "tell me something"
+
+The built-in synthetic models produce meaningless text: they exist to exercise the mesh
+(real compute, real streaming, deterministic output), not to answer.`
+
+// maxSSELine bounds one server-sent event line (a chunk is a few hundred bytes).
+const maxSSELine = 1 << 20
+
+func runChat(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("chat [flags] PROMPT", chatSynopsis, stderr)
+	api := fs.String("api", "http://127.0.0.1:9337", "the node's API base URL")
+	model := fs.String("model", "synth-tiny", "model to use (GET /v1/models lists them)")
+	maxTokens := fs.Int("max-tokens", 64, "most tokens to generate")
+	seed := fs.Int64("seed", 0, "sampling seed (same seed, same prompt: same answer)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage
+	}
+	prompt := strings.Join(fs.Args(), " ")
+	if prompt == "" {
+		fmt.Fprintln(stderr, "meshinfer chat: give a prompt, e.g. meshinfer chat \"hello\"")
+		return errUsage
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	out, err := chat(ctx, *api, *model, prompt, *maxTokens, *seed, func(s string) { fmt.Fprint(stdout, s) })
+	fmt.Fprintln(stdout)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "[%s, %d tokens, finish %s, served by %s]\n", *model, out.tokens, out.finish, out.route)
+	return nil
+}
+
+type chatOutcome struct {
+	route  string
+	finish string
+	tokens int
+}
+
+// chat streams one completion from api, calling onText with each piece of text.
+func chat(ctx context.Context, api, model, prompt string, maxTokens int, seed int64, onText func(string)) (chatOutcome, error) {
+	body, _ := json.Marshal(map[string]any{
+		"model":      model,
+		"messages":   []map[string]string{{"role": "user", "content": prompt}},
+		"max_tokens": maxTokens,
+		"seed":       seed,
+		"stream":     true,
+	})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(api, "/")+"/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		return chatOutcome{}, fmt.Errorf("--api %q: %w", api, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return chatOutcome{}, fmt.Errorf("cannot reach the API: %w\nis a node running? start one with 'meshinfer node', or point --api at it", err)
+	}
+	defer resp.Body.Close()
+	out := chatOutcome{route: resp.Header.Get("X-Meshinfer-Route")}
+	if resp.StatusCode != http.StatusOK {
+		return out, apiError(resp)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 4096), maxSSELine)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if data == "[DONE]" {
+			return out, nil
+		}
+		var ev struct {
+			Choices []struct {
+				Delta        struct{ Content string } `json:"delta"`
+				FinishReason *string                  `json:"finish_reason"`
+			} `json:"choices"`
+			Error *struct{ Message, Code string } `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+			return out, fmt.Errorf("bad event from the API: %w", err)
+		}
+		if ev.Error != nil {
+			return out, fmt.Errorf("stream ended with %s: %s", ev.Error.Code, ev.Error.Message)
+		}
+		for _, c := range ev.Choices {
+			if c.Delta.Content != "" {
+				out.tokens++
+				onText(c.Delta.Content)
+			}
+			if c.FinishReason != nil {
+				out.finish = *c.FinishReason
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return out, fmt.Errorf("stream broke: %w", err)
+	}
+	return out, fmt.Errorf("stream ended without [DONE]")
+}
+
+func apiError(resp *http.Response) error {
+	var e struct {
+		Error struct{ Message, Code string } `json:"error"`
+	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if json.Unmarshal(b, &e) == nil && e.Error.Code != "" {
+		return fmt.Errorf("%s (%s): %s", resp.Status, e.Error.Code, e.Error.Message)
+	}
+	return fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b)))
+}

@@ -1,0 +1,219 @@
+package openai
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/meshinfer/meshinfer/inference"
+)
+
+// Handler returns the API's routes over d, for tests and for embedding in another server.
+// limits bounds the requests it accepts; zero fields mean inference's defaults.
+func Handler(d Dispatcher, limits inference.Limits) http.Handler {
+	h := &handler{d: d, limits: limits, maxBody: limits.MaxBodyBytes}
+	if h.maxBody <= 0 {
+		h.maxBody = inference.DefaultLimits().MaxBodyBytes
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/models", h.models)
+	mux.HandleFunc("/v1/models/{id...}", h.model)
+	mux.HandleFunc("/v1/chat/completions", h.chat)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeErrorStatus(w, invalidf("no such endpoint: %s %s", r.Method, r.URL.Path), http.StatusNotFound)
+	})
+	return h.guard(mux)
+}
+
+type handler struct {
+	d       Dispatcher
+	limits  inference.Limits
+	maxBody int64 // limits.MaxBodyBytes with its default applied
+}
+
+// guard refuses cross-site browser requests and leaves the connection without a stale write
+// deadline for its next request.
+func (h *handler) guard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A web page may send a "simple" cross-origin POST (text/plain, no preflight) to a
+		// loopback port, and this API accepts bodies whatever their Content-Type. Browsers
+		// mark such requests with Origin; only a loopback page may use the API. Programs
+		// (curl, SDKs, the CLI) send no Origin.
+		if o := r.Header.Get("Origin"); o != "" && !loopbackOrigin(o) {
+			writeErrorStatus(w, invalidf("cross-origin request from %q refused", o), http.StatusForbidden)
+			return
+		}
+		defer func() { _ = http.NewResponseController(w).SetWriteDeadline(time.Time{}) }()
+		next.ServeHTTP(w, r)
+	})
+}
+
+func loopbackOrigin(origin string) bool {
+	u, err := url.Parse(origin)
+	if err != nil {
+		return false
+	}
+	host := u.Hostname()
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func methodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {
+	w.Header().Set("Allow", allow)
+	writeErrorStatus(w, invalidf("method %s not allowed on %s; use %s", r.Method, r.URL.Path, allow), http.StatusMethodNotAllowed)
+}
+
+// models answers GET /v1/models.
+func (h *handler) models(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		methodNotAllowed(w, r, "GET, HEAD")
+		return
+	}
+	ms := h.d.Models(r.Context())
+	list := modelList{Object: objectList, Data: make([]modelObject, 0, len(ms))}
+	for _, m := range ms {
+		list.Data = append(list.Data, toModelObject(m))
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+// model answers GET /v1/models/{id}; ids may contain slashes ("org/name").
+func (h *handler) model(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		methodNotAllowed(w, r, "GET, HEAD")
+		return
+	}
+	id := r.PathValue("id")
+	for _, m := range h.d.Models(r.Context()) {
+		if m.ID == id {
+			writeJSON(w, http.StatusOK, toModelObject(m))
+			return
+		}
+	}
+	writeError(w, inference.Errorf(inference.CodeModelNotFound, "model %q is not reachable from this node", id))
+}
+
+func toModelObject(m Model) modelObject {
+	routes := m.Routes
+	if routes == nil {
+		routes = []string{}
+	}
+	return modelObject{ID: m.ID, Object: objectModel, OwnedBy: ownedBy,
+		Meshinfer: modelMesh{Warm: m.Warm, Routes: routes}}
+}
+
+// chat answers POST /v1/chat/completions.
+func (h *handler) chat(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		methodNotAllowed(w, r, http.MethodPost)
+		return
+	}
+	req, e, status := h.decode(w, r)
+	if e != nil {
+		writeErrorStatus(w, e, status)
+		return
+	}
+	id, created := newID(), time.Now().Unix()
+	if req.Stream {
+		s := newStream(w, id, created, req.Model, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
+		res, route, err := h.d.Generate(r.Context(), &req.Request, s.emit)
+		s.finish(r.Context(), res, route, err)
+		return
+	}
+	h.complete(w, r, req, id, created)
+}
+
+// decode reads, parses and checks the request body. It reads at most maxBody+1 bytes: a
+// larger body is refused (413) after that, or before reading anything when its
+// Content-Length already says so. The Content-Type is not checked: a body that parses is a
+// request (curl users forget -H 'Content-Type: application/json').
+func (h *handler) decode(w http.ResponseWriter, r *http.Request) (*chatRequest, *inference.Error, int) {
+	tooLarge := func() (*chatRequest, *inference.Error, int) {
+		return nil, invalidf("request body exceeds %d bytes", h.maxBody), http.StatusRequestEntityTooLarge
+	}
+	if r.ContentLength > h.maxBody {
+		return tooLarge()
+	}
+	// Sized so that a body of its announced length is read without growing the buffer.
+	buf := bytes.NewBuffer(make([]byte, 0, min(max(r.ContentLength, 0), h.maxBody)+bytes.MinRead))
+	if _, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, h.maxBody)); err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			return tooLarge()
+		}
+		return nil, invalidf("read request body: %v", err), http.StatusBadRequest
+	}
+	var req chatRequest
+	if err := json.Unmarshal(buf.Bytes(), &req); err != nil {
+		return nil, invalidf("request body is not a chat completion request: %v", err), http.StatusBadRequest
+	}
+	if req.N != nil && *req.N != 1 {
+		return nil, invalidf("n must be 1, got %d", *req.N), http.StatusBadRequest
+	}
+	if err := req.Validate(h.limits); err != nil {
+		e := terminalError(r.Context(), err)
+		return nil, e, e.Code.HTTPStatus()
+	}
+	return &req, nil, 0
+}
+
+// complete serves a non-streaming request: it collects the tokens and answers once.
+func (h *handler) complete(w http.ResponseWriter, r *http.Request, req *chatRequest, id string, created int64) {
+	var (
+		mu   sync.Mutex // guards seq and text against a Dispatcher that emits after returning
+		seq  sequence
+		text strings.Builder
+	)
+	res, route, err := h.d.Generate(r.Context(), &req.Request, func(_ string, t inference.Token) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if err := seq.accept(t); err != nil {
+			log.Warnw("dispatcher contract", "model", req.Model, "err", err)
+			return err
+		}
+		text.WriteString(t.Text)
+		return nil
+	})
+	mu.Lock()
+	seq.done = true
+	content := text.String()
+	mu.Unlock()
+	if err == nil {
+		if err = checkResult(res); err != nil {
+			log.Warnw("dispatcher contract", "model", req.Model, "err", err)
+		}
+	}
+	if route != "" {
+		w.Header().Set(headerRoute, route)
+	}
+	if err != nil {
+		writeError(w, terminalError(r.Context(), err))
+		return
+	}
+	writeJSON(w, http.StatusOK, completion{
+		ID: id, Object: objectCompletion, Created: created, Model: req.Model,
+		Choices: []completionChoice{{
+			Message:      assistantMessage{Role: roleAssistant, Content: content},
+			FinishReason: res.FinishReason,
+		}},
+		Usage:     res.Usage,
+		Meshinfer: routeInfo{Route: route},
+	})
+}
+
+// newID returns a completion id: "chatcmpl-" and 96 random bits in hex.
+func newID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return idPrefix + hex.EncodeToString(b[:])
+}

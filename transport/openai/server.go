@@ -1,0 +1,186 @@
+package openai
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	logging "github.com/ipfs/go-log/v2"
+
+	"github.com/meshinfer/meshinfer/inference"
+)
+
+var log = logging.Logger("transport/openai")
+
+// DefaultAddr is where a node serves the API unless told otherwise (--api).
+const DefaultAddr = "127.0.0.1:9337"
+
+// Timeouts of the HTTP server. None bounds a response: a stream lasts as long as its
+// generation, and writeTimeout bounds each write instead.
+const (
+	// readHeaderTimeout bounds a slow client's request header (slowloris).
+	readHeaderTimeout = 5 * time.Second
+	// readTimeout bounds reading a whole request, header and body: a maximal body (256 KiB)
+	// needs well under a second on any link this API should serve.
+	readTimeout = 30 * time.Second
+	// idleTimeout closes a keep-alive connection left unused this long.
+	idleTimeout = 2 * time.Minute
+	// shutdownGrace is how long Close lets requests in flight finish on their own;
+	// terminalGrace is how long it then gives them, cancelled, to write their shutting_down
+	// terminal event before connections are closed. Together: Close's 2 s bound.
+	shutdownGrace = 1500 * time.Millisecond
+	terminalGrace = 500 * time.Millisecond
+)
+
+// ErrNotLoopback is returned by New for a non-loopback address without WithPublic(true).
+var ErrNotLoopback = errors.New("api address is not loopback")
+
+// errShuttingDown is the cause with which Close cancels the requests still in flight; the
+// handlers send it as their terminal error.
+var errShuttingDown = inference.Errorf(inference.CodeShuttingDown, "node is shutting down")
+
+// Option configures a Server.
+type Option func(*config)
+
+type config struct {
+	public bool
+	limits inference.Limits
+}
+
+// WithPublic allows a non-loopback listen address. The API serves anyone who can reach it,
+// with no authentication: expose it on purpose only.
+func WithPublic(public bool) Option { return func(c *config) { c.public = public } }
+
+// WithLimits sets the request limits; zero fields mean inference's defaults (the default).
+func WithLimits(l inference.Limits) Option { return func(c *config) { c.limits = l } }
+
+// Server is the node's OpenAI-compatible HTTP server.
+type Server struct {
+	ln  net.Listener
+	srv *http.Server
+	// cancel ends the context every request's context derives from; Close calls it with
+	// errShuttingDown for the requests that outlive shutdownGrace.
+	cancel context.CancelCauseFunc
+	wg     sync.WaitGroup // the serve goroutine
+	once   sync.Once
+
+	// shutdownGrace and terminalGrace are the constants of the same names; tests shorten them.
+	shutdownGrace, terminalGrace time.Duration
+
+	mu       sync.Mutex
+	closing  bool           // Close began: new requests get shutting_down
+	handlers sync.WaitGroup // requests being handled; Add only under mu while !closing
+}
+
+// New listens on addr and serves d. A non-loopback addr is refused (ErrNotLoopback) unless
+// WithPublic(true).
+func New(addr string, d Dispatcher, opts ...Option) (*Server, error) {
+	var cfg config
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := CheckAddr(addr, cfg.public); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("api listen on %s: %w", addr, err)
+	}
+	base, cancel := context.WithCancelCause(context.Background())
+	s := &Server{ln: ln, cancel: cancel, shutdownGrace: shutdownGrace, terminalGrace: terminalGrace}
+	s.srv = &http.Server{
+		Handler:           s.track(Handler(d, cfg.limits)),
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout,
+		IdleTimeout:       idleTimeout,
+		BaseContext:       func(net.Listener) context.Context { return base },
+	}
+	// Serve returns when Close shuts the server down.
+	s.wg.Go(func() {
+		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Errorw("api stopped", "err", err)
+		}
+	})
+	return s, nil
+}
+
+// Addr is the address the API listens on.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Close stops the server. Requests in flight get shutdownGrace to finish; those still running
+// are then cancelled and end with a shutting_down error (a JSON error, or a final error event
+// in a stream), and after terminalGrace every connection is closed. Close returns once the
+// serve goroutine and every handler have returned, so the Dispatcher is never called after
+// it; a Dispatcher that honours its context's cancellation keeps that within about 2 s.
+// Idempotent.
+func (s *Server) Close() error {
+	var err error
+	s.once.Do(func() {
+		s.mu.Lock()
+		s.closing = true
+		s.mu.Unlock()
+
+		ctx, cancel := context.WithTimeout(context.Background(), s.shutdownGrace)
+		graceful := s.srv.Shutdown(ctx) == nil
+		cancel()
+		if !graceful {
+			s.cancel(errShuttingDown)
+			// Handlers that return within terminalGrace have written their terminal event.
+			done := make(chan struct{})
+			go func() { // exits when the last handler returns; waited for below
+				s.handlers.Wait()
+				close(done)
+			}()
+			t := time.NewTimer(s.terminalGrace)
+			select {
+			case <-done:
+			case <-t.C:
+			}
+			t.Stop()
+			err = s.srv.Close()
+			<-done
+		}
+		s.cancel(errShuttingDown) // releases the base context
+		s.wg.Wait()
+	})
+	return err
+}
+
+// track counts the requests being handled, so that Close can wait for them, and refuses
+// requests that arrive once Close began.
+func (s *Server) track(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		if s.closing {
+			s.mu.Unlock()
+			w.Header().Set("Connection", "close")
+			writeError(w, errShuttingDown)
+			return
+		}
+		s.handlers.Add(1)
+		s.mu.Unlock()
+		defer s.handlers.Done()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// CheckAddr returns an error for an address New would refuse: malformed, or not loopback
+// while public is false. Callers use it to refuse a bad address before starting anything.
+func CheckAddr(addr string, public bool) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("api address %q: %w", addr, err)
+	}
+	if public || host == "localhost" {
+		return nil
+	}
+	ip := net.ParseIP(host)
+	if ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("%w: %q; use 127.0.0.1:PORT, or pass --api-public to expose it on purpose", ErrNotLoopback, addr)
+	}
+	return nil
+}

@@ -1,0 +1,134 @@
+package openai
+
+import (
+	"context"
+
+	"github.com/meshinfer/meshinfer/inference"
+)
+
+// Dispatcher serves requests; node implements it with the router.
+type Dispatcher interface {
+	// Models lists every model reachable from this node, each with where it is served.
+	Models(ctx context.Context) []Model
+	// Generate serves req. emit receives each token with the route serving it
+	// ("local", "peer:<peer id>" or "cloud"); Generate returns the final route too (the route
+	// of the terminal outcome, "" when nothing could be tried). Contract as inference.Backend:
+	// exactly one return, emit never after return, contiguous indices.
+	Generate(ctx context.Context, req *inference.Request, emit func(route string, t inference.Token) error) (inference.Result, string, error)
+}
+
+// Model is one model reachable from this node.
+type Model struct {
+	ID     string   `json:"id"`
+	Warm   bool     `json:"warm"`   // warm somewhere
+	Routes []string `json:"routes"` // e.g. ["local", "peer:12D3KooW..."]
+}
+
+// chatRequest is the body of POST /v1/chat/completions: the fields the mesh acts on
+// (inference.Request) plus the few that only change how this API answers. Every other field,
+// the meshinfer extension object included, is ignored.
+type chatRequest struct {
+	inference.Request
+	// StreamOptions is OpenAI's stream_options; only include_usage is honoured.
+	StreamOptions *streamOptions `json:"stream_options,omitempty"`
+	// N is OpenAI's number of choices. Only 1 is served; anything else is refused rather than
+	// silently answered with one choice.
+	N *int `json:"n,omitempty"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+// routeInfo is the meshinfer extension object of a response: where it was served.
+type routeInfo struct {
+	Route string `json:"route"`
+}
+
+// completion is the non-streaming response (object "chat.completion").
+type completion struct {
+	ID        string             `json:"id"`
+	Object    string             `json:"object"`
+	Created   int64              `json:"created"`
+	Model     string             `json:"model"`
+	Choices   []completionChoice `json:"choices"`
+	Usage     inference.Usage    `json:"usage"`
+	Meshinfer routeInfo          `json:"meshinfer"`
+}
+
+type completionChoice struct {
+	Index        int                    `json:"index"`
+	Message      assistantMessage       `json:"message"`
+	FinishReason inference.FinishReason `json:"finish_reason"`
+}
+
+type assistantMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// chunk is one streamed event (object "chat.completion.chunk") other than a token's, which
+// sse.go encodes from a precomputed template (see tokenChunk).
+type chunk struct {
+	ID        string           `json:"id"`
+	Object    string           `json:"object"`
+	Created   int64            `json:"created"`
+	Model     string           `json:"model"`
+	Choices   []chunkChoice    `json:"choices"`
+	Usage     *inference.Usage `json:"usage,omitempty"`
+	Meshinfer *routeInfo       `json:"meshinfer,omitempty"`
+}
+
+type chunkChoice struct {
+	Index        int                     `json:"index"`
+	Delta        delta                   `json:"delta"`
+	FinishReason *inference.FinishReason `json:"finish_reason"` // null until the final chunk
+}
+
+type delta struct {
+	Role    string  `json:"role,omitempty"`
+	Content *string `json:"content,omitempty"`
+}
+
+// modelList is the body of GET /v1/models.
+type modelList struct {
+	Object string        `json:"object"`
+	Data   []modelObject `json:"data"`
+}
+
+// modelObject is one entry of GET /v1/models, and the body of GET /v1/models/{id}.
+type modelObject struct {
+	ID        string    `json:"id"`
+	Object    string    `json:"object"`
+	Created   int64     `json:"created"`
+	OwnedBy   string    `json:"owned_by"`
+	Meshinfer modelMesh `json:"meshinfer"`
+}
+
+type modelMesh struct {
+	Warm   bool     `json:"warm"`
+	Routes []string `json:"routes"`
+}
+
+// errorBody is OpenAI's error JSON.
+type errorBody struct {
+	Error errorObject `json:"error"`
+}
+
+type errorObject struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"` // always null: messages name the field instead
+	Code    string  `json:"code"`
+}
+
+// Wire constants of OpenAI's API.
+const (
+	objectList       = "list"
+	objectModel      = "model"
+	objectCompletion = "chat.completion"
+	objectChunk      = "chat.completion.chunk"
+	ownedBy          = "meshinfer"
+	roleAssistant    = inference.RoleAssistant
+	idPrefix         = "chatcmpl-"
+)
