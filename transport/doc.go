@@ -1,6 +1,12 @@
-// Package transport will hold the libp2p stream protocols (/meshinfer/infer/1.0.0), WebRTC
-// direct dispatch and the coordinator gateway.
+// Package transport is the home of the node's wire protocols and network-facing servers:
 //
-// Not built yet: today nodes only discover each other and exchange capability vectors over
-// GossipSub (mesh/announce). transport must never import mesh; node connects the two.
+//	transport/frame    varint-length frames with hard size caps, shared by stream protocols
+//	transport/infer    the peer inference protocol /meshinfer/infer/1.0.0 (client and server)
+//	transport/openai   the OpenAI-compatible HTTP API a node serves on 127.0.0.1:9337
+//
+// This package itself holds what they share: the loopback check for local-only listeners.
+// Not built yet: WebRTC direct dispatch and the coordinator gateway.
+//
+// transport must never import mesh or node; node connects the two through small interfaces
+// declared by the consuming package (openai.Dispatcher, infer.Generator).
 package transport

@@ -26,6 +26,7 @@ import (
 	logging "github.com/ipfs/go-log/v2"
 
 	"github.com/meshinfer/meshinfer/mesh/caps"
+	"github.com/meshinfer/meshinfer/transport"
 )
 
 var log = logging.Logger("node/console")
@@ -129,7 +130,7 @@ type Server struct {
 const readHeaderTimeout = 5 * time.Second
 
 // ErrNotLoopback is returned by New for a non-loopback address without Public.
-var ErrNotLoopback = errors.New("console address is not loopback")
+var ErrNotLoopback = transport.ErrNotLoopback
 
 // New listens on addr and serves src. A non-loopback addr is refused unless public is set.
 func New(addr string, public bool, src Source) (*Server, error) {
@@ -171,22 +172,14 @@ func (s *Server) Close() error {
 // CheckAddr returns an error for an address New would refuse: malformed, or not loopback
 // while public is false. Callers use it to refuse a bad address before starting anything.
 func CheckAddr(addr string, public bool) error {
-	if public {
-		if _, _, err := net.SplitHostPort(addr); err != nil {
-			return fmt.Errorf("console address %q: %w", addr, err)
-		}
+	err := transport.CheckLoopback(addr)
+	switch {
+	case errors.Is(err, transport.ErrNotLoopback) && public:
 		return nil
-	}
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return fmt.Errorf("console address %q: %w", addr, err)
-	}
-	if host == "localhost" {
-		return nil
-	}
-	ip := net.ParseIP(host)
-	if ip == nil || !ip.IsLoopback() {
-		return fmt.Errorf("%w: %q; use 127.0.0.1:PORT, or pass --console-public to expose it on purpose", ErrNotLoopback, addr)
+	case errors.Is(err, transport.ErrNotLoopback):
+		return fmt.Errorf("console %w; use 127.0.0.1:PORT, or pass --console-public to expose it on purpose", err)
+	case err != nil:
+		return fmt.Errorf("console %w", err)
 	}
 	return nil
 }

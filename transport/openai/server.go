@@ -12,6 +12,7 @@ import (
 	logging "github.com/ipfs/go-log/v2"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/transport"
 )
 
 var log = logging.Logger("transport/openai")
@@ -37,7 +38,7 @@ const (
 )
 
 // ErrNotLoopback is returned by New for a non-loopback address without WithPublic(true).
-var ErrNotLoopback = errors.New("api address is not loopback")
+var ErrNotLoopback = transport.ErrNotLoopback
 
 // errShuttingDown is the cause with which Close cancels the requests still in flight; the
 // handlers send it as their terminal error.
@@ -171,16 +172,14 @@ func (s *Server) track(next http.Handler) http.Handler {
 // CheckAddr returns an error for an address New would refuse: malformed, or not loopback
 // while public is false. Callers use it to refuse a bad address before starting anything.
 func CheckAddr(addr string, public bool) error {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return fmt.Errorf("api address %q: %w", addr, err)
-	}
-	if public || host == "localhost" {
+	err := transport.CheckLoopback(addr)
+	switch {
+	case errors.Is(err, transport.ErrNotLoopback) && public:
 		return nil
-	}
-	ip := net.ParseIP(host)
-	if ip == nil || !ip.IsLoopback() {
-		return fmt.Errorf("%w: %q; use 127.0.0.1:PORT, or pass --api-public to expose it on purpose", ErrNotLoopback, addr)
+	case errors.Is(err, transport.ErrNotLoopback):
+		return fmt.Errorf("api %w; use 127.0.0.1:PORT, or pass --api-public to expose it on purpose", err)
+	case err != nil:
+		return fmt.Errorf("api %w", err)
 	}
 	return nil
 }
