@@ -39,6 +39,6 @@
 //
 // This package is a leaf of the dependency graph (ARCHITECTURE.md): standard library only.
 // It must not import other meshinfer packages, libp2p or pion; the test in
-// testnet/deps_test.go enforces it. Its subpackages (synth, and later an OpenAI upstream
-// client) follow the same rule, except that they may import this package.
+// testnet/deps_test.go enforces it. Its subpackages (synth, and upstream, the client of an
+// OpenAI-compatible server) follow the same rule, except that they may import this package.
 package inference

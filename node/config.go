@@ -36,6 +36,12 @@ const (
 	DefaultAPIAddr = "127.0.0.1:9337"
 	// APIOff as APIAddr starts no API.
 	APIOff = "off"
+	// BackendSynth (the default) serves Models with the built-in synthetic transformer;
+	// BackendOpenAI forwards them to an OpenAI-compatible server at Upstream.
+	BackendSynth  = "synth"
+	BackendOpenAI = "openai"
+	// DefaultUpstreamKeyEnv is the environment variable the upstream's API key is read from.
+	DefaultUpstreamKeyEnv = "MESHINFER_UPSTREAM_KEY"
 	// DefaultHeartbeat is the capability re-announcement period (see mesh/announce).
 	DefaultHeartbeat = 15 * time.Second
 	// DefaultConnsLow and DefaultConnsHigh are the connection manager's water marks: trimming
@@ -76,9 +82,19 @@ type Config struct {
 	// DefaultConsoleAddr. A non-loopback address is refused unless ConsolePublic is set.
 	ConsoleAddr   string
 	ConsolePublic bool
-	// Models are the built-in synthetic models (presets of inference/synth) this node serves.
-	// None means the node serves nothing itself and routes every request to peers.
+	// Models are the models this node serves: presets of inference/synth with BackendSynth,
+	// the upstream's model names with BackendOpenAI (at least one). None (synth only) means
+	// the node serves nothing itself and routes every request to peers.
 	Models []string
+	// Backend is what serves Models: BackendSynth or BackendOpenAI. Default: BackendSynth.
+	Backend string
+	// Upstream is the base URL of the OpenAI-compatible server (llama-server, Ollama, vLLM, a
+	// cloud API, another node's API) that BackendOpenAI forwards to. Required with it, and
+	// only used with it.
+	Upstream string
+	// UpstreamKeyEnv names the environment variable holding the upstream's API key, sent as a
+	// bearer token; unset or empty sends none. Default: DefaultUpstreamKeyEnv.
+	UpstreamKeyEnv string
 	// APIAddr is the OpenAI-compatible API's listen address; APIOff disables it. Default:
 	// DefaultAPIAddr. A non-loopback address is refused unless APIPublic is set.
 	APIAddr   string
@@ -126,6 +142,27 @@ func (cfg Config) withDefaults() (Config, error) {
 		if err := console.CheckAddr(cfg.ConsoleAddr, cfg.ConsolePublic); err != nil {
 			return cfg, err
 		}
+	}
+	if cfg.Backend == "" {
+		cfg.Backend = BackendSynth
+	}
+	switch cfg.Backend {
+	case BackendSynth:
+		if cfg.Upstream != "" {
+			return cfg, fmt.Errorf("upstream %q is only used with backend %s (--backend %s)", cfg.Upstream, BackendOpenAI, BackendOpenAI)
+		}
+	case BackendOpenAI:
+		if cfg.Upstream == "" {
+			return cfg, fmt.Errorf("backend %s needs the upstream server's base URL (--upstream URL)", BackendOpenAI)
+		}
+		if len(cfg.Models) == 0 {
+			return cfg, fmt.Errorf("backend %s needs at least one of the upstream's model names (--model NAME)", BackendOpenAI)
+		}
+	default:
+		return cfg, fmt.Errorf("backend %q: known backends are %s and %s", cfg.Backend, BackendSynth, BackendOpenAI)
+	}
+	if cfg.UpstreamKeyEnv == "" {
+		cfg.UpstreamKeyEnv = DefaultUpstreamKeyEnv
 	}
 	if cfg.APIAddr == "" {
 		cfg.APIAddr = DefaultAPIAddr

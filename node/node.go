@@ -1,8 +1,8 @@
 // Package node assembles one meshinfer node from its parts and owns their lifecycle:
 // identity, libp2p host, Kademlia DHT (protocol prefix /meshinfer), GossipSub, the peer
 // registry, the capability probe and announcer, discovery, the reputation store, the
-// synthetic backend with its peer inference server, the OpenAI-compatible API, and the local
-// console.
+// backend (synthetic, or an OpenAI-compatible upstream) with its peer inference server, the
+// OpenAI-compatible API, and the local console.
 //
 // New starts the parts in dependency order; if one fails, New closes what it started and
 // returns the error. Close stops them in reverse order, waits for every goroutine, and is
@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"time"
 
@@ -28,7 +29,9 @@ import (
 	drouting "github.com/libp2p/go-libp2p/p2p/discovery/routing"
 	ma "github.com/multiformats/go-multiaddr"
 
+	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/inference/synth"
+	"github.com/meshinfer/meshinfer/inference/upstream"
 	"github.com/meshinfer/meshinfer/mesh/announce"
 	"github.com/meshinfer/meshinfer/mesh/caps"
 	"github.com/meshinfer/meshinfer/mesh/discovery"
@@ -62,7 +65,7 @@ type Node struct {
 	disc      *discovery.Discovery
 	console   *console.Server
 	rep       *reputation.Store
-	backend   *synth.Backend // nil when the node serves no model itself
+	backend   inference.Backend // nil when the node serves no model itself
 	infer     *infer.Server
 	api       *openai.Server
 
@@ -139,10 +142,20 @@ func (n *Node) start() error {
 	if n.rep, err = reputation.New(reputation.DefaultParams()); err != nil {
 		return fmt.Errorf("reputation store: %w", err)
 	}
-	if len(cfg.Models) > 0 {
-		if n.backend, err = synth.New(cfg.Models...); err != nil {
+	switch {
+	case cfg.Backend == BackendOpenAI:
+		ub, err := upstream.New(cfg.Upstream, cfg.Models, upstream.WithAPIKey(os.Getenv(cfg.UpstreamKeyEnv)))
+		if err != nil {
+			return fmt.Errorf("backend %s: %w", BackendOpenAI, err)
+		}
+		n.backend = ub
+		n.closers = append(n.closers, ub.Close)
+	case len(cfg.Models) > 0:
+		sb, err := synth.New(cfg.Models...)
+		if err != nil {
 			return fmt.Errorf("models: %w", err)
 		}
+		n.backend = sb // assigned only when non-nil: a nil *synth.Backend would be a non-nil Backend
 	}
 	if n.backend != nil {
 		n.infer = infer.NewServer(h, n.backend)

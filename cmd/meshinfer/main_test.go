@@ -126,6 +126,9 @@ func TestNodeHelpListsEveryFlagWithItsDefault(t *testing.T) {
 		{"model", "default synth-tiny"},
 		{"api", `(default "127.0.0.1:9337")`},
 		{"api-public", ""},
+		{"backend", `(default "synth")`},
+		{"upstream", ""},
+		{"upstream-key-env", `(default "MESHINFER_UPSTREAM_KEY")`},
 	}
 	for _, tc := range tests {
 		block, ok := help[tc.flag]

@@ -23,7 +23,8 @@ OpenAI-compatible API (and to peers), and serve the local console.
 Examples:
   meshinfer node
   meshinfer node --role bootstrap --listen /ip4/0.0.0.0/tcp/4001
-  meshinfer node --bootstrap /ip4/192.0.2.7/tcp/4001/p2p/12D3KooW...`
+  meshinfer node --bootstrap /ip4/192.0.2.7/tcp/4001/p2p/12D3KooW...
+  meshinfer node --backend openai --upstream http://127.0.0.1:8080 --model qwen2.5-0.5b`
 
 func runNode(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("node", nodeSynopsis, stderr)
@@ -34,7 +35,10 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&listen, "listen", "libp2p listen multiaddr, repeatable (default TCP and QUIC on port 4001, IPv4 and IPv6)")
 	fs.Var(&boots, "bootstrap", "bootstrap peer multiaddr ending in /p2p/<peer ID>, repeatable")
 	noMDNS := fs.Bool("no-mdns", false, "do not discover or answer peers on the local network (mDNS)")
-	fs.Var(&models, "model", "built-in synthetic model to serve, repeatable: synth-tiny, synth-small or synth-base (default synth-tiny; \"none\" serves nothing and only routes)")
+	fs.Var(&models, "model", "model to serve, repeatable: with --backend synth a built-in synthetic model, synth-tiny, synth-small or synth-base (default synth-tiny; \"none\" serves nothing and only routes); with --backend openai the upstream's name for it (required)")
+	backend := fs.String("backend", node.BackendSynth, "what serves --model: synth (built-in synthetic models) or openai (an OpenAI-compatible server at --upstream)")
+	upstreamURL := fs.String("upstream", "", "base URL of the OpenAI-compatible server for --backend openai, e.g. http://127.0.0.1:8080 (llama-server) or http://127.0.0.1:11434 (Ollama)")
+	upstreamKeyEnv := fs.String("upstream-key-env", node.DefaultUpstreamKeyEnv, "environment variable holding the upstream's API key, sent as a bearer token (unset: none)")
 	apiAddr := fs.String("api", node.DefaultAPIAddr, `OpenAI-compatible API listen address, or "off"`)
 	apiPublic := fs.Bool("api-public", false, "allow a non-loopback API address (anyone who reaches it can use this node)")
 	consoleAddr := fs.String("console", node.DefaultConsoleAddr, `console listen address, or "off"`)
@@ -51,7 +55,7 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 		Mesh:          *mesh,
 		ListenAddrs:   listen,
 		MDNS:          !*noMDNS,
-		Models:        modelList(models),
+		Models:        modelList(models, *backend),
 		APIAddr:       *apiAddr,
 		APIPublic:     *apiPublic,
 		ConsoleAddr:   *consoleAddr,
@@ -62,6 +66,7 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 		ProbeRoot:     *probeRoot,
 		Version:       version,
 	}
+	cfg.Backend, cfg.Upstream, cfg.UpstreamKeyEnv = *backend, *upstreamURL, *upstreamKeyEnv
 	roles, err := parseRoles(*role)
 	if err != nil {
 		return err
@@ -91,6 +96,9 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "  listen   %s\n", a)
 	}
 	fmt.Fprintf(stdout, "  models   %s\n", strings.Join(cfg.Models, ", "))
+	if cfg.Backend == node.BackendOpenAI {
+		fmt.Fprintf(stdout, "  upstream %s\n", cfg.Upstream)
+	}
 	if a := n.APIAddr(); a != "" {
 		fmt.Fprintf(stdout, "  api      http://%s/v1   (try: meshinfer chat --api http://%s \"hello\")\n", a, a)
 	}
@@ -113,9 +121,13 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	}
 }
 
-// modelList applies the --model default and the "none" value.
-func modelList(flags []string) []string {
+// modelList applies the --model default (synth-tiny with the synth backend, none with
+// openai: the upstream's names cannot be guessed) and the "none" value.
+func modelList(flags []string, backend string) []string {
 	if len(flags) == 0 {
+		if backend == node.BackendOpenAI {
+			return nil
+		}
 		return []string{"synth-tiny"}
 	}
 	var out []string
