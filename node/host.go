@@ -134,7 +134,10 @@ func newResourceManager() (network.ResourceManager, error) {
 		},
 	}
 	concrete := limits.Build(rcmgr.DefaultLimits.AutoScale())
-	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(concrete))
+	// Metrics off, as for the host (libp2p.DisableMetrics does not reach a resource manager
+	// passed in): otherwise every stream and memory reservation goes through the Prometheus
+	// StatsTraceReporter, time.Now().Format included, and nothing ever reads it.
+	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(concrete), rcmgr.WithMetricsDisabled())
 	if err != nil {
 		return nil, fmt.Errorf("resource manager: %w", err)
 	}

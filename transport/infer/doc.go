@@ -27,6 +27,9 @@
 //     MaxInFlightPerPeer per requesting peer; an excess request gets an overloaded error frame
 //     at once. Nothing queues.
 //   - Each frame write has a WriteTimeout: a client that stops reading is reset.
+//   - Token frames of a streaming request (stream true) are written as each token is
+//     produced. Those of a non-streaming one may be batched: written together, with the
+//     terminal frame or at the latest 100 ms after the previous write.
 //   - If the client resets or closes the stream before the terminal frame (it cancelled), the
 //     server's reading side sees it and cancels the generation at once; it is counted as
 //     client_disconnected.

@@ -169,12 +169,12 @@ func (s *Server) handle(st network.Stream) {
 		err = s.admit(from)
 	}
 	if err != nil {
-		s.finish(st, nil, err)
+		s.finish(st, nil, nil, err)
 		return
 	}
 	if !s.acquire(from) {
 		s.overloaded.Add(1)
-		s.finish(st, nil, inference.Errorf(inference.CodeOverloaded, "node at its limit of concurrent requests"))
+		s.finish(st, nil, nil, inference.Errorf(inference.CodeOverloaded, "node at its limit of concurrent requests"))
 		return
 	}
 	defer s.release(from)
@@ -194,22 +194,39 @@ func (s *Server) handle(st network.Stream) {
 	}()
 	defer func() { <-clientGone }()
 
-	buf := make([]byte, 0, 64)
+	// A streaming request gets each token frame written as it is produced. A non-streaming
+	// one is answered only once complete, so its token frames are batched and go out with
+	// the terminal frame in one write (one muxer frame, one syscall, one wake-up at the
+	// client instead of one per token); a batch is still written once it reaches
+	// batchBytes or batchDelay has passed since the last write, so that the client's idle
+	// timer stays fed and a long completion is not held back.
+	pending := make([]byte, 0, 256)
+	lastWrite := time.Now()
 	res, err := s.gen.Generate(ctx, req, func(t inference.Token) error {
-		buf = frame.Append(buf[:0], encodeToken(nil, t))
+		pending = frame.Append(pending, encodeToken(nil, t))
+		if !req.Stream && len(pending) < batchBytes && time.Since(lastWrite) < batchDelay {
+			return nil
+		}
 		st.SetWriteDeadline(time.Now().Add(WriteTimeout))
-		_, werr := st.Write(buf)
+		_, werr := st.Write(pending)
+		pending, lastWrite = pending[:0], time.Now()
 		return werr
 	})
 	if s.ctx.Err() != nil && err != nil {
 		err = inference.Errorf(inference.CodeShuttingDown, "node is shutting down")
 	}
-	s.finish(st, &res, err)
+	s.finish(st, pending, &res, err)
 }
 
-// finish writes the terminal frame and closes the stream, or resets it when the client is
-// gone.
-func (s *Server) finish(st network.Stream, res *inference.Result, err error) {
+// Batching of a non-streaming request's token frames (see handle).
+const (
+	batchBytes = 16 << 10
+	batchDelay = 100 * time.Millisecond
+)
+
+// finish writes the token frames still pending and the terminal frame, and closes the
+// stream, or resets it when the client is gone.
+func (s *Server) finish(st network.Stream, pending []byte, res *inference.Result, err error) {
 	var body []byte
 	switch {
 	case err == nil:
@@ -223,7 +240,7 @@ func (s *Server) finish(st network.Stream, res *inference.Result, err error) {
 		body = encodeError(err)
 	}
 	st.SetWriteDeadline(time.Now().Add(WriteTimeout))
-	if werr := frame.Write(st, body); werr != nil {
+	if _, werr := st.Write(frame.Append(pending, body)); werr != nil {
 		// The write failed: the client reset or stopped reading.
 		s.disconnected.Add(1)
 		st.Reset()
