@@ -104,7 +104,9 @@ type Config struct {
 	// ConnsLow and ConnsHigh are the connection manager's water marks.
 	ConnsLow, ConnsHigh int
 	// Loopback configures the node for a testnet on one machine: no NAT traversal services,
-	// DHT in server mode (loopback addresses are never "public"), no mDNS.
+	// DHT in server mode (loopback addresses are never "public"), no mDNS, and no DHT
+	// routing-table refresh, DHT rendezvous or GossipSub peer exchange (on one machine they
+	// make every node dial dozens of others; see testnet's package doc).
 	Loopback bool
 	// ProbeRoot is the filesystem root the capability probe reads /proc and /sys under.
 	// Default: "/".

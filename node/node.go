@@ -24,6 +24,7 @@ import (
 	dht "github.com/libp2p/go-libp2p-kad-dht"
 	pubsub "github.com/libp2p/go-libp2p-pubsub"
 	"github.com/libp2p/go-libp2p/core/crypto"
+	corediscovery "github.com/libp2p/go-libp2p/core/discovery"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/peer"
 	drouting "github.com/libp2p/go-libp2p/p2p/discovery/routing"
@@ -112,11 +113,17 @@ func (n *Node) start() error {
 	if cfg.HasRole(RoleBootstrap) || cfg.Loopback {
 		mode = dht.ModeServer
 	}
-	n.dht, err = dht.New(h,
+	dhtOpts := []dht.Option{
 		dht.ProtocolPrefix(DHTProtocolPrefix),
 		dht.Mode(mode),
 		dht.BootstrapPeers(cfg.Bootstrap...),
-	)
+	}
+	if cfg.Loopback {
+		// The random-walk refresh queries ~20 peers per bucket; on one machine it connects each
+		// node to 25-40 others and, with 100 nodes, starves 2 cores (BENCHMARKS.md B6).
+		dhtOpts = append(dhtOpts, dht.DisableAutoRefresh())
+	}
+	n.dht, err = dht.New(h, dhtOpts...)
 	if err != nil {
 		return fmt.Errorf("start DHT: %w", err)
 	}
@@ -126,8 +133,13 @@ func (n *Node) start() error {
 	psCtx, psCancel := context.WithCancel(context.Background())
 	n.closers = append(n.closers, func() error { psCancel(); return nil })
 	n.ps, err = pubsub.NewGossipSub(psCtx, h,
-		pubsub.WithPeerExchange(cfg.HasRole(RoleBootstrap)),
+		// On loopback the bootstrap node is connected to every node, prunes constantly and
+		// its PX sends each pruned node up to 16 more dials.
+		pubsub.WithPeerExchange(cfg.HasRole(RoleBootstrap) && !cfg.Loopback),
 		pubsub.WithMaxMessageSize(maxPubsubMessage),
+		// GossipSub's defaults (32 each) drop announcements in a join burst (B6).
+		pubsub.WithValidateQueueSize(pubsubValidateQueue),
+		pubsub.WithPeerOutboundQueueSize(pubsubPeerQueue),
 	)
 	if err != nil {
 		return fmt.Errorf("start gossipsub: %w", err)
@@ -171,10 +183,16 @@ func (n *Node) start() error {
 	}
 	n.closers = append(n.closers, n.announcer.Close)
 
+	// Rendezvous advertises one DHT key from every node: on one machine that makes the ~20
+	// nodes closest to it hubs that everyone dials. Bootstrap peers reach every node there.
+	var rendezvous corediscovery.Discovery
+	if !cfg.Loopback {
+		rendezvous = drouting.NewRoutingDiscovery(n.dht)
+	}
 	n.disc, err = discovery.New(h, discovery.Params{
 		Mesh:       cfg.Mesh,
 		Bootstrap:  cfg.Bootstrap,
-		Rendezvous: drouting.NewRoutingDiscovery(n.dht),
+		Rendezvous: rendezvous,
 		MDNS:       cfg.MDNS && !cfg.Loopback,
 		LowWater:   cfg.ConnsLow,
 	})
@@ -205,6 +223,12 @@ func (n *Node) start() error {
 // at most caps.MaxEncodedSize, and nothing else travels on pubsub yet. GossipSub's own 1 MiB
 // default would let one peer make us buffer 64× more than any valid message needs.
 const maxPubsubMessage = 64 << 10
+
+// GossipSub queue sizes: a join burst at N=100 overflows the defaults of 32.
+const (
+	pubsubValidateQueue = 512
+	pubsubPeerQueue     = 256
+)
 
 // Close stops every part in reverse start order. It is idempotent.
 func (n *Node) Close() error {

@@ -15,6 +15,11 @@
 //     peers per bucket; meshinfer nodes do not enable it, so the DHT fills normally.
 //   - loopback addresses are never "public", so DHT server mode is forced (Config.Loopback)
 //     and NAT traversal services, which would only burn CPU here, are off.
+//   - Config.Loopback also turns off the DHT's routing-table refresh, DHT rendezvous and
+//     GossipSub peer exchange: on one machine they make every node dial dozens of others
+//     (the ~20 nodes closest to the single rendezvous key become hubs), which at 100 nodes
+//     starves 2 cores (BENCHMARKS.md B6). Bootstrap peers reach every node here. Production
+//     nodes keep all three; how they behave at 100 real nodes is not measured yet.
 //
 // Nothing in production imports this package.
 package testnet

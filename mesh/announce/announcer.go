@@ -41,6 +41,10 @@ const (
 	ttlHeartbeats = 3
 )
 
+// subscriptionBuffer is how many accepted announcements may wait for receiveLoop. GossipSub
+// drops what does not fit (32 by default) after the validator has raised the seq mark.
+const subscriptionBuffer = 256
+
 // Source supplies the unsigned parts of this node's vector: hardware, models, load and what
 // it knows of its network (metered, downlink). The Announcer fills peer_id, net.rtt_ms,
 // net.effective, seq, issued_at, expires_at and sig.
@@ -78,6 +82,7 @@ type Announcer struct {
 
 	own       atomic.Pointer[caps.Vector] // latest signed vector of this node
 	published atomic.Uint64               // publishes done
+	reached   atomic.Int64                // topic peers present at the latest publish
 	synced    atomic.Uint64               // vectors learned through SyncProtocol
 	rttMS     atomic.Uint64               // math.Float64bits of the latest median RTT
 
@@ -109,6 +114,10 @@ func New(h host.Host, ps *pubsub.PubSub, key crypto.PrivKey, reg *registry.Regis
 		// announcing above the seq its peers remember.
 		seq: uint64(max(p.Now().UnixMilli(), 1)),
 	}
+	a.val.newer = func(id peer.ID, seq uint64) bool {
+		e, ok := reg.Get(id, p.Now())
+		return ok && e.Vector.Seq > seq
+	}
 	name := Topic(p.Mesh)
 	if err := ps.RegisterTopicValidator(name, pubsub.ValidatorEx(a.val.Validate)); err != nil {
 		return nil, fmt.Errorf("register validator on %s: %w", name, err)
@@ -136,7 +145,7 @@ func (a *Announcer) join(name string) error {
 	if a.topic, err = a.ps.Join(name); err != nil {
 		return fmt.Errorf("join %s: %w", name, err)
 	}
-	if a.sub, err = a.topic.Subscribe(); err != nil {
+	if a.sub, err = a.topic.Subscribe(pubsub.WithBufferSize(subscriptionBuffer)); err != nil {
 		return fmt.Errorf("subscribe %s: %w", name, err)
 	}
 	if a.events, err = a.topic.EventHandler(); err != nil {
@@ -261,6 +270,7 @@ func (a *Announcer) publish(ctx context.Context) error {
 		return fmt.Errorf("publish on %s: %w", a.topic, err)
 	}
 	a.published.Add(1)
+	a.reached.Store(int64(len(a.topic.ListPeers())))
 	return nil
 }
 
@@ -292,7 +302,12 @@ func (a *Announcer) joinLoop(ctx context.Context) {
 			return
 		}
 		if ev.Type == pubsub.PeerJoin {
-			a.Changed()
+			// Our vector reaches the newcomer through its sync from us; re-announce only
+			// while no announcement of ours has reached anyone yet (we are the newcomer), so
+			// a join costs the mesh one announcement, not one from every neighbour.
+			if a.reached.Load() == 0 {
+				a.Changed()
+			}
 			select {
 			case a.syncQ <- ev.Peer:
 			default: // queue full: the heartbeat will bring the rest

@@ -5,8 +5,9 @@
 // form, signed with the node's ed25519 identity.
 //
 // When this node publishes:
-//   - at start, and again whenever a peer joins the topic, so a new node is visible within
-//     seconds instead of at the next heartbeat;
+//   - at start, and again when a peer joins the topic while none of this node's
+//     announcements has reached a peer yet, so a new node is visible within seconds instead of
+//     at the next heartbeat (established nodes reach a newcomer through its sync instead);
 //   - when Changed is called (one-slot coalescing trigger: many calls, one publish);
 //   - every heartbeat (15 s by default), with a fresh seq, issued_at and expires_at.
 //

@@ -146,6 +146,13 @@ func (a *Announcer) readSync(r *bufio.Reader, from peer.ID) (int, error) {
 // malformed one is an error.
 func (a *Announcer) acceptSynced(data []byte) (bool, error) {
 	now := a.params.Now()
+	// Most of a sync answer is already known: skip the signature check (the dominant cost)
+	// for a vector whose seq the registry already holds. Decode still bounds-checks.
+	if v, err := caps.Decode(data); err == nil {
+		if author, err := peer.Decode(v.PeerID); err == nil && (author == a.h.ID() || a.known(author, v.Seq, now)) {
+			return false, nil
+		}
+	}
 	v, err := caps.Verify(data, now)
 	if errors.Is(err, caps.ErrExpired) || errors.Is(err, caps.ErrClockSkew) {
 		return false, nil
@@ -157,7 +164,11 @@ func (a *Announcer) acceptSynced(data []byte) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if author == a.h.ID() || !a.val.advance(author, v.Seq, now) {
+	// Only a rollback is refused here; the high-water mark is not raised. If it were, the
+	// GossipSub copy of this same announcement, arriving after the pull, would be Ignored and
+	// so not forwarded, and a newcomer's vector would stop at the peers that pulled it until
+	// its next heartbeat.
+	if author == a.h.ID() || a.val.below(author, v.Seq) {
 		return false, nil
 	}
 	if !a.reg.Put(author, v, now) {
@@ -165,6 +176,12 @@ func (a *Announcer) acceptSynced(data []byte) (bool, error) {
 	}
 	a.reg.SetConnected(author, a.h.Network().Connectedness(author) == network.Connected)
 	return true, nil
+}
+
+// known reports whether the registry already holds p's vector at seq or later.
+func (a *Announcer) known(p peer.ID, seq uint64, now time.Time) bool {
+	e, ok := a.reg.Get(p, now)
+	return ok && e.Vector.Seq >= seq
 }
 
 // syncLoop syncs from peers queued by joinLoop, one at a time. Exits when ctx is done.

@@ -32,6 +32,10 @@ type Counts struct {
 // validator checks incoming announcements. It keeps the per-peer seq high-water mark.
 type validator struct {
 	now func() time.Time
+	// newer, when set, reports whether the registry holds a vector of p above seq; such a
+	// message is a rollback even if it is above the high-water mark (vectors pulled by sync
+	// do not raise the mark, see acceptSynced).
+	newer func(p peer.ID, seq uint64) bool
 
 	accepted, rejected, ignored atomic.Uint64
 
@@ -83,6 +87,9 @@ func (v *validator) check(msg *pubsub.Message) pubsub.ValidationResult {
 		log.Debugw("announcement rejected: author is not the vector's peer", "peer", author, "target", vec.PeerID)
 		return pubsub.ValidationReject
 	}
+	if v.newer != nil && v.newer(author, vec.Seq) {
+		return pubsub.ValidationIgnore
+	}
 	if !v.advance(author, vec.Seq, now) {
 		return pubsub.ValidationIgnore
 	}
@@ -103,6 +110,14 @@ func (v *validator) advance(p peer.ID, seq uint64, now time.Time) bool {
 	}
 	v.high[p] = mark{seq: seq, at: now}
 	return true
+}
+
+// below reports whether seq is under p's high-water mark (a rollback), without changing it.
+func (v *validator) below(p peer.ID, seq uint64) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	m, ok := v.high[p]
+	return ok && seq < m.seq
 }
 
 func (v *validator) evictLocked(now time.Time) {
