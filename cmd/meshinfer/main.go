@@ -91,9 +91,11 @@ func setupLogging() {
 	}
 	golog.SetupLogging(cfg)
 	if os.Getenv("GOLOG_LOG_LEVEL") == "" {
-		// The DHT warns on every refresh while its table is empty, which is normal for the
-		// first node of a mesh and during shutdown.
+		// The DHT warns on every refresh while its table is empty, and identify on every
+		// connection closed under it; both are normal for the first node of a mesh and
+		// during shutdown.
 		golog.SetLogLevel("dht/RtRefreshManager", "error")
+		golog.SetLogLevel("net/identify", "error")
 	}
 	gologshim.SetDefaultHandler(golog.SlogHandler())
 }
