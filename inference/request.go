@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"strings"
 	"unicode/utf8"
 )
@@ -212,6 +213,19 @@ const (
 	defaultMaxModelBytes   = 256       // bytes
 	defaultMaxStopBytes    = 256       // bytes
 )
+
+// NoSizeLimits makes Validate check only meaning (roles, ranges, UTF-8), not size. Backends
+// use it: sizes are the API's and the peer protocol's policy, and a backend's own bound is
+// its context window (or its upstream's limits).
+func NoSizeLimits() Limits {
+	return Limits{
+		MaxMessages:     math.MaxInt,
+		MaxContentBytes: math.MaxInt,
+		MaxTokens:       math.MaxInt,
+		MaxModelBytes:   math.MaxInt,
+		MaxStopBytes:    math.MaxInt,
+	}
+}
 
 // DefaultLimits returns the default limits with every field spelled out.
 func DefaultLimits() Limits {

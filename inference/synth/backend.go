@@ -3,7 +3,6 @@ package synth
 import (
 	"context"
 	"fmt"
-	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -145,7 +144,7 @@ func (b *Backend) Generate(ctx context.Context, req *inference.Request, emit fun
 	if err != nil {
 		return inference.Result{}, err
 	}
-	if err := req.Validate(noSizeLimits()); err != nil {
+	if err := req.Validate(inference.NoSizeLimits()); err != nil {
 		return inference.Result{}, err
 	}
 	p := m.preset
@@ -212,16 +211,4 @@ func emitAll(emit func(inference.Token) error, toks []inference.Token) error {
 		}
 	}
 	return nil
-}
-
-// noSizeLimits makes Validate check only meaning (roles, ranges, UTF-8), not size: sizes
-// are the API's and the peer protocol's policy, and the context window bounds the work here.
-func noSizeLimits() inference.Limits {
-	return inference.Limits{
-		MaxMessages:     math.MaxInt,
-		MaxContentBytes: math.MaxInt,
-		MaxTokens:       math.MaxInt,
-		MaxModelBytes:   math.MaxInt,
-		MaxStopBytes:    math.MaxInt,
-	}
 }

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -225,7 +224,7 @@ func (b *Backend) Generate(ctx context.Context, req *inference.Request, emit fun
 		return inference.Result{}, inference.Errorf(inference.CodeModelNotFound,
 			"model %q is not served here (serving %s)", req.Model, strings.Join(b.names, ", "))
 	}
-	if err := req.Validate(noSizeLimits()); err != nil {
+	if err := req.Validate(inference.NoSizeLimits()); err != nil {
 		return inference.Result{}, err
 	}
 	body, err := json.Marshal(chatRequest{
@@ -363,17 +362,5 @@ func (w *watchdog) stop() {
 	w.first.Stop()
 	if w.idle != nil {
 		w.idle.Stop()
-	}
-}
-
-// noSizeLimits makes Validate check only meaning (roles, ranges, UTF-8), not size: sizes are
-// the API's and the peer protocol's policy, and the upstream enforces its own.
-func noSizeLimits() inference.Limits {
-	return inference.Limits{
-		MaxMessages:     math.MaxInt,
-		MaxContentBytes: math.MaxInt,
-		MaxTokens:       math.MaxInt,
-		MaxModelBytes:   math.MaxInt,
-		MaxStopBytes:    math.MaxInt,
 	}
 }
