@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/mesh/caps"
 	"github.com/meshinfer/meshinfer/mesh/route"
 	"github.com/meshinfer/meshinfer/reputation"
 	"github.com/meshinfer/meshinfer/transport/infer"
@@ -39,7 +40,7 @@ func (d dispatcher) Models(ctx context.Context) []openai.Model {
 	if d.n.backend != nil {
 		if local, err := d.n.backend.Models(ctx); err == nil {
 			for _, m := range local {
-				add(m.Name, "local", m.Warm)
+				add(m.Name, route.Target{Local: true}.String(), m.Warm)
 			}
 		}
 	}
@@ -48,7 +49,7 @@ func (d dispatcher) Models(ctx context.Context) []openai.Model {
 			continue
 		}
 		for _, m := range e.Vector.Models {
-			add(m.Name, "peer:"+e.Peer.String(), m.State == "warm")
+			add(m.Name, route.Target{Peer: e.Peer}.String(), m.State == caps.ModelWarm)
 		}
 	}
 	slices.Sort(order)

@@ -209,7 +209,7 @@ func (n *Node) start() error {
 		n.closers = append(n.closers, n.api.Close)
 	}
 	if cfg.ConsoleAddr != ConsoleOff {
-		n.console, err = console.New(cfg.ConsoleAddr, cfg.ConsolePublic, consoleSource{n})
+		n.console, err = console.New(cfg.ConsoleAddr, cfg.ConsolePublic, n)
 		if err != nil {
 			return err
 		}

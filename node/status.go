@@ -6,15 +6,6 @@ import (
 	"github.com/meshinfer/meshinfer/node/console"
 )
 
-// consoleSource adapts a Node to console.Source.
-type consoleSource struct{ n *Node }
-
-func (s consoleSource) Ready() bool { return s.n.Ready() }
-
-func (s consoleSource) Status() console.Status { return s.n.Status() }
-
-func (s consoleSource) Peers() []console.Peer { return s.n.Peers() }
-
 // Status is the snapshot served at /api/status.
 func (n *Node) Status() console.Status {
 	now := n.cfg.Now()

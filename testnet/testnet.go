@@ -2,7 +2,9 @@
 // testnet`, `make run`, integration tests and benchmarks.
 //
 // Node 0 has the bootstrap role. Every other node bootstraps to node 0 and to up to two
-// random nodes started before it, so the mesh does not hang on one hub. Nodes listen on
+// random nodes already running when its start wave begins (nodes start Parallel at a time),
+// so a large mesh does not hang on one hub; a small one (≤ Parallel+1 nodes) is a star
+// around node 0 plus what discovery adds. Nodes listen on
 // 127.0.0.1 TCP and QUIC with OS-chosen ports; consoles listen on ConsoleBase+i (or
 // OS-chosen ports when ConsoleBase is 0), and OpenAI APIs on APIBase+i likewise. Nodes
 // serve different synthetic models (DefaultModels), so some requests must cross the mesh.

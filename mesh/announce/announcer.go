@@ -115,8 +115,8 @@ func New(h host.Host, ps *pubsub.PubSub, key crypto.PrivKey, reg *registry.Regis
 		seq: uint64(max(p.Now().UnixMilli(), 1)),
 	}
 	a.val.newer = func(id peer.ID, seq uint64) bool {
-		e, ok := reg.Get(id, p.Now())
-		return ok && e.Vector.Seq > seq
+		have, ok := reg.Seq(id)
+		return ok && have > seq
 	}
 	name := Topic(p.Mesh)
 	if err := ps.RegisterTopicValidator(name, pubsub.ValidatorEx(a.val.Validate)); err != nil {

@@ -19,7 +19,8 @@
 //	bad, missing or foreign-key signature                          Reject
 //	signed author of the pubsub message ≠ vector's peer_id         Reject (A announcing B)
 //	expired, or issued more than 5 min ahead (clock_skew)          Ignore (may be a slow relay)
-//	seq ≤ the highest seq accepted from that peer                  Ignore (replay)
+//	seq ≤ the highest seq accepted from that peer, or below the    Ignore (replay)
+//	seq the registry holds for it (vectors pulled by sync)
 //	otherwise                                                      Accept
 //
 // The per-peer seq high-water mark lives here, not in GossipSub's seen-cache, so a replay is
@@ -27,7 +28,8 @@
 // changes any state. Ordering uses seq only, never the remote timestamps.
 //
 // Pull on join: when a peer joins the topic, the Announcer also pulls the vectors that peer
-// knows over SyncProtocol (see sync.go), each checked exactly like an announcement. A newcomer
+// knows over SyncProtocol (see sync.go), each checked like an announcement (signature,
+// bounds, expiry, no rollback). A newcomer
 // thereby learns the whole mesh from its first neighbours within a second, instead of from
 // each node's next heartbeat, and a GossipSub message lost between mesh peers (GossipSub does
 // not repair losses to mesh peers) is made good at the next join.

@@ -149,7 +149,7 @@ func (a *Announcer) acceptSynced(data []byte) (bool, error) {
 	// Most of a sync answer is already known: skip the signature check (the dominant cost)
 	// for a vector whose seq the registry already holds. Decode still bounds-checks.
 	if v, err := caps.Decode(data); err == nil {
-		if author, err := peer.Decode(v.PeerID); err == nil && (author == a.h.ID() || a.known(author, v.Seq, now)) {
+		if author, err := peer.Decode(v.PeerID); err == nil && (author == a.h.ID() || a.known(author, v.Seq)) {
 			return false, nil
 		}
 	}
@@ -179,9 +179,9 @@ func (a *Announcer) acceptSynced(data []byte) (bool, error) {
 }
 
 // known reports whether the registry already holds p's vector at seq or later.
-func (a *Announcer) known(p peer.ID, seq uint64, now time.Time) bool {
-	e, ok := a.reg.Get(p, now)
-	return ok && e.Vector.Seq >= seq
+func (a *Announcer) known(p peer.ID, seq uint64) bool {
+	have, ok := a.reg.Seq(p)
+	return ok && have >= seq
 }
 
 // syncLoop syncs from peers queued by joinLoop, one at a time. Exits when ctx is done.

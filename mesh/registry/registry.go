@@ -155,6 +155,18 @@ func (r *Registry) Get(p peer.ID, now time.Time) (Entry, bool) {
 	return r.entryLocked(p, e, now), true
 }
 
+// Seq returns the seq of p's stored vector without copying it; hot paths (validation, sync)
+// compare against it on every message.
+func (r *Registry) Seq(p peer.ID) (uint64, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.entries[p]
+	if !ok {
+		return 0, false
+	}
+	return e.vec.Seq, true
+}
+
 // Entries returns every known peer, sorted by peer ID.
 func (r *Registry) Entries(now time.Time) []Entry {
 	r.mu.Lock()
