@@ -48,6 +48,11 @@ type ModelInfo struct {
 	Name string `json:"name"`
 	// Warm is true once the model is loaded: a request then pays no cold start.
 	Warm bool `json:"warm"`
+	// Deterministic is true when the output is a function of (model, messages, seed,
+	// temperature, top_p, max_tokens, stop) alone, so that a cut stream can be resumed
+	// elsewhere by regenerating and skipping what was sent. The synthetic presets are; an
+	// upstream API is not assumed to be.
+	Deterministic bool `json:"deterministic"`
 }
 
 // Backend runs inference for the models it serves. Implementations are safe for concurrent

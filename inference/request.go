@@ -144,6 +144,9 @@ type Request struct {
 	// Stream asks the API for server-sent events instead of one JSON body. Backends always
 	// stream; this only changes how the API answers.
 	Stream bool `json:"stream,omitempty"`
+	// Prefs are the routing preferences, resolved by the API (body, headers, node
+	// defaults). They steer this node's router and never travel to a peer.
+	Prefs Prefs `json:"-"`
 }
 
 // EffectiveMaxTokens is the completion budget: MaxCompletionTokens if set, else MaxTokens if
@@ -263,8 +266,8 @@ func (l Limits) withDefaults() Limits {
 func (r *Request) Validate(limits Limits) error {
 	l := limits.withDefaults()
 	switch {
-	case r.Model == "":
-		return invalid("model is required")
+	case r.Model == "" && r.Prefs.Route != RouteAuto:
+		return invalid("model is required (or ask the router to choose with route auto)")
 	case len(r.Model) > l.MaxModelBytes:
 		return invalid("model name is %d bytes, limit %d", len(r.Model), l.MaxModelBytes)
 	case !utf8.ValidString(r.Model):

@@ -9,6 +9,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/node/console"
 	"github.com/meshinfer/meshinfer/transport/openai"
 )
@@ -42,6 +43,12 @@ const (
 	BackendOpenAI = "openai"
 	// DefaultUpstreamKeyEnv is the environment variable the upstream's API key is read from.
 	DefaultUpstreamKeyEnv = "MESHINFER_UPSTREAM_KEY"
+	// DefaultCloudKeyEnv names the environment variable holding the cloud tier's API key.
+	DefaultCloudKeyEnv = "MESHINFER_CLOUD_KEY"
+	// DefaultCloudUSDPerMTok is what the router assumes the cloud costs (USD per million
+	// tokens, prompt and completion) when --cloud-cost is not given: a small non-zero price,
+	// so that cost-first requests stay on this device and the mesh when they can.
+	DefaultCloudUSDPerMTok = 1.0
 	// DefaultHeartbeat is the capability re-announcement period (see mesh/announce).
 	DefaultHeartbeat = 15 * time.Second
 	// DefaultConnsLow and DefaultConnsHigh are the connection manager's water marks: trimming
@@ -86,6 +93,9 @@ type Config struct {
 	// the upstream's model names with BackendOpenAI (at least one). None (synth only) means
 	// the node serves nothing itself and routes every request to peers.
 	Models []string
+	// SynthLoadDelay is added to every synthetic model's load, standing for reading weights
+	// from disk (synth.WithLoadDelay): the testnet uses it to show real-length cold starts.
+	SynthLoadDelay time.Duration
 	// Backend is what serves Models: BackendSynth or BackendOpenAI. Default: BackendSynth.
 	Backend string
 	// Upstream is the base URL of the OpenAI-compatible server (llama-server, Ollama, vLLM, a
@@ -95,6 +105,20 @@ type Config struct {
 	// UpstreamKeyEnv names the environment variable holding the upstream's API key, sent as a
 	// bearer token; unset or empty sends none. Default: DefaultUpstreamKeyEnv.
 	UpstreamKeyEnv string
+	// Prefs are the routing preferences of a request that gives none (in the body or the
+	// X-Meshinfer-* headers). Empty fields: inference.DefaultPrefs (mesh, balanced, explicit).
+	Prefs inference.Prefs
+	// CloudURL is the base URL of the cloud tier, an OpenAI-compatible API; "" means no
+	// cloud tier. Only requests whose privacy is "any" may go there.
+	CloudURL string
+	// CloudKeyEnv names the environment variable holding the cloud's API key (bearer
+	// token). Default: DefaultCloudKeyEnv.
+	CloudKeyEnv string
+	// CloudModels are the model names the cloud is asked for. At least one with CloudURL.
+	CloudModels []string
+	// CloudUSDPerMTok is the cloud's price per million tokens, for cost and balanced
+	// routing. Default: DefaultCloudUSDPerMTok.
+	CloudUSDPerMTok float64
 	// APIAddr is the OpenAI-compatible API's listen address; APIOff disables it. Default:
 	// DefaultAPIAddr. A non-loopback address is refused unless APIPublic is set.
 	APIAddr   string
@@ -165,6 +189,25 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.UpstreamKeyEnv == "" {
 		cfg.UpstreamKeyEnv = DefaultUpstreamKeyEnv
+	}
+	cfg.Prefs = cfg.Prefs.Or(inference.DefaultPrefs())
+	if err := cfg.Prefs.Validate(); err != nil {
+		return cfg, fmt.Errorf("default routing preferences: %w", err)
+	}
+	if cfg.CloudURL != "" && len(cfg.CloudModels) == 0 {
+		return cfg, fmt.Errorf("cloud %q needs at least one model name it serves (--cloud-model NAME)", cfg.CloudURL)
+	}
+	if cfg.CloudURL == "" && len(cfg.CloudModels) > 0 {
+		return cfg, fmt.Errorf("cloud models %v given without a cloud (--cloud-url URL)", cfg.CloudModels)
+	}
+	if cfg.CloudKeyEnv == "" {
+		cfg.CloudKeyEnv = DefaultCloudKeyEnv
+	}
+	if cfg.CloudUSDPerMTok == 0 {
+		cfg.CloudUSDPerMTok = DefaultCloudUSDPerMTok
+	}
+	if cfg.CloudUSDPerMTok < 0 {
+		return cfg, fmt.Errorf("cloud cost %v USD per million tokens is negative", cfg.CloudUSDPerMTok)
 	}
 	if cfg.APIAddr == "" {
 		cfg.APIAddr = DefaultAPIAddr

@@ -16,6 +16,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"sync"
 	"time"
@@ -31,6 +33,7 @@ import (
 	ma "github.com/multiformats/go-multiaddr"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/inference/localonly"
 	"github.com/meshinfer/meshinfer/inference/synth"
 	"github.com/meshinfer/meshinfer/inference/upstream"
 	"github.com/meshinfer/meshinfer/mesh/announce"
@@ -40,6 +43,7 @@ import (
 	"github.com/meshinfer/meshinfer/mesh/registry"
 	"github.com/meshinfer/meshinfer/node/console"
 	"github.com/meshinfer/meshinfer/reputation"
+	"github.com/meshinfer/meshinfer/transport"
 	"github.com/meshinfer/meshinfer/transport/infer"
 	"github.com/meshinfer/meshinfer/transport/openai"
 )
@@ -68,6 +72,8 @@ type Node struct {
 	rep       *reputation.Store
 	backend   inference.Backend // nil when the node serves no model itself
 	infer     *infer.Server
+	router    *dispatcher     // routes API requests that may leave this device
+	gate      *localonly.Gate // serves local-only API requests; holds no network handle
 	api       *openai.Server
 
 	closers   []func() error // in start order; Close runs them backwards
@@ -163,7 +169,7 @@ func (n *Node) start() error {
 		n.backend = ub
 		n.closers = append(n.closers, ub.Close)
 	case len(cfg.Models) > 0:
-		sb, err := synth.New(cfg.Models...)
+		sb, err := synth.NewWith(cfg.Models, []synth.Option{synth.WithLoadDelay(cfg.SynthLoadDelay)})
 		if err != nil {
 			return fmt.Errorf("models: %w", err)
 		}
@@ -202,8 +208,21 @@ func (n *Node) start() error {
 	n.closers = append(n.closers, n.disc.Close)
 
 	if cfg.APIAddr != APIOff {
-		d := dispatcher{n: n, client: infer.NewClient(h)}
-		if n.api, err = openai.New(cfg.APIAddr, d, openai.WithPublic(cfg.APIPublic)); err != nil {
+		var cloud inference.Backend
+		if cfg.CloudURL != "" {
+			cb, err := upstream.New(cfg.CloudURL, cfg.CloudModels, upstream.WithAPIKey(os.Getenv(cfg.CloudKeyEnv)))
+			if err != nil {
+				return fmt.Errorf("cloud tier: %w", err)
+			}
+			cloud = cb
+			n.closers = append(n.closers, cb.Close)
+		}
+		n.router = newDispatcher(n, infer.NewClient(h), cloud, cfg.CloudModels, uint64(cfg.Now().UnixNano()))
+		n.closers = append(n.closers, n.router.Close) // after the API's close: no request left
+		n.gate = localonly.New(n.onDevice())
+		n.api, err = openai.New(cfg.APIAddr, n.router, openai.WithPublic(cfg.APIPublic),
+			openai.WithLocal(n.gate), openai.WithDefaultPrefs(cfg.Prefs))
+		if err != nil {
 			return err
 		}
 		n.closers = append(n.closers, n.api.Close)
@@ -217,6 +236,22 @@ func (n *Node) start() error {
 	}
 	log.Infow("node started", "peer", h.ID(), "mesh", cfg.Mesh)
 	return nil
+}
+
+// onDevice is the backend local-only requests may use: the synthetic one, or an upstream
+// server on this machine (loopback). An upstream elsewhere would carry the prompt off the
+// device, so local-only requests then get local_unavailable.
+func (n *Node) onDevice() inference.Backend {
+	if n.backend == nil {
+		return nil
+	}
+	if n.cfg.Backend == BackendOpenAI {
+		u, err := url.Parse(n.cfg.Upstream)
+		if err != nil || transport.CheckLoopback(net.JoinHostPort(u.Hostname(), "0")) != nil {
+			return nil
+		}
+	}
+	return n.backend
 }
 
 // maxPubsubMessage caps any GossipSub message this node will handle: capability vectors are
@@ -316,10 +351,11 @@ func (s vectorSource) Vector(now time.Time) caps.Vector {
 				if m.Warm {
 					state = caps.ModelWarm
 				}
-				models = append(models, caps.Model{Name: m.Name, State: state})
+				models = append(models, caps.Model{Name: m.Name, State: state, Deterministic: m.Deterministic})
 			}
 		}
-		load.InFlight = int(s.n.infer.Stats().InFlight)
+		st := s.n.infer.Stats()
+		load.InFlight, load.Capacity = int(st.InFlight), st.Capacity
 	}
 	return caps.Vector{
 		Runtime:  caps.RuntimeDesktop,

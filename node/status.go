@@ -40,8 +40,15 @@ func (n *Node) Status() console.Status {
 		inf.InFlight, inf.Served, inf.Failed = st.InFlight, st.Served, st.Failed
 		inf.Overloaded, inf.ClientDisconnected = st.Overloaded, st.ClientDisconnected
 	}
+	var routing console.Routing
+	if n.router != nil {
+		routing = n.router.routing()
+		gs := n.gate.Stats()
+		routing.LocalOnly = console.LocalOnly{Served: gs.Served, Refused: gs.Refused, Failed: gs.Failed}
+	}
 	return console.Status{
 		Inference: inf,
+		Routing:   routing,
 		RoutingAffinity: console.RoutingAffinity{TargetReputation: console.TargetReputation{
 			PenalizedTargets: rs.PenalizedTargets, RoutesPenalized: rs.RoutesPenalized,
 			CoolingTargets: rs.CoolingTargets, ExcludedPeers: rs.ExcludedPeers,
@@ -82,6 +89,8 @@ func (n *Node) Peers() []console.Peer {
 			Connected:  e.Connected,
 			Stale:      e.Stale,
 			AgeS:       e.Age(now).Seconds(),
+			Score:      n.rep.Score(e.Peer.String(), now),
+			Excluded:   n.rep.Excluded(e.Peer.String(), now),
 			Capability: e.Vector,
 		})
 	}

@@ -275,9 +275,10 @@ func (d localDispatcher) Models(ctx context.Context) []openai.Model {
 	return out
 }
 
-func (d localDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(string, inference.Token) error) (inference.Result, string, error) {
-	res, err := d.be.Generate(ctx, req, d.probe.wrap(req.Model, func(t inference.Token) error { return emit("local", t) }))
-	return res, "local", err
+func (d localDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(openai.Served, inference.Token) error) (inference.Result, openai.Served, error) {
+	at := openai.Served{Route: "local", Attempts: 1}
+	res, err := d.be.Generate(ctx, req, d.probe.wrap(req.Model, func(t inference.Token) error { return emit(at, t) }))
+	return res, at, err
 }
 
 // peerDispatcher serves every request through the peer protocol on one peer, as node's
@@ -292,9 +293,10 @@ type peerDispatcher struct {
 
 func (d peerDispatcher) Models(context.Context) []openai.Model { return d.models }
 
-func (d peerDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(string, inference.Token) error) (inference.Result, string, error) {
-	res, err := d.client.Generate(ctx, d.peer, req, d.probe.wrap(req.Model, func(t inference.Token) error { return emit(d.route, t) }))
-	return res, d.route, err
+func (d peerDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(openai.Served, inference.Token) error) (inference.Result, openai.Served, error) {
+	at := openai.Served{Route: d.route, Attempts: 1}
+	res, err := d.client.Generate(ctx, d.peer, req, d.probe.wrap(req.Model, func(t inference.Token) error { return emit(at, t) }))
+	return res, at, err
 }
 
 // ---------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -27,10 +28,13 @@ func TestDependencyDirection(t *testing.T) {
 	forbidden := map[string][]string{
 		"reputation": {"@project", "github.com/libp2p/", "github.com/pion/"},
 		"inference":  {"@project", "github.com/libp2p/", "github.com/pion/"},
-		"mesh":       {"transport", "node", "testnet", "cmd", "inference"},
-		"transport":  {"mesh", "node", "testnet", "cmd"},
-		"node":       {"testnet", "cmd"},
-		"testnet":    {"cmd"},
+		// mesh/route decides on an inference.Request: inference is a leaf of plain types
+		// (no libp2p, no I/O), so sharing it keeps one definition of a request and its
+		// preferences. mesh still never reaches transport.
+		"mesh":      {"transport", "node", "testnet", "cmd"},
+		"transport": {"mesh", "node", "testnet", "cmd"},
+		"node":      {"testnet", "cmd"},
+		"testnet":   {"cmd"},
 	}
 	checked := 0
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
@@ -64,4 +68,73 @@ func TestDependencyDirection(t *testing.T) {
 	if checked < 8 {
 		t.Fatalf("checked only %d packages: go list output unexpected:\n%s", checked, out)
 	}
+}
+
+// TestLocalOnlyPathDependencies enforces the privacy gate by structure: no package a
+// local-only request passes through can open a connection to a peer, because none of them
+// links the code that could. transport/infer is the control: it must be found to depend on
+// libp2p, so that a check that sees nothing cannot pass by accident.
+func TestLocalOnlyPathDependencies(t *testing.T) {
+	// The packages a local-only request passes through: the API, the domain types, the
+	// privacy gate and the built-in backend.
+	path := []string{
+		module + "/transport/openai",
+		module + "/inference",
+		module + "/inference/localonly",
+		module + "/inference/synth",
+	}
+	// What they must not depend on, even indirectly, each a package path and everything
+	// under it: the network stacks and the packages of the mesh that reach peers.
+	network := []string{
+		"github.com/libp2p",
+		"github.com/pion",
+		"github.com/multiformats",
+		module + "/mesh",
+		module + "/node",
+		module + "/transport/infer",
+		module + "/transport/frame",
+	}
+	found := depsUnder(t, network, path...)
+	for _, pkg := range path {
+		for _, dep := range found[pkg] {
+			t.Errorf("%s depends on %s: the local-only path must not link any network stack", pkg, dep)
+		}
+	}
+	control := module + "/transport/infer"
+	if deps := depsUnder(t, network, control)[control]; !slices.ContainsFunc(deps, func(d string) bool {
+		return strings.HasPrefix(d, "github.com/libp2p/")
+	}) {
+		t.Errorf("control %s shows no libp2p dependency (found %v): the check sees nothing", control, deps)
+	}
+}
+
+// depsUnder returns, for each of pkgs, its transitive dependencies that are or lie under one
+// of roots. Every package asked for has an entry.
+func depsUnder(t *testing.T, roots []string, pkgs ...string) map[string][]string {
+	t.Helper()
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	args := append([]string{"list", "-f", `{{.ImportPath}}{{range .Deps}} {{.}}{{end}}`}, pkgs...)
+	out, err := exec.Command(gobin, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	found := make(map[string][]string, len(pkgs))
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		pkg := fields[0]
+		found[pkg] = []string{}
+		for _, dep := range fields[1:] {
+			for _, root := range roots {
+				if dep == root || strings.HasPrefix(dep, root+"/") {
+					found[pkg] = append(found[pkg], dep)
+				}
+			}
+		}
+	}
+	for _, pkg := range pkgs {
+		if _, ok := found[pkg]; !ok {
+			t.Fatalf("go list said nothing about %s:\n%s", pkg, out)
+		}
+	}
+	return found
 }

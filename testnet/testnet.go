@@ -38,6 +38,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/meshinfer/meshinfer/inference/synth"
 	"github.com/meshinfer/meshinfer/node"
 )
 
@@ -60,6 +61,18 @@ type Options struct {
 	// Parallel is how many nodes start at once; 8 when 0. More saturates 2 cores with
 	// handshakes and slows everything.
 	Parallel int
+	// Cloud starts a stand-in cloud API (see Cloud) serving every synthetic preset, and
+	// makes it every node's cloud tier. CloudAddr is its listen address (127.0.0.1:0 when
+	// empty) and CloudLatency its added latency (DefaultCloudLatency when 0).
+	Cloud        bool
+	CloudAddr    string
+	CloudLatency time.Duration
+	// ColdStart is added to every synthetic model's load on the nodes (not the cloud's), so
+	// that cold starts last as long as a real model's (node.Config.SynthLoadDelay).
+	ColdStart time.Duration
+	// Configure, when set, adjusts node i's configuration last (tests: another backend, a
+	// default privacy).
+	Configure func(i int, cfg *node.Config)
 }
 
 // DefaultModels alternates synth-tiny and synth-small across the nodes, so a request for
@@ -74,6 +87,8 @@ func DefaultModels(i int) []string {
 // Testnet is a set of in-process nodes.
 type Testnet struct {
 	opts Options
+
+	cloud *Cloud // nil without Options.Cloud
 
 	mu    sync.Mutex
 	nodes []*node.Node // nil where stopped or killed
@@ -99,7 +114,27 @@ func New(opts Options) (*Testnet, error) {
 		opts.ModelsFor = DefaultModels
 	}
 	t := &Testnet{opts: opts, rng: mrand.New(mrand.NewPCG(opts.Seed, 0x6d657368))}
+	if opts.Cloud {
+		addr := opts.CloudAddr
+		if addr == "" {
+			addr = "127.0.0.1:0"
+		}
+		latency := opts.CloudLatency
+		if latency == 0 {
+			latency = DefaultCloudLatency
+		}
+		var models []string
+		for _, p := range synth.Presets() {
+			models = append(models, p.Name)
+		}
+		c, err := StartCloud(addr, latency, models...)
+		if err != nil {
+			return nil, err
+		}
+		t.cloud = c
+	}
 	if _, err := t.add(); err != nil {
+		t.Close()
 		return nil, err
 	}
 	for len(t.nodes) < opts.Nodes {
@@ -138,22 +173,29 @@ func (t *Testnet) add() (int, error) {
 		return 0, fmt.Errorf("node %d identity: %w", idx, err)
 	}
 	cfg := node.Config{
-		Identity:    key,
-		Mesh:        t.opts.Mesh,
-		ListenAddrs: []string{"/ip4/127.0.0.1/tcp/0", "/ip4/127.0.0.1/udp/0/quic-v1"},
-		Bootstrap:   boot,
-		ConsoleAddr: t.consoleAddr(idx),
-		APIAddr:     t.apiAddr(idx),
-		Models:      t.opts.ModelsFor(idx),
-		Heartbeat:   t.opts.Heartbeat,
-		ConnsLow:    t.opts.ConnsLow,
-		ConnsHigh:   t.opts.ConnsHigh,
-		Loopback:    true,
-		ProbeRoot:   t.opts.ProbeRoot,
-		Version:     t.opts.Version,
+		Identity:       key,
+		Mesh:           t.opts.Mesh,
+		ListenAddrs:    []string{"/ip4/127.0.0.1/tcp/0", "/ip4/127.0.0.1/udp/0/quic-v1"},
+		Bootstrap:      boot,
+		ConsoleAddr:    t.consoleAddr(idx),
+		APIAddr:        t.apiAddr(idx),
+		Models:         t.opts.ModelsFor(idx),
+		Heartbeat:      t.opts.Heartbeat,
+		ConnsLow:       t.opts.ConnsLow,
+		ConnsHigh:      t.opts.ConnsHigh,
+		Loopback:       true,
+		ProbeRoot:      t.opts.ProbeRoot,
+		SynthLoadDelay: t.opts.ColdStart,
+		Version:        t.opts.Version,
 	}
 	if idx == 0 {
 		cfg.Roles = []node.Role{node.RoleBootstrap}
+	}
+	if t.cloud != nil {
+		cfg.CloudURL, cfg.CloudModels = t.cloud.URL(), t.cloud.Models()
+	}
+	if t.opts.Configure != nil {
+		t.opts.Configure(idx, &cfg)
 	}
 	n, err := node.New(cfg)
 	if err != nil {
@@ -271,6 +313,9 @@ func (t *Testnet) take(i int) *node.Node {
 	return n
 }
 
+// Cloud is the stand-in cloud, or nil when Options.Cloud is off.
+func (t *Testnet) Cloud() *Cloud { return t.cloud }
+
 // Converged reports whether every running node holds a fresh (not stale) verified vector
 // of every other running node.
 func (t *Testnet) Converged() bool {
@@ -323,6 +368,9 @@ func (t *Testnet) Close() error {
 		if nodes[i] != nil {
 			errs = append(errs, nodes[i].Close())
 		}
+	}
+	if t.cloud != nil {
+		errs = append(errs, t.cloud.Close())
 	}
 	return errors.Join(errs...)
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/node"
 )
 
@@ -24,11 +25,16 @@ Examples:
   meshinfer node
   meshinfer node --role bootstrap --listen /ip4/0.0.0.0/tcp/4001
   meshinfer node --bootstrap /ip4/192.0.2.7/tcp/4001/p2p/12D3KooW...
-  meshinfer node --backend openai --upstream http://127.0.0.1:8080 --model qwen2.5-0.5b`
+  meshinfer node --backend openai --upstream http://127.0.0.1:8080 --model qwen2.5-0.5b
+  meshinfer node --cloud-url https://api.example.com --cloud-model gpt-4o-mini --privacy any
+
+Routing: each request goes to this device, a peer, or the cloud, from its preferences (the
+body's "meshinfer" object or the X-Meshinfer-Privacy / X-Meshinfer-Priority headers), with
+--privacy and --priority as the defaults. local-only requests never leave this device.`
 
 func runNode(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("node", nodeSynopsis, stderr)
-	var listen, boots, models listFlag
+	var listen, boots, models, cloudModels listFlag
 	dataDir := fs.String("data-dir", "", "where the identity key lives (default $XDG_DATA_HOME/meshinfer, else ~/.local/share/meshinfer)")
 	mesh := fs.String("mesh", node.DefaultMesh, "mesh to join; nodes of different meshes never see each other")
 	role := fs.String("role", string(node.RoleContributor), "contributor, or bootstrap (DHT server, relay and AutoNAT service for others)")
@@ -47,6 +53,12 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	connsLow := fs.Int("conns-low", node.DefaultConnsLow, "connection manager low water mark")
 	connsHigh := fs.Int("conns-high", node.DefaultConnsHigh, "connection manager high water mark")
 	probeRoot := fs.String("probe-root", "/", "filesystem root under which /proc and /sys are read (for tests)")
+	privacy := fs.String("privacy", string(inference.PrivacyMesh), "default privacy of a request that sets none: local-only (never leaves this device), mesh (this device or peers) or any (the cloud too, with --cloud-url)")
+	priority := fs.String("priority", string(inference.PriorityBalanced), "default priority of a request that sets none: cost, latency or balanced")
+	cloudURL := fs.String("cloud-url", "", "base URL of an OpenAI-compatible cloud API, the fallback tier for requests whose privacy is any")
+	cloudKeyEnv := fs.String("cloud-key-env", node.DefaultCloudKeyEnv, "environment variable holding the cloud's API key, sent as a bearer token (unset: none)")
+	fs.Var(&cloudModels, "cloud-model", "model the cloud serves, repeatable (required with --cloud-url)")
+	cloudCost := fs.Float64("cloud-cost", node.DefaultCloudUSDPerMTok, "the cloud's price in USD per million tokens, for cost and balanced routing")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -67,6 +79,14 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 		Version:       version,
 	}
 	cfg.Backend, cfg.Upstream, cfg.UpstreamKeyEnv = *backend, *upstreamURL, *upstreamKeyEnv
+	cfg.Prefs = inference.Prefs{Privacy: inference.Privacy(*privacy), Priority: inference.Priority(*priority)}
+	if err := cfg.Prefs.Validate(); err != nil {
+		if e, ok := errors.AsType[*inference.Error](err); ok {
+			err = errors.New(e.Message)
+		}
+		return fmt.Errorf("--privacy/--priority: %w", err)
+	}
+	cfg.CloudURL, cfg.CloudKeyEnv, cfg.CloudModels, cfg.CloudUSDPerMTok = *cloudURL, *cloudKeyEnv, cloudModels, *cloudCost
 	roles, err := parseRoles(*role)
 	if err != nil {
 		return err
@@ -98,6 +118,10 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "  models   %s\n", strings.Join(cfg.Models, ", "))
 	if cfg.Backend == node.BackendOpenAI {
 		fmt.Fprintf(stdout, "  upstream %s\n", cfg.Upstream)
+	}
+	fmt.Fprintf(stdout, "  routing  privacy %s, priority %s by default\n", cfg.Prefs.Or(inference.DefaultPrefs()).Privacy, cfg.Prefs.Or(inference.DefaultPrefs()).Priority)
+	if cfg.CloudURL != "" {
+		fmt.Fprintf(stdout, "  cloud    %s (%s) for requests with privacy any\n", cfg.CloudURL, strings.Join(cfg.CloudModels, ", "))
 	}
 	if a := n.APIAddr(); a != "" {
 		fmt.Fprintf(stdout, "  api      http://%s/v1   (try: meshinfer chat --api http://%s \"hello\")\n", a, a)

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/meshinfer/meshinfer/inference"
 )
@@ -16,7 +17,18 @@ import (
 type Backend struct {
 	names  []string          // served models, in New's order
 	models map[string]*model // read-only after New
+	// loadDelay is added to every load (WithLoadDelay).
+	loadDelay time.Duration
 }
+
+// Option configures a Backend.
+type Option func(*Backend)
+
+// WithLoadDelay adds d to every model load, standing for reading weights from disk: the
+// presets materialize in milliseconds, a real model takes seconds, and a testnet that shows
+// cold starts (speculative dispatch racing a cold model) needs them as long as real ones.
+// The wait ends early, with the model still cold, when the load's context ends.
+func WithLoadDelay(d time.Duration) Option { return func(b *Backend) { b.loadDelay = d } }
 
 var _ inference.Backend = (*Backend)(nil)
 
@@ -27,6 +39,8 @@ type model struct {
 
 	// loads counts materializations started, for tests of load-once.
 	loads atomic.Int64
+	// delay is the backend's load delay (WithLoadDelay).
+	delay time.Duration
 
 	mu sync.Mutex
 	// w is non-nil once the weights are loaded; they never change after that.
@@ -37,7 +51,10 @@ type model struct {
 
 // New returns a backend serving the named presets, cold: no weights are materialized until
 // the first request for a model or a call to Load. Unknown or repeated names are an error.
-func New(models ...string) (*Backend, error) {
+func New(models ...string) (*Backend, error) { return NewWith(models, nil) }
+
+// NewWith is New with options.
+func NewWith(models []string, opts []Option) (*Backend, error) {
 	if len(models) == 0 {
 		return nil, fmt.Errorf("synth: no models given (known: %s)", presetNames())
 	}
@@ -53,6 +70,12 @@ func New(models ...string) (*Backend, error) {
 		b.names = append(b.names, name)
 		b.models[name] = &model{preset: p, tok: newTokenizer(p.Vocab)}
 	}
+	for _, o := range opts {
+		o(b)
+	}
+	for _, m := range b.models {
+		m.delay = b.loadDelay
+	}
 	return b, nil
 }
 
@@ -65,7 +88,7 @@ func (b *Backend) Models(ctx context.Context) ([]inference.ModelInfo, error) {
 		m.mu.Lock()
 		warm := m.w != nil
 		m.mu.Unlock()
-		infos = append(infos, inference.ModelInfo{Name: name, Warm: warm})
+		infos = append(infos, inference.ModelInfo{Name: name, Warm: warm, Deterministic: true})
 	}
 	return infos, nil
 }
@@ -120,6 +143,15 @@ func (m *model) load(ctx context.Context) (*weights, error) {
 
 		m.loads.Add(1)
 		w, err := materialize(ctx, m.preset)
+		if err == nil && m.delay > 0 {
+			t := time.NewTimer(m.delay)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				w, err = nil, ctx.Err()
+			}
+			t.Stop()
+		}
 
 		m.mu.Lock()
 		m.w = w // nil on error: the model stays cold

@@ -245,7 +245,7 @@ func TestNew(t *testing.T) {
 	}
 	b := newBackend(t, "synth-small", "synth-tiny")
 	infos, err := b.Models(context.Background())
-	want := []inference.ModelInfo{{Name: "synth-small"}, {Name: "synth-tiny"}}
+	want := []inference.ModelInfo{{Name: "synth-small", Deterministic: true}, {Name: "synth-tiny", Deterministic: true}}
 	if err != nil || !slices.Equal(infos, want) {
 		t.Errorf("Models = %v, %v; want %v", infos, err, want)
 	}
@@ -445,5 +445,29 @@ func TestStop(t *testing.T) {
 		if !slices.Equal(toks, full) || res.FinishReason != inference.FinishLength {
 			t.Errorf("absent stop string changed the output: %q %s", text(toks), res.FinishReason)
 		}
+	}
+}
+
+func TestLoadDelay(t *testing.T) {
+	b, err := NewWith([]string{"synth-tiny"}, []Option{WithLoadDelay(300 * time.Millisecond)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := b.Load(context.Background(), "synth-tiny"); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took < 300*time.Millisecond {
+		t.Fatalf("load took %v, want at least the 300ms delay", took)
+	}
+	// A load whose context ends during the delay leaves the model cold.
+	b, _ = NewWith([]string{"synth-tiny"}, []Option{WithLoadDelay(time.Hour)})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := b.Load(ctx, "synth-tiny"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("load error %v, want deadline exceeded", err)
+	}
+	if infos, _ := b.Models(context.Background()); infos[0].Warm {
+		t.Fatal("model warm after an abandoned load")
 	}
 }

@@ -111,7 +111,7 @@ func TestAPIKeyHeader(t *testing.T) {
 		if key != "" {
 			want = "Bearer " + key
 		}
-		api := openai.Handler(newDispatcher(t), inference.Limits{})
+		api := openai.Handler(newDispatcher(t))
 		var seen atomic.Int64
 		srv := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			seen.Add(1)

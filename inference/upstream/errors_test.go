@@ -107,7 +107,7 @@ func TestErrorMapping(t *testing.T) {
 			if tt.hook != nil {
 				tt.hook(d)
 			}
-			base = serve(t, openai.Handler(d, tt.limits)).URL
+			base = serve(t, openai.Handler(d, openai.WithLimits(tt.limits))).URL
 		}
 		model := cmpOr(tt.model, testModel)
 		b := newBackend(t, base, []string{model}, tt.opts...)
@@ -144,7 +144,7 @@ func cmpOr(s, def string) string {
 // a request to the upstream.
 func TestRefusedWithoutContactingUpstream(t *testing.T) {
 	var contacted atomic.Int64
-	api := openai.Handler(newDispatcher(t), inference.Limits{})
+	api := openai.Handler(newDispatcher(t))
 	srv := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		contacted.Add(1)
 		api.ServeHTTP(w, r)

@@ -49,14 +49,15 @@ func (d *synthDispatcher) Models(ctx context.Context) []openai.Model {
 	return out
 }
 
-func (d *synthDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(string, inference.Token) error) (inference.Result, string, error) {
+func (d *synthDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(openai.Served, inference.Token) error) (inference.Result, openai.Served, error) {
+	at := openai.Served{Route: "local", Attempts: 1}
 	if d.before != nil {
 		if err := d.before(ctx); err != nil {
-			return inference.Result{}, "local", err
+			return inference.Result{}, at, err
 		}
 	}
 	res, err := d.b.Generate(ctx, req, func(t inference.Token) error {
-		if err := emit("local", t); err != nil {
+		if err := emit(at, t); err != nil {
 			return err
 		}
 		if d.after != nil {
@@ -64,7 +65,7 @@ func (d *synthDispatcher) Generate(ctx context.Context, req *inference.Request, 
 		}
 		return nil
 	})
-	return res, "local", err
+	return res, at, err
 }
 
 // serve runs h on a loopback httptest server for the test's duration.
@@ -78,7 +79,7 @@ func serve(t testing.TB, h http.Handler) *httptest.Server {
 // serveAPI runs our own OpenAI-compatible API over d: the real upstream server.
 func serveAPI(t testing.TB, d openai.Dispatcher) *httptest.Server {
 	t.Helper()
-	return serve(t, openai.Handler(d, inference.Limits{}))
+	return serve(t, openai.Handler(d))
 }
 
 // newBackend is upstream.New that fails the test on error and closes the backend at its end.

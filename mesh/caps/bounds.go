@@ -122,8 +122,9 @@ func (v *Vector) Validate() error {
 			return bad("model %q state %q unknown", m.Name, m.State)
 		}
 	}
-	if v.Load.InFlight < 0 || v.Load.InFlight > MaxLoad || v.Load.Queue < 0 || v.Load.Queue > MaxLoad {
-		return bad("load in_flight %d queue %d out of range", v.Load.InFlight, v.Load.Queue)
+	if v.Load.InFlight < 0 || v.Load.InFlight > MaxLoad || v.Load.Queue < 0 || v.Load.Queue > MaxLoad ||
+		v.Load.Capacity < 0 || v.Load.Capacity > MaxLoad {
+		return bad("load in_flight %d capacity %d queue %d out of range", v.Load.InFlight, v.Load.Capacity, v.Load.Queue)
 	}
 	if v.Seq == 0 {
 		return bad("seq must be positive")

@@ -70,11 +70,16 @@ type Net struct {
 type Model struct {
 	Name  string `json:"name"`
 	State string `json:"state"` // warm or cold
+	// Deterministic: the same request always gives the same tokens (the synthetic
+	// presets), so a stream cut on another node can be resumed here.
+	Deterministic bool `json:"deterministic,omitempty"`
 }
 
 // Load is the node's current work.
 type Load struct {
-	InFlight  int  `json:"in_flight"`
+	InFlight int `json:"in_flight"`
+	// Capacity is how many requests the node serves for peers at once (0: not said).
+	Capacity  int  `json:"capacity,omitempty"`
 	Queue     int  `json:"queue"`
 	Accepting bool `json:"accepting"`
 }

@@ -61,6 +61,8 @@ func (p *Prober) loop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-p.refresh:
+			t.Reset(p.gpuRefresh)
 		}
 	}
 }

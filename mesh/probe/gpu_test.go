@@ -258,3 +258,13 @@ func FuzzParseNVIDIASMI(f *testing.F) {
 		}
 	})
 }
+
+func TestRefreshRunsBeforeThePeriod(t *testing.T) {
+	// With an hour-long period only the first refresh would ever run; Refresh brings the next.
+	p := newProber(t, WithRoot(newTree(t, gpuTreeFiles)), WithGPUCommand(fakeCommand(t, "exit 1")),
+		WithGPURefresh(time.Hour))
+	waitGPU(t, p, refreshed(1))
+	p.Refresh()
+	p.Refresh() // folds into the pending one; never blocks
+	waitGPU(t, p, refreshed(2))
+}

@@ -46,6 +46,7 @@ type Prober struct {
 	cpu     caps.CPU // read once by cpuOnce, never modified after
 
 	cancel    context.CancelFunc
+	refresh   chan struct{} // Refresh's one-slot nudge to the GPU loop
 	wg        sync.WaitGroup
 	closeOnce sync.Once
 
@@ -128,6 +129,7 @@ func New(opts ...Option) (*Prober, error) {
 		gpuTimeout: cfg.gpuTimeout,
 		cancel:     cancel,
 		gpu:        gpuState{changed: make(chan struct{})},
+		refresh:    make(chan struct{}, 1),
 	}
 	p.wg.Add(1)
 	go p.loop(ctx) // returns when Close cancels ctx
@@ -149,6 +151,16 @@ func (p *Prober) Probe(now time.Time) Hardware {
 		RAM:     readMemory(p.root),
 		Battery: readBattery(p.root),
 		Thermal: readThermal(p.root),
+	}
+}
+
+// Refresh asks the background loop to re-probe the GPUs now instead of at its next period
+// (the router calls it when a route degrades: the hardware may have changed). Calls while a
+// refresh is pending fold into it; it never blocks.
+func (p *Prober) Refresh() {
+	select {
+	case p.refresh <- struct{}{}:
+	default:
 	}
 }
 

@@ -1,77 +1,199 @@
-// Package route decides where a request for a model is tried, and in what order.
-//
-// The rule today (the data-plane rule; the router with tiers, a privacy gate and
-// speculative dispatch replaces it): this node first when it serves the model, then the
-// peers whose latest verified capability vector announces the model and says they accept
-// work, minus peers the reputation store excludes (score < 40), in the store's order
-// (cooling targets dropped while another remains, then by local penalty).
-//
-// Plan is a pure function of its inputs and now. It must not import transport or node.
 package route
 
 import (
-	"slices"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
-	"github.com/meshinfer/meshinfer/mesh/caps"
 	"github.com/meshinfer/meshinfer/mesh/registry"
 	"github.com/meshinfer/meshinfer/reputation"
 )
 
+// Tier is where a target runs.
+type Tier string
+
+// Tiers, in the order that wins ties.
+const (
+	TierLocal Tier = "local" // this node's own backend
+	TierMesh  Tier = "mesh"  // a peer
+	TierCloud Tier = "cloud" // the configured cloud API
+)
+
+// CloudTarget is the cloud tier's key in the reputation store. Peer IDs are multihashes in
+// base58 or base32, so they never equal it.
+const CloudTarget = "cloud"
+
 // Target is one place a request can be served.
 type Target struct {
-	Local bool    // this node's own backend
-	Peer  peer.ID // set when !Local
+	Tier  Tier
+	Peer  peer.ID // TierMesh only
+	Model string  // the model to run there
 }
 
-// String is the route as the API reports it: "local" or "peer:<peer ID>".
+// String is the route as the API reports it: "local", "peer:<peer ID>" or "cloud".
 func (t Target) String() string {
-	if t.Local {
-		return "local"
+	if t.Tier == TierMesh {
+		return "peer:" + t.Peer.String()
 	}
-	return "peer:" + t.Peer.String()
+	return string(t.Tier)
 }
 
-// RepKey is the target's key in the reputation store.
+// RepKey is the target's key in the reputation store: reputation.LocalTarget, the peer ID
+// string, or CloudTarget.
 func (t Target) RepKey() string {
-	if t.Local {
+	switch t.Tier {
+	case TierLocal:
 		return reputation.LocalTarget
+	case TierMesh:
+		return t.Peer.String()
 	}
-	return t.Peer.String()
+	return CloudTarget
 }
 
-// Plan returns the targets to try for model, in order. localModels are the models this node's
-// backend serves; entries are the registry's peers.
-func Plan(model string, localModels []string, entries []registry.Entry, rep *reputation.Store, now time.Time) []Target {
-	var plan []Target
-	if slices.Contains(localModels, model) {
-		plan = append(plan, Target{Local: true})
-	}
-	var ids []string
-	for _, e := range entries {
-		if e.Stale || e.Vector == nil || !e.Vector.Load.Accepting || !announces(e, model) {
-			continue
-		}
-		if rep != nil && rep.Excluded(e.Peer.String(), now) {
-			continue
-		}
-		ids = append(ids, e.Peer.String())
-	}
-	if rep != nil {
-		ids = rep.Order(model, ids, reputation.Explicit, now)
-	}
-	for _, id := range ids {
-		p, err := peer.Decode(id)
-		if err != nil {
-			continue
-		}
-		plan = append(plan, Target{Peer: p})
-	}
-	return plan
+// LocalModel is one model this node's backend serves.
+type LocalModel struct {
+	Name          string
+	Warm          bool
+	Deterministic bool
+	TokensPerSec  float64       // measured on this node; 0 = unknown
+	ColdStart     time.Duration // expected load time when cold; 0 = unknown
 }
 
-func announces(e registry.Entry, model string) bool {
-	return slices.ContainsFunc(e.Vector.Models, func(m caps.Model) bool { return m.Name == model })
+// Local is this node's own backend.
+type Local struct {
+	Accepting bool // a backend exists and the node's policy lets it serve
+	Models    []LocalModel
+}
+
+// Peer is one peer of the registry as the router sees it.
+type Peer struct {
+	Entry registry.Entry // from the registry
+	RTT   time.Duration  // from the peerstore; 0 = unknown
+	// Key is Entry.Peer.String(), the peer's key in the reputation store, when the caller
+	// has it cached; "" makes Decide encode it. Encoding costs about 1.5 µs a peer, which
+	// over 1,000 peers is thirty times the decision's budget.
+	Key string
+}
+
+// Cloud is the cloud tier.
+type Cloud struct {
+	Enabled      bool          // configured, and privacy/consent checks are the caller's: Enabled means usable
+	Models       []string      // models the cloud serves; empty means any name may be tried
+	TTFT         time.Duration // measured time to first token (EWMA) or configured; 0 = Tuning default
+	TokensPerSec float64       // 0 = Tuning default
+	USDPerMTok   float64       // cost per million tokens, prompt + completion
+}
+
+// Tuning holds the router's estimates and limits. A zero (or negative) field takes
+// DefaultTuning's value.
+type Tuning struct {
+	DefaultTokensPerSec   float64       // when a tier's speed is unknown (tokens/s)
+	DefaultColdStart      time.Duration // when a cold model's load time is unknown
+	DefaultCloudTTFT      time.Duration // when the cloud's time to first token is unknown
+	BalancedSecondsPerUSD float64       // balanced priority counts 1 USD as this many seconds
+	MaxMeshAttempts       int           // peers in a plan
+	ColdFactor            float64       // weight multiplier for a peer whose model is cold
+}
+
+// Default tuning values.
+const (
+	// DefaultTokensPerSec (50 tokens/s) is what a 7–8B model quantised to 4 bits generates
+	// on a recent laptop GPU or Apple silicon: the common mesh node.
+	DefaultTokensPerSec = 50.0
+	// DefaultColdStart (2 s) is loading such a model (about 4 GiB) from a fast SSD.
+	DefaultColdStart = 2 * time.Second
+	// DefaultCloudTTFT (400 ms) is a hosted API's usual time to first token for a small
+	// model, network included.
+	DefaultCloudTTFT = 400 * time.Millisecond
+	// DefaultBalancedSecondsPerUSD (100 s/USD) makes one cent weigh as much as one second
+	// of waiting: a cheap cloud call beats a much slower free tier, an expensive one not.
+	DefaultBalancedSecondsPerUSD = 100.0
+	// DefaultMaxMeshAttempts (3 peers) rides out two failures in a row without queueing a
+	// long tail of timeouts behind the request.
+	DefaultMaxMeshAttempts = 3
+	// DefaultColdFactor (0.5) halves the share of a peer that would first have to load the
+	// model (about DefaultColdStart of extra latency) against one that has it warm.
+	DefaultColdFactor = 0.5
+)
+
+// DefaultTuning returns the default tuning.
+func DefaultTuning() Tuning {
+	return Tuning{
+		DefaultTokensPerSec:   DefaultTokensPerSec,
+		DefaultColdStart:      DefaultColdStart,
+		DefaultCloudTTFT:      DefaultCloudTTFT,
+		BalancedSecondsPerUSD: DefaultBalancedSecondsPerUSD,
+		MaxMeshAttempts:       DefaultMaxMeshAttempts,
+		ColdFactor:            DefaultColdFactor,
+	}
+}
+
+// withDefaults fills t's zero or negative fields from DefaultTuning. The comparisons are
+// written so that NaN takes the default too.
+func (t Tuning) withDefaults() Tuning {
+	d := DefaultTuning()
+	if !(t.DefaultTokensPerSec > 0) {
+		t.DefaultTokensPerSec = d.DefaultTokensPerSec
+	}
+	if t.DefaultColdStart <= 0 {
+		t.DefaultColdStart = d.DefaultColdStart
+	}
+	if t.DefaultCloudTTFT <= 0 {
+		t.DefaultCloudTTFT = d.DefaultCloudTTFT
+	}
+	if !(t.BalancedSecondsPerUSD > 0) {
+		t.BalancedSecondsPerUSD = d.BalancedSecondsPerUSD
+	}
+	if t.MaxMeshAttempts <= 0 {
+		t.MaxMeshAttempts = d.MaxMeshAttempts
+	}
+	if !(t.ColdFactor > 0) {
+		t.ColdFactor = d.ColdFactor
+	}
+	return t
+}
+
+// Snapshot is what the router knows at the moment of a decision. Decide reads it and
+// writes only Scratch.
+type Snapshot struct {
+	Local          Local
+	Peers          []Peer // distinct peers, as the registry lists them
+	Cloud          Cloud
+	Rep            *reputation.Store // nil: no reputation filtering/weighting (score 50, performance 1)
+	MeshUSDPerMTok float64           // cost of the mesh tier (0 by default)
+	Tune           Tuning            // zero fields take DefaultTuning's
+	Scratch        *Scratch          // working memory to reuse; nil: Decide allocates its own
+}
+
+// Scratch is working memory that Decide reuses from one call to the next, so that a
+// decision over 1,000 peers allocates a few hundred bytes instead of about 80 KB (about
+// 50 µs of allocation and page faults on a 2-core VM, the whole decision budget). Nothing
+// in a Decision refers to it. A Scratch serves one Decide call at a time: keep one per
+// goroutine, or in a sync.Pool. Its zero value is ready to use.
+type Scratch struct {
+	peers   []meshPeer // eligible peers
+	keys    []string   // reputation keys: eligible peers, then local and cloud
+	order   []string   // Rank's output
+	cands   []reputation.Candidate
+	pos     []int  // index in keys of each of Rank's outputs
+	placed  []bool // positions: keys matched by the forward walk
+	skipped map[string]int
+}
+
+// Estimate is what one tier would cost the request.
+type Estimate struct {
+	Tier  Tier
+	OK    bool          // the tier can serve the model
+	TTFT  time.Duration // estimated time to first token
+	Total time.Duration // TTFT + completion tokens ÷ tokens/s
+	USD   float64
+	Why   string // when !OK, a short reason ("privacy mesh", "no peer serves m", "cloud not configured", "local m cooling"...)
+}
+
+// Decision is the router's answer for one request.
+type Decision struct {
+	Model       string     // the model chosen (== request's unless route auto picked another)
+	Attempts    []Target   // in order: the router tries the next on failure
+	Speculative bool       // Attempts[0] is a cold local target and Attempts[1] the cloud: start the cloud stream while local loads
+	Estimates   []Estimate // one per tier, in tier order local, mesh, cloud (for logs, tests and status)
 }

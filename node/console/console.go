@@ -44,7 +44,53 @@ type Status struct {
 	Announcements Announcements `json:"announcements"`
 	// Inference is this node's serving side; RoutingAffinity its routing memory.
 	Inference       Inference       `json:"inference"`
+	Routing         Routing         `json:"routing"`
 	RoutingAffinity RoutingAffinity `json:"routing_affinity"`
+}
+
+// Routing counts what the router did with this node's API requests. Counters only: no
+// prompt or output content appears on any status surface.
+type Routing struct {
+	// Requests counts requests by the tier of their last attempt; no_target those no tier
+	// could serve. Local-only requests are counted under LocalOnly instead.
+	Requests TierCounts `json:"requests"`
+	// LocalOnly counts requests handled by the privacy gate (privacy local-only).
+	LocalOnly LocalOnly `json:"local_only"`
+	// Speculative counts cloud streams started while a cold local model loaded: cancelled
+	// when local was ready first, kept when the cloud's first token came first. The rest
+	// ended otherwise (the cloud failed before its first token, or the client left).
+	Speculative Speculative `json:"speculative"`
+	// Failovers counts attempts that followed a failure before the first token;
+	// Resumptions those that continued a stream cut mid-way; ResumeMismatches resumptions
+	// refused because the regenerated tokens differed from those already sent.
+	Failovers        uint64 `json:"failovers"`
+	Resumptions      uint64 `json:"resumptions"`
+	ResumeMismatches uint64 `json:"resume_mismatches"`
+	// ProbeReruns counts capability probe re-runs after a degraded route (a peer timing
+	// out, the cloud failing).
+	ProbeReruns uint64 `json:"probe_reruns"`
+}
+
+// TierCounts counts requests per tier.
+type TierCounts struct {
+	Local    uint64 `json:"local"`
+	Mesh     uint64 `json:"mesh"`
+	Cloud    uint64 `json:"cloud"`
+	NoTarget uint64 `json:"no_target"`
+}
+
+// LocalOnly counts the privacy gate's outcomes.
+type LocalOnly struct {
+	Served  uint64 `json:"served"`
+	Refused uint64 `json:"refused"` // local_unavailable
+	Failed  uint64 `json:"failed"`
+}
+
+// Speculative counts speculative dispatch.
+type Speculative struct {
+	Started   uint64 `json:"started"`
+	Cancelled uint64 `json:"cancelled"`
+	Kept      uint64 `json:"kept"`
 }
 
 // Inference describes what this node serves and how its peer server is doing.
@@ -93,10 +139,13 @@ type Announcements struct {
 
 // Peer is one entry of GET /api/peers.
 type Peer struct {
-	PeerID     string       `json:"peer_id"`
-	Connected  bool         `json:"connected"`
-	Stale      bool         `json:"stale"`
-	AgeS       float64      `json:"age_s"` // seconds since its latest verified vector
+	PeerID    string  `json:"peer_id"`
+	Connected bool    `json:"connected"`
+	Stale     bool    `json:"stale"`
+	AgeS      float64 `json:"age_s"` // seconds since its latest verified vector
+	// Score is the peer's reputation (0-100, 50 when unknown; under 40 it is excluded).
+	Score      float64      `json:"score"`
+	Excluded   bool         `json:"excluded"`
 	Capability *caps.Vector `json:"capability"`
 }
 

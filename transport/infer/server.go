@@ -31,6 +31,7 @@ type Admission func(from peer.ID) error
 // ServerStats counts what the server did.
 type ServerStats struct {
 	InFlight           int64  `json:"in_flight"`
+	Capacity           int    `json:"capacity"`            // the node-wide in-flight limit
 	Served             uint64 `json:"served"`              // ended with a done frame
 	Failed             uint64 `json:"failed"`              // ended with an error frame
 	Overloaded         uint64 `json:"overloaded"`          // refused by the in-flight limits
@@ -105,7 +106,7 @@ func (s *Server) Stats() ServerStats {
 	inFlight := s.total
 	s.mu.Unlock()
 	return ServerStats{
-		InFlight: int64(inFlight), Served: s.served.Load(), Failed: s.failed.Load(),
+		InFlight: int64(inFlight), Capacity: s.maxTotal, Served: s.served.Load(), Failed: s.failed.Load(),
 		Overloaded: s.overloaded.Load(), ClientDisconnected: s.disconnected.Load(),
 		ProtocolErrors: s.protoErrs.Load(),
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/inference/localonly"
 )
 
 // FuzzChatCompletionBody feeds arbitrary bytes as the body of POST /v1/chat/completions. The
@@ -29,6 +30,11 @@ func FuzzChatCompletionBody(f *testing.F) {
 		`{"model":"synth-tiny","messages":[{"role":"user","content":"hi"}],"n":2}`,
 		`{"model":"synth-tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":1e9,"temperature":-1,"top_p":0}`,
 		`{"model":"synth-tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"meshinfer":{"tier":"local"}}`,
+		`{"model":"synth-tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"meshinfer":{"privacy":"local-only"},"stream":true}`,
+		`{"messages":[{"role":"user","content":"hi"}],"max_tokens":2,"meshinfer":{"privacy":"local-only","route":"auto","priority":"cost"}}`,
+		`{"model":"synth-nope","messages":[{"role":"user","content":"hi"}],"meshinfer":{"privacy":"local-only"}}`,
+		`{"model":"synth-tiny","messages":[{"role":"user","content":"hi"}],"meshinfer":{"privacy":"strict","route":7}}`,
+		`{"model":"auto","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"meshinfer":{"route":"auto"}}`,
 		`{"model":"","messages":[]}`,
 		`{"stop":[1]}`,
 		`{}`, `null`, `[]`, `"x"`, ``, `{`, "\xff\xfe", `{"model":"synth-tiny","messages":[{"role":"user","content":"\ud800"}]}`,
@@ -41,7 +47,7 @@ func FuzzChatCompletionBody(f *testing.F) {
 	d := newDispatcher(f)
 	// Small limits keep each input cheap: at most 64 tokens (those without max_tokens get the
 	// fixed default of 256 on synth-tiny, still quick) and 8 KiB bodies.
-	h := Handler(d, inference.Limits{MaxBodyBytes: 8 << 10, MaxTokens: 64})
+	h := Handler(d, WithLimits(inference.Limits{MaxBodyBytes: 8 << 10, MaxTokens: 64}), WithLocal(localonly.New(d.b)))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(b)))

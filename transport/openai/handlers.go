@@ -2,6 +2,7 @@ package openai
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -17,9 +19,30 @@ import (
 )
 
 // Handler returns the API's routes over d, for tests and for embedding in another server.
-// limits bounds the requests it accepts; zero fields mean inference's defaults.
-func Handler(d Dispatcher, limits inference.Limits) http.Handler {
-	h := &handler{d: d, limits: limits, maxBody: limits.MaxBodyBytes}
+// Options as for New: WithLimits bounds the requests it accepts, WithLocal serves the
+// local-only ones, WithDefaultPrefs sets the node's preferences; WithPublic means nothing
+// here.
+func Handler(d Dispatcher, opts ...Option) http.Handler {
+	var cfg config
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := cfg.defaults.Validate(); err != nil {
+		log.Errorw("default preferences dropped", "err", err)
+		cfg.defaults = inference.Prefs{}
+	}
+	return newHandler(d, cfg)
+}
+
+// newHandler builds the routes; cfg.defaults is valid.
+func newHandler(d Dispatcher, cfg config) http.Handler {
+	h := &handler{
+		d:        d,
+		local:    cfg.local,
+		limits:   cfg.limits,
+		maxBody:  cfg.limits.MaxBodyBytes,
+		defaults: cfg.defaults.Or(inference.DefaultPrefs()),
+	}
 	if h.maxBody <= 0 {
 		h.maxBody = inference.DefaultLimits().MaxBodyBytes
 	}
@@ -34,9 +57,11 @@ func Handler(d Dispatcher, limits inference.Limits) http.Handler {
 }
 
 type handler struct {
-	d       Dispatcher
-	limits  inference.Limits
-	maxBody int64 // limits.MaxBodyBytes with its default applied
+	d        Dispatcher
+	local    Local // nil: local-only requests are refused with local_unavailable
+	limits   inference.Limits
+	maxBody  int64           // limits.MaxBodyBytes with its default applied
+	defaults inference.Prefs // the node's preferences over inference.DefaultPrefs: every field set
 }
 
 // guard refuses cross-site browser requests and leaves the connection without a stale write
@@ -124,14 +149,45 @@ func (h *handler) chat(w http.ResponseWriter, r *http.Request) {
 		writeErrorStatus(w, e, status)
 		return
 	}
+	gen := h.gate(&req.Request)
 	id, created := newID(), time.Now().Unix()
+	// The response names the model asked for; with route auto and none named, "auto" (the
+	// Dispatcher and the Local do not report which model the router chose).
+	model := req.Model
+	if model == "" {
+		model = inference.AutoModel
+	}
 	if req.Stream {
-		s := newStream(w, id, created, req.Model, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
-		res, route, err := h.d.Generate(r.Context(), &req.Request, s.emit)
-		s.finish(r.Context(), res, route, err)
+		s := newStream(w, id, created, model, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
+		res, at, err := gen(r.Context(), &req.Request, s.emit)
+		s.finish(r.Context(), res, at, err)
 		return
 	}
-	h.complete(w, r, req, id, created)
+	h.complete(w, r, req, gen, id, created, model)
+}
+
+// generateFunc is Dispatcher.Generate's signature: what serves one decoded request.
+type generateFunc func(ctx context.Context, req *inference.Request, emit func(Served, inference.Token) error) (inference.Result, Served, error)
+
+// gate is the privacy gate: a local-only request is served by the Local and never by the
+// Dispatcher, which does not see it at all.
+func (h *handler) gate(req *inference.Request) generateFunc {
+	if req.Prefs.Privacy == inference.PrivacyLocalOnly {
+		return h.generateLocal
+	}
+	return h.d.Generate
+}
+
+// generateLocal serves a local-only request on the Local. Its route is "local" and it is
+// one attempt: there is never a second target.
+func (h *handler) generateLocal(ctx context.Context, req *inference.Request, emit func(Served, inference.Token) error) (inference.Result, Served, error) {
+	if h.local == nil {
+		return inference.Result{}, Served{}, inference.Errorf(inference.CodeLocalUnavailable,
+			"this API serves no local-only requests: it was given no local backend")
+	}
+	at := Served{Route: routeLocal, Attempts: 1}
+	res, err := h.local.Generate(ctx, req, func(t inference.Token) error { return emit(at, t) })
+	return res, at, err
 }
 
 // decode reads, parses and checks the request body. It reads at most maxBody+1 bytes: a
@@ -160,6 +216,12 @@ func (h *handler) decode(w http.ResponseWriter, r *http.Request) (*chatRequest, 
 	if req.N != nil && *req.N != 1 {
 		return nil, invalidf("n must be 1, got %d", *req.N), http.StatusBadRequest
 	}
+	// Validate depends on the preferences (route auto needs no model): resolve them first.
+	prefs, e := h.prefs(r.Header, req.Meshinfer)
+	if e != nil {
+		return nil, e, http.StatusBadRequest
+	}
+	req.Prefs = prefs
 	if err := req.Validate(h.limits); err != nil {
 		e := terminalError(r.Context(), err)
 		return nil, e, e.Code.HTTPStatus()
@@ -167,14 +229,45 @@ func (h *handler) decode(w http.ResponseWriter, r *http.Request) (*chatRequest, 
 	return &req, nil, 0
 }
 
+// prefs resolves a request's preferences field by field: the body's meshinfer object, then
+// the X-Meshinfer-* headers, then the node's defaults (which end in inference.DefaultPrefs).
+// An unknown value in the body or a header is an invalid_request naming the accepted ones.
+func (h *handler) prefs(header http.Header, body inference.Prefs) (inference.Prefs, *inference.Error) {
+	if err := body.Validate(); err != nil {
+		return inference.Prefs{}, invalidf("meshinfer object: %s", message(err))
+	}
+	var fromHeader inference.Prefs
+	for _, f := range []struct {
+		name string
+		p    inference.Prefs
+	}{
+		{headerPrivacy, inference.Prefs{Privacy: inference.Privacy(header.Get(headerPrivacy))}},
+		{headerPriority, inference.Prefs{Priority: inference.Priority(header.Get(headerPriority))}},
+	} {
+		if err := f.p.Validate(); err != nil {
+			return inference.Prefs{}, invalidf("%s header: %s", f.name, message(err))
+		}
+		fromHeader = fromHeader.Or(f.p)
+	}
+	return body.Or(fromHeader).Or(h.defaults), nil
+}
+
+// message is an error's human-readable text without its code.
+func message(err error) string {
+	if e, ok := errors.AsType[*inference.Error](err); ok {
+		return e.Message
+	}
+	return err.Error()
+}
+
 // complete serves a non-streaming request: it collects the tokens and answers once.
-func (h *handler) complete(w http.ResponseWriter, r *http.Request, req *chatRequest, id string, created int64) {
+func (h *handler) complete(w http.ResponseWriter, r *http.Request, req *chatRequest, gen generateFunc, id string, created int64, model string) {
 	var (
 		mu   sync.Mutex // guards seq and text against a Dispatcher that emits after returning
 		seq  sequence
 		text strings.Builder
 	)
-	res, route, err := h.d.Generate(r.Context(), &req.Request, func(_ string, t inference.Token) error {
+	res, at, err := gen(r.Context(), &req.Request, func(_ Served, t inference.Token) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if err := seq.accept(t); err != nil {
@@ -193,22 +286,32 @@ func (h *handler) complete(w http.ResponseWriter, r *http.Request, req *chatRequ
 			log.Warnw("dispatcher contract", "model", req.Model, "err", err)
 		}
 	}
-	if route != "" {
-		w.Header().Set(headerRoute, route)
-	}
+	setServed(w.Header(), at)
 	if err != nil {
 		writeError(w, terminalError(r.Context(), err))
 		return
 	}
 	writeJSON(w, http.StatusOK, completion{
-		ID: id, Object: objectCompletion, Created: created, Model: req.Model,
+		ID: id, Object: objectCompletion, Created: created, Model: model,
 		Choices: []completionChoice{{
 			Message:      assistantMessage{Role: roleAssistant, Content: content},
 			FinishReason: res.FinishReason,
 		}},
 		Usage:     res.Usage,
-		Meshinfer: routeInfo{Route: route},
+		Meshinfer: newServedInfo(at),
 	})
+}
+
+// setServed writes the visibility headers of at; nothing when no route is known.
+func setServed(h http.Header, at Served) {
+	if at.Route == "" {
+		return
+	}
+	h.Set(headerRoute, at.Route)
+	if tier := at.Tier(); tier != "" {
+		h.Set(headerTier, tier)
+	}
+	h.Set(headerAttempts, strconv.Itoa(at.Attempts))
 }
 
 // newID returns a completion id: "chatcmpl-" and 96 random bits in hex.

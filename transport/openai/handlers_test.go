@@ -88,7 +88,7 @@ func TestChatCompletionStream(t *testing.T) {
 			if got.text != want {
 				t.Errorf("streamed %q\nwant     %q", got.text, want)
 			}
-			if got.finish != string(wantRes.FinishReason) || got.route != "local" || !got.done || got.err != nil {
+			if got.finish != string(wantRes.FinishReason) || got.served != (wireServed{"local", "local", 1}) || !got.done || got.err != nil {
 				t.Errorf("stream end: %+v, want finish %q route local [DONE]", got, wantRes.FinishReason)
 			}
 			switch {
@@ -261,18 +261,18 @@ func TestDispatcherContract(t *testing.T) {
 		gen  func(d *synthDispatcher) dispatchFunc
 	}{
 		{"index gap", func(d *synthDispatcher) dispatchFunc {
-			return func(ctx context.Context, req *inference.Request, emit func(string, inference.Token) error) (inference.Result, string, error) {
-				return d.Generate(ctx, req, func(route string, tok inference.Token) error {
+			return func(ctx context.Context, req *inference.Request, emit func(Served, inference.Token) error) (inference.Result, Served, error) {
+				return d.Generate(ctx, req, func(at Served, tok inference.Token) error {
 					tok.Index++
-					return emit(route, tok)
+					return emit(at, tok)
 				})
 			}
 		}},
 		{"no finish reason", func(d *synthDispatcher) dispatchFunc {
-			return func(ctx context.Context, req *inference.Request, emit func(string, inference.Token) error) (inference.Result, string, error) {
-				res, route, err := d.Generate(ctx, req, emit)
+			return func(ctx context.Context, req *inference.Request, emit func(Served, inference.Token) error) (inference.Result, Served, error) {
+				res, at, err := d.Generate(ctx, req, emit)
 				res.FinishReason = ""
-				return res, route, err
+				return res, at, err
 			}
 		}},
 	}
@@ -280,7 +280,7 @@ func TestDispatcherContract(t *testing.T) {
 		for _, stream := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/stream=%v", tt.name, stream), func(t *testing.T) {
 				d := newDispatcher(t)
-				h := Handler(customDispatcher{d, tt.gen(d)}, inference.Limits{})
+				h := Handler(customDispatcher{d, tt.gen(d)})
 				w := httptest.NewRecorder()
 				h.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body(t, testRequest(), stream, false))))
 				if w.Code == http.StatusOK { // tokens went out first: the stream ends in an error event
@@ -298,7 +298,7 @@ func TestDispatcherContract(t *testing.T) {
 	}
 }
 
-type dispatchFunc func(context.Context, *inference.Request, func(string, inference.Token) error) (inference.Result, string, error)
+type dispatchFunc func(context.Context, *inference.Request, func(Served, inference.Token) error) (inference.Result, Served, error)
 
 // customDispatcher lists the models of d and generates with gen.
 type customDispatcher struct {
@@ -307,7 +307,7 @@ type customDispatcher struct {
 }
 
 func (c customDispatcher) Models(ctx context.Context) []Model { return c.d.Models(ctx) }
-func (c customDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(string, inference.Token) error) (inference.Result, string, error) {
+func (c customDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(Served, inference.Token) error) (inference.Result, Served, error) {
 	return c.gen(ctx, req, emit)
 }
 
@@ -359,7 +359,7 @@ func TestModels(t *testing.T) {
 
 	// No model reachable: data is an empty array, not null.
 	w := httptest.NewRecorder()
-	Handler(noModels{d}, inference.Limits{}).ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/v1/models", nil))
+	Handler(noModels{d}).ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/v1/models", nil))
 	if got := strings.TrimSpace(w.Body.String()); w.Code != 200 || got != `{"object":"list","data":[]}` {
 		t.Errorf("GET /v1/models with no model = %d %s", w.Code, got)
 	}
@@ -371,7 +371,7 @@ type noModels struct{ *synthDispatcher }
 func (noModels) Models(context.Context) []Model { return nil }
 
 func TestRoutes(t *testing.T) {
-	h := Handler(newDispatcher(t), inference.Limits{})
+	h := Handler(newDispatcher(t))
 	valid := string(body(t, testRequest(), false, false))
 	tests := []struct {
 		method, path, body string
@@ -389,9 +389,12 @@ func TestRoutes(t *testing.T) {
 		// Content-Type is not checked: a body that parses is a request.
 		{method: "POST", path: "/v1/chat/completions", body: valid, header: map[string]string{"Content-Type": "text/plain"}, status: 200},
 		{method: "POST", path: "/v1/chat/completions", body: valid, status: 200},
-		// The router issue's extensions pass through.
-		{method: "POST", path: "/v1/chat/completions", body: strings.Replace(valid, `{`, `{"meshinfer":{"tier":"local","privacy":"strict"},"n":1,"user":"u",`, 1),
+		// Unknown fields, unknown keys of the meshinfer object and unknown X-Meshinfer-*
+		// headers pass through.
+		{method: "POST", path: "/v1/chat/completions", body: strings.Replace(valid, `{`, `{"meshinfer":{"transport":"webrtc","privacy":"mesh"},"n":1,"user":"u",`, 1),
 			header: map[string]string{"X-Meshinfer-Tier": "local"}, status: 200},
+		{method: "POST", path: "/v1/chat/completions", body: strings.Replace(valid, `{`, `{"meshinfer":{"privacy":"strict"},`, 1), status: 400},
+		{method: "POST", path: "/v1/chat/completions", body: strings.Replace(valid, `{`, `{"meshinfer":"local",`, 1), status: 400},
 		{method: "POST", path: "/v1/chat/completions", body: strings.Replace(valid, `{`, `{"n":2,`, 1), status: 400},
 		{method: "POST", path: "/v1/chat/completions", body: valid + "x", status: 400},
 		{method: "POST", path: "/v1/chat/completions", body: "", status: 400},
@@ -452,7 +455,7 @@ func TestEmptyCompletion(t *testing.T) {
 	req := testRequest()
 	want, _ := reference(t, req)
 	req.Stop = inference.StopList{want[:1]}
-	h := Handler(newDispatcher(t), inference.Limits{})
+	h := Handler(newDispatcher(t))
 
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body(t, req, false, false))))

@@ -25,11 +25,12 @@ const testModel = "synth-tiny"
 
 func ptr[T any](v T) *T { return &v }
 
-// synthDispatcher serves every request with the real synthetic backend under one route. Its
-// hooks only fail or hold a request: tokens always come from the backend.
+// synthDispatcher serves every request with the real synthetic backend, reporting every
+// token and outcome as served at one place. Its hooks only fail or hold a request: tokens
+// always come from the backend.
 type synthDispatcher struct {
-	b     *synth.Backend
-	route string
+	b  *synth.Backend
+	at Served
 	// before, if set, runs before generation; a non-nil error is Generate's outcome.
 	before func(ctx context.Context) error
 	// after, if set, runs after each token has been emitted; a non-nil error ends Generate
@@ -43,26 +44,26 @@ func newDispatcher(t testing.TB) *synthDispatcher {
 	if err != nil {
 		t.Fatalf("synth.New: %v", err)
 	}
-	return &synthDispatcher{b: b, route: "local"}
+	return &synthDispatcher{b: b, at: Served{Route: "local", Attempts: 1}}
 }
 
 func (d *synthDispatcher) Models(ctx context.Context) []Model {
 	infos, _ := d.b.Models(ctx) // never fails
 	out := make([]Model, 0, len(infos))
 	for _, m := range infos {
-		out = append(out, Model{ID: m.Name, Warm: m.Warm, Routes: []string{d.route}})
+		out = append(out, Model{ID: m.Name, Warm: m.Warm, Routes: []string{d.at.Route}})
 	}
 	return out
 }
 
-func (d *synthDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(string, inference.Token) error) (inference.Result, string, error) {
+func (d *synthDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(Served, inference.Token) error) (inference.Result, Served, error) {
 	if d.before != nil {
 		if err := d.before(ctx); err != nil {
-			return inference.Result{}, d.route, err
+			return inference.Result{}, d.at, err
 		}
 	}
 	res, err := d.b.Generate(ctx, req, func(t inference.Token) error {
-		if err := emit(d.route, t); err != nil {
+		if err := emit(d.at, t); err != nil {
 			return err
 		}
 		if d.after != nil {
@@ -70,7 +71,7 @@ func (d *synthDispatcher) Generate(ctx context.Context, req *inference.Request, 
 		}
 		return nil
 	})
-	return res, d.route, err
+	return res, d.at, err
 }
 
 // testRequest is a small sampled request: a few dozen tokens of synth-tiny.
@@ -169,9 +170,14 @@ type wireCompletion struct {
 		FinishReason string `json:"finish_reason"`
 	} `json:"choices"`
 	Usage     inference.Usage `json:"usage"`
-	Meshinfer struct {
-		Route string `json:"route"`
-	} `json:"meshinfer"`
+	Meshinfer wireServed      `json:"meshinfer"`
+}
+
+// wireServed is a response's meshinfer object.
+type wireServed struct {
+	Route    string `json:"route"`
+	Tier     string `json:"tier"`
+	Attempts int    `json:"attempts"`
 }
 
 type wireChunk struct {
@@ -188,10 +194,8 @@ type wireChunk struct {
 		FinishReason *string `json:"finish_reason"`
 	} `json:"choices"`
 	Usage     *inference.Usage `json:"usage"`
-	Meshinfer *struct {
-		Route string `json:"route"`
-	} `json:"meshinfer"`
-	Error *wireError `json:"error"`
+	Meshinfer *wireServed      `json:"meshinfer"`
+	Error     *wireError       `json:"error"`
 }
 
 type wireError struct {
@@ -261,7 +265,7 @@ type streamed struct {
 	text   string
 	tokens int              // token chunks (content deltas)
 	finish string           // finish_reason of the final chunk
-	route  string           // meshinfer.route of the final chunk
+	served wireServed       // meshinfer object of the final chunk
 	usage  *inference.Usage // from the usage chunk
 	err    *wireError       // the error event, if the stream ended with one
 	done   bool             // [DONE] seen
@@ -339,7 +343,7 @@ func readStream(t testing.TB, br *bufio.Reader) streamed {
 			}
 			s.finish = *ch.FinishReason
 			if c.Meshinfer != nil {
-				s.route = c.Meshinfer.Route
+				s.served = *c.Meshinfer
 			}
 			continue
 		}

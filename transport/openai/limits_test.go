@@ -88,7 +88,7 @@ func TestBodyLimitReads(t *testing.T) {
 		if eff == 0 {
 			eff = inference.DefaultLimits().MaxBodyBytes
 		}
-		h := Handler(newDispatcher(t), inference.Limits{MaxBodyBytes: limit})
+		h := Handler(newDispatcher(t), WithLimits(inference.Limits{MaxBodyBytes: limit}))
 		for _, size := range []int64{eff + 1, eff + 100, 10 * eff} {
 			cr := &countingReader{r: bytes.NewReader(paddedBody(t, size))}
 			r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", cr) // length unknown

@@ -44,20 +44,32 @@ var ErrNotLoopback = transport.ErrNotLoopback
 // handlers send it as their terminal error.
 var errShuttingDown = inference.Errorf(inference.CodeShuttingDown, "node is shutting down")
 
-// Option configures a Server.
+// Option configures a Server (New) or a Handler.
 type Option func(*config)
 
 type config struct {
-	public bool
-	limits inference.Limits
+	public   bool
+	limits   inference.Limits
+	local    Local
+	defaults inference.Prefs
 }
 
 // WithPublic allows a non-loopback listen address. The API serves anyone who can reach it,
-// with no authentication: expose it on purpose only.
+// with no authentication: expose it on purpose only. Handler ignores it.
 func WithPublic(public bool) Option { return func(c *config) { c.public = public } }
 
 // WithLimits sets the request limits; zero fields mean inference's defaults (the default).
 func WithLimits(l inference.Limits) Option { return func(c *config) { c.limits = l } }
+
+// WithLocal sets where local-only requests go: the privacy gate hands them to l and never to
+// the Dispatcher (node passes a localonly.Gate over its backend). Without it every local-only
+// request is refused with local_unavailable.
+func WithLocal(l Local) Option { return func(c *config) { c.local = l } }
+
+// WithDefaultPrefs sets the node's preferences, which fill the fields a request leaves unset
+// (node passes its flags'). Empty fields fall back to inference.DefaultPrefs. New refuses an
+// unknown value; Handler, which cannot fail, logs it and drops p.
+func WithDefaultPrefs(p inference.Prefs) Option { return func(c *config) { c.defaults = p } }
 
 // Server is the node's OpenAI-compatible HTTP server.
 type Server struct {
@@ -77,8 +89,9 @@ type Server struct {
 	handlers sync.WaitGroup // requests being handled; Add only under mu while !closing
 }
 
-// New listens on addr and serves d. A non-loopback addr is refused (ErrNotLoopback) unless
-// WithPublic(true).
+// New listens on addr and serves d, and local-only requests on WithLocal's Local. A
+// non-loopback addr is refused (ErrNotLoopback) unless WithPublic(true), and default
+// preferences with an unknown value are refused too.
 func New(addr string, d Dispatcher, opts ...Option) (*Server, error) {
 	var cfg config
 	for _, o := range opts {
@@ -87,6 +100,9 @@ func New(addr string, d Dispatcher, opts ...Option) (*Server, error) {
 	if err := CheckAddr(addr, cfg.public); err != nil {
 		return nil, err
 	}
+	if err := cfg.defaults.Validate(); err != nil {
+		return nil, fmt.Errorf("api default preferences: %w", err)
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("api listen on %s: %w", addr, err)
@@ -94,7 +110,7 @@ func New(addr string, d Dispatcher, opts ...Option) (*Server, error) {
 	base, cancel := context.WithCancelCause(context.Background())
 	s := &Server{ln: ln, cancel: cancel, shutdownGrace: shutdownGrace, terminalGrace: terminalGrace}
 	s.srv = &http.Server{
-		Handler:           s.track(Handler(d, cfg.limits)),
+		Handler:           s.track(newHandler(d, cfg)),
 		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       readTimeout,
 		IdleTimeout:       idleTimeout,

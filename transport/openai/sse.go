@@ -17,8 +17,18 @@ import (
 // backend slot forever. Same figure as the peer protocol's frame write timeout.
 const writeTimeout = 30 * time.Second
 
-// Header names of the meshinfer extension.
-const headerRoute = "X-Meshinfer-Route"
+// Header names of the meshinfer extension: preferences on requests, where it was served on
+// responses.
+const (
+	headerPrivacy  = "X-Meshinfer-Privacy"
+	headerPriority = "X-Meshinfer-Priority"
+	headerRoute    = "X-Meshinfer-Route"
+	headerTier     = "X-Meshinfer-Tier"
+	headerAttempts = "X-Meshinfer-Attempts"
+)
+
+// routeLocal is the route of a request served on this device.
+const routeLocal = "local"
 
 var (
 	// errContract reports a Dispatcher that broke its contract (a token out of order or
@@ -110,9 +120,9 @@ func newStream(w http.ResponseWriter, id string, created int64, model string, in
 	}
 }
 
-// emit writes one token event and flushes it. It is the Dispatcher's emit; its error (a
-// broken contract, or the client gone) stops Generate.
-func (s *stream) emit(route string, t inference.Token) error {
+// emit writes one token event and flushes it. It is the emit of the Dispatcher (or of the
+// Local); its error (a broken contract, or the client gone) stops Generate.
+func (s *stream) emit(at Served, t inference.Token) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.failed != nil {
@@ -124,7 +134,7 @@ func (s *stream) emit(route string, t inference.Token) error {
 	}
 	first := !s.started
 	if first {
-		s.start(route)
+		s.start(at)
 	}
 	text, _ := json.Marshal(t.Text) // cannot fail for a string
 	s.buf = s.buf[:0]
@@ -140,7 +150,7 @@ func (s *stream) emit(route string, t inference.Token) error {
 
 // finish writes the terminal outcome of Generate: the final chunk (and usage chunk) then
 // [DONE], or an error. It is called once, after Generate returned.
-func (s *stream) finish(ctx context.Context, res inference.Result, route string, err error) {
+func (s *stream) finish(ctx context.Context, res inference.Result, at Served, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.seq.done = true
@@ -156,9 +166,7 @@ func (s *stream) finish(ctx context.Context, res inference.Result, route string,
 	if err != nil {
 		e := terminalError(ctx, err)
 		if !s.started {
-			if route != "" {
-				s.w.Header().Set(headerRoute, route)
-			}
+			setServed(s.w.Header(), at)
 			writeError(s.w, e)
 			return
 		}
@@ -170,14 +178,15 @@ func (s *stream) finish(ctx context.Context, res inference.Result, route string,
 	}
 	if !s.started {
 		// No token: the client still gets the role, then the final chunk.
-		s.start(route)
+		s.start(at)
 		empty := ""
 		if s.event(s.chunk(delta{Role: roleAssistant, Content: &empty}, nil, nil)) != nil {
 			return
 		}
 	}
 	fr := res.FinishReason
-	if s.event(s.chunk(delta{}, &fr, &routeInfo{Route: route})) != nil {
+	info := newServedInfo(at)
+	if s.event(s.chunk(delta{}, &fr, &info)) != nil {
 		return
 	}
 	if s.includeUsage {
@@ -191,21 +200,20 @@ func (s *stream) finish(ctx context.Context, res inference.Result, route string,
 	s.send(sseDone)
 }
 
-// start writes the headers of a 200 event stream.
-func (s *stream) start(route string) {
+// start writes the headers of a 200 event stream, where at is where its first token (or, with
+// none, its outcome) was served.
+func (s *stream) start(at Served) {
 	h := s.w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no") // reverse proxies (nginx) must not buffer the stream
-	if route != "" {
-		h.Set(headerRoute, route)
-	}
+	setServed(h, at)
 	s.started = true
 	setWriteDeadline(s.w)
 	s.w.WriteHeader(http.StatusOK)
 }
 
-func (s *stream) chunk(d delta, fr *inference.FinishReason, ri *routeInfo) chunk {
+func (s *stream) chunk(d delta, fr *inference.FinishReason, ri *servedInfo) chunk {
 	return chunk{ID: s.id, Object: objectChunk, Created: s.created, Model: s.model,
 		Choices: []chunkChoice{{Delta: d, FinishReason: fr}}, Meshinfer: ri}
 }

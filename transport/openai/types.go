@@ -2,19 +2,47 @@ package openai
 
 import (
 	"context"
+	"strings"
 
 	"github.com/meshinfer/meshinfer/inference"
 )
 
-// Dispatcher serves requests; node implements it with the router.
+// Dispatcher serves requests; node implements it with the router. It never sees a
+// local-only request: those go to Local.
 type Dispatcher interface {
 	// Models lists every model reachable from this node, each with where it is served.
 	Models(ctx context.Context) []Model
-	// Generate serves req. emit receives each token with the route serving it
-	// ("local", "peer:<peer id>" or "cloud"); Generate returns the final route too (the route
-	// of the terminal outcome, "" when nothing could be tried). Contract as inference.Backend:
-	// exactly one return, emit never after return, contiguous indices.
-	Generate(ctx context.Context, req *inference.Request, emit func(route string, t inference.Token) error) (inference.Result, string, error)
+	// Generate serves req. emit receives each token with where it is being served; Generate
+	// returns where the terminal outcome came from (Route "" when nothing could be tried).
+	// Contract as inference.Backend: exactly one return, emit never after return, contiguous
+	// indices (a stream resumed on another target continues the indices).
+	Generate(ctx context.Context, req *inference.Request, emit func(at Served, t inference.Token) error) (inference.Result, Served, error)
+}
+
+// Local serves local-only requests on this device's backend. Whatever implements it must
+// hold no network handle: it is the privacy gate's whole code path.
+type Local interface {
+	Generate(ctx context.Context, req *inference.Request, emit func(inference.Token) error) (inference.Result, error)
+}
+
+// Served says where a request is or was served.
+type Served struct {
+	// Route is "local", "peer:<peer id>" or "cloud".
+	Route string
+	// Attempts counts the targets tried so far, this one included (a resumption is an
+	// attempt).
+	Attempts int
+}
+
+// Tier is the route's tier: "local", "mesh" or "cloud" ("" for no route).
+func (s Served) Tier() string {
+	switch {
+	case s.Route == "local", s.Route == "cloud":
+		return s.Route
+	case strings.HasPrefix(s.Route, "peer:"):
+		return "mesh"
+	}
+	return ""
 }
 
 // Model is one model reachable from this node.
@@ -25,10 +53,13 @@ type Model struct {
 }
 
 // chatRequest is the body of POST /v1/chat/completions: the fields the mesh acts on
-// (inference.Request) plus the few that only change how this API answers. Every other field,
-// the meshinfer extension object included, is ignored.
+// (inference.Request), the meshinfer extension object, and the few fields that only change
+// how this API answers. Every other field is ignored.
 type chatRequest struct {
 	inference.Request
+	// Meshinfer is the request's own preferences, the first source of Request.Prefs. Unknown
+	// keys inside the object are ignored (later versions add some).
+	Meshinfer inference.Prefs `json:"meshinfer,omitzero"`
 	// StreamOptions is OpenAI's stream_options; only include_usage is honoured.
 	StreamOptions *streamOptions `json:"stream_options,omitempty"`
 	// N is OpenAI's number of choices. Only 1 is served; anything else is refused rather than
@@ -40,9 +71,15 @@ type streamOptions struct {
 	IncludeUsage bool `json:"include_usage"`
 }
 
-// routeInfo is the meshinfer extension object of a response: where it was served.
-type routeInfo struct {
-	Route string `json:"route"`
+// servedInfo is the meshinfer extension object of a response: where it was served.
+type servedInfo struct {
+	Route    string `json:"route"`
+	Tier     string `json:"tier"`
+	Attempts int    `json:"attempts"`
+}
+
+func newServedInfo(at Served) servedInfo {
+	return servedInfo{Route: at.Route, Tier: at.Tier(), Attempts: at.Attempts}
 }
 
 // completion is the non-streaming response (object "chat.completion").
@@ -53,7 +90,7 @@ type completion struct {
 	Model     string             `json:"model"`
 	Choices   []completionChoice `json:"choices"`
 	Usage     inference.Usage    `json:"usage"`
-	Meshinfer routeInfo          `json:"meshinfer"`
+	Meshinfer servedInfo         `json:"meshinfer"`
 }
 
 type completionChoice struct {
@@ -76,7 +113,7 @@ type chunk struct {
 	Model     string           `json:"model"`
 	Choices   []chunkChoice    `json:"choices"`
 	Usage     *inference.Usage `json:"usage,omitempty"`
-	Meshinfer *routeInfo       `json:"meshinfer,omitempty"`
+	Meshinfer *servedInfo      `json:"meshinfer,omitempty"`
 }
 
 type chunkChoice struct {

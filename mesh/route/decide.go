@@ -1,0 +1,574 @@
+package route
+
+import (
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/mesh/caps"
+	"github.com/meshinfer/meshinfer/reputation"
+)
+
+// maxEstimate bounds every estimated duration (24 h): no request waits that long, and the
+// bound keeps sums of estimates from overflowing when a measured speed is absurdly low.
+const maxEstimate = 24 * time.Hour
+
+// tiers lists the tiers in the order that wins ties; it indexes Decision.Estimates and a
+// plan's estimates.
+func tiers() [3]Tier { return [3]Tier{TierLocal, TierMesh, TierCloud} }
+
+// Decide returns the model to run and the targets to try for req, as of now, following
+// the rules in the package documentation. req and s must not be nil. Decide reads s and
+// writes only s.Scratch; it reads the reputation store through Rank, Performance and Params
+// (Rank also counts the orderings it makes, for the store's Stats). rng is its only
+// randomness and must not be nil: reputation.Select would fall back to the process-wide
+// source and the decision would not be reproducible.
+func Decide(req *inference.Request, s *Snapshot, now time.Time, rng *rand.Rand) Decision {
+	d := decider{
+		s:      s,
+		now:    now,
+		rng:    rng,
+		prefs:  req.Prefs.Or(inference.DefaultPrefs()),
+		tune:   s.Tune.withDefaults(),
+		n:      max(req.EffectiveMaxTokens(), 0),
+		params: reputation.DefaultParams(),
+		mode:   reputation.Explicit,
+		sc:     s.Scratch,
+	}
+	if d.sc == nil {
+		d.sc = new(Scratch)
+	}
+	for _, m := range req.Messages {
+		d.prompt += len(m.Content)
+	}
+	d.prompt /= 4 // about four bytes a token in English text
+	if s.Rep != nil {
+		d.params = s.Rep.Params()
+	}
+	// An unknown privacy (Prefs not validated) allows the local tier only.
+	d.allowMesh = d.prefs.Privacy == inference.PrivacyMesh || d.prefs.Privacy == inference.PrivacyAny
+	d.allowCloud = d.prefs.Privacy == inference.PrivacyAny
+	auto := d.prefs.Route == inference.RouteAuto
+	if auto {
+		d.mode = reputation.Auto
+	}
+
+	named := !auto || req.Model != "" && req.Model != inference.AutoModel
+	var asked plan
+	if named {
+		asked = d.plan(req.Model)
+		if !auto || asked.ok() {
+			return asked.decision(&d)
+		}
+	}
+	var best plan
+	for _, m := range d.knownModels() {
+		if named && m == req.Model {
+			continue // decided above: nobody can serve it
+		}
+		// Names come sorted, and only a strictly better score replaces the best: ties go
+		// by name.
+		if p := d.plan(m); p.ok() && (!best.ok() || p.score < best.score) {
+			best = p
+		}
+	}
+	switch {
+	case best.ok():
+		return best.decision(&d)
+	case named:
+		return asked.decision(&d)
+	}
+	dec := Decision{Model: req.Model, Estimates: make([]Estimate, 3)}
+	for i, t := range tiers() {
+		dec.Estimates[i] = Estimate{Tier: t, Why: d.denied(t)}
+		if dec.Estimates[i].Why == "" {
+			dec.Estimates[i].Why = "no model available"
+		}
+	}
+	return dec
+}
+
+// decider carries one decision's inputs.
+type decider struct {
+	s      *Snapshot
+	now    time.Time
+	rng    *rand.Rand
+	prefs  inference.Prefs
+	tune   Tuning
+	n      int // completion tokens
+	prompt int // prompt tokens, estimated
+	params reputation.Params
+	mode   reputation.RouteMode
+	sc     *Scratch // never nil
+
+	allowMesh, allowCloud bool
+}
+
+// denied is the privacy reason why tier t may not serve, or "".
+func (d *decider) denied(t Tier) string {
+	if t == TierMesh && !d.allowMesh || t == TierCloud && !d.allowCloud {
+		return "privacy " + string(d.prefs.Privacy)
+	}
+	return ""
+}
+
+// plan is the decision for one model.
+type plan struct {
+	model     string
+	est       [3]Estimate // indexed like tiers()
+	local     bool        // the local target survived
+	localCold bool
+	mesh      []Target // first Select's pick, then by weight
+	cloud     bool
+	order     []int   // indices into tiers() of the tiers that can serve, best first
+	score     float64 // the best tier's score under the priority
+}
+
+func (p *plan) ok() bool { return len(p.order) > 0 }
+
+// plan decides model: eligibility, cooling, mesh order, estimates, tier order.
+func (d *decider) plan(model string) plan {
+	s := d.s
+	p := plan{model: model}
+	for i, t := range tiers() {
+		p.est[i] = Estimate{Tier: t, Why: d.denied(t)}
+	}
+
+	// Eligible targets. keys holds the peers first (keys[k] is peers[k]'s), then local,
+	// then the cloud: Rank applies cooling across all of them at once.
+	var lm LocalModel
+	localOK := false
+	if !s.Local.Accepting {
+		p.est[0].Why = "local not accepting"
+	} else if i := slices.IndexFunc(s.Local.Models, func(m LocalModel) bool { return m.Name == model }); i < 0 {
+		p.est[0].Why = "local does not serve " + model
+	} else {
+		lm, localOK = s.Local.Models[i], true
+	}
+	var peers []meshPeer
+	var keys []string
+	if d.allowMesh {
+		peers, keys = d.eligiblePeers(model)
+		if len(peers) == 0 {
+			p.est[1].Why = "no peer serves " + model
+		}
+	}
+	cloudOK := false
+	if d.allowCloud {
+		switch {
+		case !s.Cloud.Enabled:
+			p.est[2].Why = "cloud not configured"
+		case len(s.Cloud.Models) > 0 && !slices.Contains(s.Cloud.Models, model):
+			p.est[2].Why = "cloud does not serve " + model
+		default:
+			cloudOK = true
+		}
+	}
+	localAt, cloudAt := -1, -1
+	if localOK {
+		localAt = len(keys)
+		keys = append(keys, reputation.LocalTarget)
+	}
+	if cloudOK {
+		cloudAt = len(keys)
+		keys = append(keys, CloudTarget)
+	}
+
+	// Cooling and scores, then what survived in each tier.
+	pos, cands := d.survivors(model, keys, len(peers))
+	mc, mi := cands[:0], pos[:0] // the surviving peers' candidates and keys, filtered in place
+	excluded := 0
+	for j, k := range pos {
+		c := cands[j]
+		switch {
+		case k == localAt:
+			p.local = true
+		case k == cloudAt:
+			p.cloud = true
+		case !(c.Score >= reputation.ExcludeBelow):
+			excluded++
+		default:
+			c.Spare = peers[k].spare
+			if peers[k].cold {
+				c.Performance *= d.tune.ColdFactor
+			}
+			mc = append(mc, c)
+			mi = append(mi, k)
+		}
+	}
+	if localOK && !p.local {
+		p.est[0].Why = "local " + model + " cooling"
+	}
+	if cloudOK && !p.cloud {
+		p.est[2].Why = "cloud " + model + " cooling"
+	}
+	if len(peers) > 0 && len(mc) == 0 {
+		p.est[1].Why = "peers serving " + model + " cooling"
+		if excluded == len(peers) {
+			p.est[1].Why = "peers serving " + model + " excluded"
+		}
+	}
+
+	// Estimates.
+	if p.local {
+		p.localCold = !lm.Warm
+		tps := lm.TokensPerSec
+		if !(tps > 0) {
+			tps = d.tune.DefaultTokensPerSec
+		}
+		ttft := seconds(1 / tps)
+		if p.localCold {
+			cs := lm.ColdStart
+			if cs <= 0 {
+				cs = d.tune.DefaultColdStart
+			}
+			ttft += min(cs, maxEstimate)
+		}
+		d.estimate(&p.est[0], ttft, tps, 0)
+	}
+	if len(mc) > 0 {
+		order := d.orderMesh(mc, mi, keys)
+		first := peers[order[0]]
+		perf := 1.0 // the store's factor, without ColdFactor
+		if s.Rep != nil {
+			perf = s.Rep.Performance(keys[order[0]], d.now)
+		}
+		tps := d.tune.DefaultTokensPerSec * min(max(perf, 0.25), 4)
+		ttft := min(max(s.Peers[first.i].RTT, 0), maxEstimate) + seconds(1/tps)
+		if first.cold {
+			ttft += d.tune.DefaultColdStart
+		}
+		d.estimate(&p.est[1], ttft, tps, s.MeshUSDPerMTok)
+		p.mesh = make([]Target, len(order))
+		for j, k := range order {
+			p.mesh[j] = Target{Tier: TierMesh, Peer: s.Peers[peers[k].i].Entry.Peer, Model: model}
+		}
+	}
+	if p.cloud {
+		ttft := s.Cloud.TTFT
+		if ttft <= 0 {
+			ttft = d.tune.DefaultCloudTTFT
+		}
+		tps := s.Cloud.TokensPerSec
+		if !(tps > 0) {
+			tps = d.tune.DefaultTokensPerSec
+		}
+		d.estimate(&p.est[2], min(ttft, maxEstimate), tps, s.Cloud.USDPerMTok)
+	}
+
+	// Tier order: by score, ties in tier order (insertion sort of at most three is stable).
+	var scores [3]float64
+	for i := range p.est {
+		if !p.est[i].OK {
+			continue
+		}
+		scores[i] = d.score(p.est[i])
+		p.order = append(p.order, i)
+		for x := len(p.order) - 1; x > 0 && scores[p.order[x]] < scores[p.order[x-1]]; x-- {
+			p.order[x], p.order[x-1] = p.order[x-1], p.order[x]
+		}
+	}
+	if p.ok() {
+		p.score = scores[p.order[0]]
+	}
+	return p
+}
+
+// meshPeer is an eligible peer as a plan needs it after Rank, so that nothing reads the
+// peer's vector twice.
+type meshPeer struct {
+	i     int // index in Snapshot.Peers
+	spare float64
+	cold  bool // the peer's copy of the model is not warm
+}
+
+// eligiblePeers returns the peers that may serve model before reputation has its say (not
+// stale, accepting, announcing the model, with spare capacity) and their reputation keys,
+// with room for two more keys (local and cloud).
+func (d *decider) eligiblePeers(model string) ([]meshPeer, []string) {
+	var out []meshPeer
+	var keys []string
+	for i := range d.s.Peers {
+		sp := &d.s.Peers[i]
+		v := sp.Entry.Vector
+		if sp.Entry.Stale || v == nil || !v.Load.Accepting {
+			continue
+		}
+		ok, cold := serves(v, model)
+		spare := spareCapacity(v.Load)
+		if !ok || !(spare > 0) {
+			continue
+		}
+		key := sp.Key
+		if key == "" {
+			key = sp.Entry.Peer.String()
+		}
+		if out == nil {
+			n := len(d.s.Peers) - i
+			out, keys = reuse(d.sc.peers, n), reuse(d.sc.keys, n+2)
+		}
+		out = append(out, meshPeer{i: i, spare: spare, cold: cold})
+		keys = append(keys, key)
+	}
+	d.sc.peers, d.sc.keys = out, keys
+	return out, keys
+}
+
+// serves reports whether v announces model, and whether its copy is cold (not warm).
+func serves(v *caps.Vector, model string) (ok, cold bool) {
+	for i := range v.Models {
+		if v.Models[i].Name == model {
+			return true, v.Models[i].State != caps.ModelWarm
+		}
+	}
+	return false, false
+}
+
+// spareCapacity is 1 − InFlight/Capacity, or 1 when the capacity is not said.
+func spareCapacity(l caps.Load) float64 {
+	if l.Capacity <= 0 {
+		return 1
+	}
+	return 1 - float64(l.InFlight)/float64(l.Capacity)
+}
+
+// survivors ranks keys for model and returns, for each target kept, its index in keys
+// and its Candidate (Spare 1). The first nPeers keys are peers; the others (local, cloud)
+// have no node score that counts.
+//
+// Exclusion comes before cooling: if the only targets Rank kept are excluded peers while
+// it dropped cooling ones, the excluded peers did not count as targets that remain, so the
+// rest are ranked again without them (explicit routing then gets the cooling ones back).
+func (d *decider) survivors(model string, keys []string, nPeers int) ([]int, []reputation.Candidate) {
+	if d.s.Rep == nil {
+		pos, cands := reuse(d.sc.pos, len(keys)), reuse(d.sc.cands, len(keys))
+		for i := range keys {
+			pos = append(pos, i)
+			cands = append(cands, reputation.Candidate{Score: reputation.NeutralScore, Performance: 1, Spare: 1})
+		}
+		d.sc.pos, d.sc.cands = pos, cands
+		return pos, cands
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	order, cands := d.s.Rep.Rank(model, keys, d.mode, d.now, reuse(d.sc.order, len(keys)), reuse(d.sc.cands, len(keys)))
+	d.sc.order, d.sc.cands = order, cands
+	pos := d.sc.positions(keys, order)
+	if len(pos) == len(keys) {
+		return pos, cands
+	}
+	var out []int // indices into keys of excluded survivors
+	for j, k := range pos {
+		if k >= nPeers || cands[j].Score >= reputation.ExcludeBelow {
+			return pos, cands // something usable survived
+		}
+		out = append(out, k)
+	}
+	if len(out) == 0 {
+		return pos, cands
+	}
+	var rest []string
+	var back []int // index in keys of rest[i]
+	for k, key := range keys {
+		if !slices.Contains(out, k) {
+			rest = append(rest, key)
+			back = append(back, k)
+		}
+	}
+	order, cands = d.s.Rep.Rank(model, rest, d.mode, d.now, order[:0], cands[:0])
+	pos = d.sc.positions(rest, order)
+	for j, k := range pos {
+		pos[j] = back[k]
+	}
+	return pos, cands
+}
+
+// positions returns, for each key of order, its index in keys (keys are distinct). Rank
+// keeps clean targets in the given order and moves penalized ones behind them, so one
+// forward walk places all but the moved ones; those are looked up among the keys the walk
+// passed over, usually a handful.
+func (sc *Scratch) positions(keys, order []string) []int {
+	pos := reuse(sc.pos, len(order))[:len(order)]
+	sc.pos = pos
+	i, j := 0, 0
+	for ; j < len(order); j++ {
+		for i < len(keys) && keys[i] != order[j] {
+			i++
+		}
+		if i == len(keys) {
+			break
+		}
+		pos[j] = i
+		i++
+	}
+	if j == len(order) {
+		return pos
+	}
+	placed := reuse(sc.placed, len(keys))[:len(keys)]
+	clear(placed)
+	sc.placed = placed
+	for _, k := range pos[:j] {
+		placed[k] = true
+	}
+	if sc.skipped == nil {
+		sc.skipped = make(map[string]int, len(keys)-j)
+	}
+	skipped := sc.skipped
+	clear(skipped)
+	for k, key := range keys {
+		if !placed[k] {
+			skipped[key] = k
+		}
+	}
+	for ; j < len(order); j++ {
+		pos[j] = skipped[order[j]]
+	}
+	return pos
+}
+
+// orderMesh returns the mesh targets in order, as indices into keys: Select's pick, then up
+// to MaxMeshAttempts − 1 more by descending weight, ties by peer ID. mc are the eligible
+// peers' candidates and mi their indices into keys. One pass keeps the few heaviest in a
+// small sorted buffer, so the cost is linear in the number of peers.
+func (d *decider) orderMesh(mc []reputation.Candidate, mi []int, keys []string) []int {
+	first, _ := reputation.Select(mc, d.params, d.rng) // every candidate is eligible: ok
+	type heavy struct {
+		j int
+		w float64
+	}
+	heavier := func(a, b heavy) bool {
+		return a.w > b.w || a.w == b.w && keys[mi[a.j]] < keys[mi[b.j]]
+	}
+	top := make([]heavy, 0, min(d.tune.MaxMeshAttempts, len(mc))-1)
+	for j := range mc {
+		if j == first || cap(top) == 0 {
+			continue
+		}
+		h := heavy{j, weight(mc[j])}
+		switch {
+		case len(top) == cap(top) && h.w < top[len(top)-1].w:
+			continue // the common case, decided without the tie rule
+		case len(top) < cap(top):
+			top = append(top, h)
+		case heavier(h, top[len(top)-1]):
+			top[len(top)-1] = h
+		default:
+			continue
+		}
+		for x := len(top) - 1; x > 0 && heavier(top[x], top[x-1]); x-- {
+			top[x], top[x-1] = top[x-1], top[x]
+		}
+	}
+	order := make([]int, 0, 1+len(top))
+	order = append(order, mi[first])
+	for _, h := range top {
+		order = append(order, mi[h.j])
+	}
+	return order
+}
+
+// weight is c's share in Select's weighted draw: Weight(score) × performance × spare.
+func weight(c reputation.Candidate) float64 {
+	if !(c.Performance > 0) {
+		return 0
+	}
+	return reputation.Weight(c.Score) * c.Performance * min(c.Spare, 1)
+}
+
+// estimate fills e for a tier that can serve: TTFT as given, Total adding the completion
+// at tps, USD at usdPerMTok over prompt and completion.
+func (d *decider) estimate(e *Estimate, ttft time.Duration, tps, usdPerMTok float64) {
+	if !(usdPerMTok > 0) {
+		usdPerMTok = 0
+	}
+	e.OK, e.Why = true, ""
+	e.TTFT = ttft
+	e.Total = ttft + seconds(float64(d.n)/tps)
+	e.USD = usdPerMTok * float64(d.prompt+d.n) / 1e6
+}
+
+// score is an estimate's rank under the request's priority: lower is better. An unknown
+// priority (Prefs not validated) counts as balanced.
+func (d *decider) score(e Estimate) float64 {
+	switch d.prefs.Priority {
+	case inference.PriorityCost:
+		return e.USD
+	case inference.PriorityLatency:
+		return e.Total.Seconds()
+	}
+	return e.Total.Seconds() + e.USD*d.tune.BalancedSecondsPerUSD
+}
+
+// seconds converts x seconds to a Duration, at most maxEstimate.
+func seconds(x float64) time.Duration {
+	if !(x < maxEstimate.Seconds()) {
+		return maxEstimate
+	}
+	return time.Duration(x * float64(time.Second))
+}
+
+// knownModels lists, sorted and once each, every model name the allowed tiers know: the
+// local backend's, those announced by peers that could serve (before reputation), and the
+// cloud's list.
+func (d *decider) knownModels() []string {
+	var names []string
+	if d.s.Local.Accepting {
+		for _, m := range d.s.Local.Models {
+			names = append(names, m.Name)
+		}
+	}
+	if d.allowMesh {
+		for i := range d.s.Peers {
+			e := &d.s.Peers[i].Entry
+			if e.Stale || e.Vector == nil || !e.Vector.Load.Accepting || !(spareCapacity(e.Vector.Load) > 0) {
+				continue
+			}
+			for _, m := range e.Vector.Models {
+				names = append(names, m.Name)
+			}
+		}
+	}
+	if d.allowCloud && d.s.Cloud.Enabled {
+		names = append(names, d.s.Cloud.Models...)
+	}
+	slices.Sort(names)
+	names = slices.Compact(names)
+	if len(names) > 0 && names[0] == "" {
+		names = names[1:]
+	}
+	return names
+}
+
+// decision turns the plan into the router's answer.
+func (p *plan) decision(d *decider) Decision {
+	dec := Decision{Model: p.model, Estimates: slices.Clone(p.est[:])}
+	local := Target{Tier: TierLocal, Model: p.model}
+	cloud := Target{Tier: TierCloud, Model: p.model}
+	for _, t := range p.order {
+		switch tiers()[t] {
+		case TierLocal:
+			dec.Attempts = append(dec.Attempts, local)
+		case TierMesh:
+			dec.Attempts = append(dec.Attempts, p.mesh...)
+		case TierCloud:
+			dec.Attempts = append(dec.Attempts, cloud)
+		}
+	}
+	if d.prefs.Privacy == inference.PrivacyAny && d.prefs.Priority != inference.PriorityCost &&
+		p.local && p.localCold && p.cloud {
+		dec.Speculative = true
+		rest := slices.DeleteFunc(dec.Attempts, func(t Target) bool { return t.Tier != TierMesh })
+		dec.Attempts = append([]Target{local, cloud}, rest...)
+	}
+	return dec
+}
+
+// reuse returns buf emptied, or a new slice with capacity n if buf is smaller.
+func reuse[T any](buf []T, n int) []T {
+	if cap(buf) < n {
+		return make([]T, 0, n)
+	}
+	return buf[:0]
+}

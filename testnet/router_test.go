@@ -1,0 +1,403 @@
+package testnet
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/inference/synth"
+	"github.com/meshinfer/meshinfer/node"
+	"github.com/meshinfer/meshinfer/transport/infer"
+)
+
+// streamResult is what a client read from one streaming response.
+type streamResult struct {
+	status   int
+	route    string // X-Meshinfer-Route at the first token
+	tokens   []string
+	final    struct{ Route, Tier string; Attempts int }
+	errCode  string // code of an error event or body
+	done     bool   // [DONE] seen
+	duration time.Duration
+}
+
+func (s streamResult) text() string { return strings.Join(s.tokens, "") }
+
+// stream posts body to api and reads the SSE response; onToken (may be nil) runs after each
+// token with its 1-based count.
+func stream(t *testing.T, api, body string, header http.Header, onToken func(n int, route string)) streamResult {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, "http://"+api+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	start := time.Now()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	deadline := time.AfterFunc(60*time.Second, func() { resp.Body.Close() })
+	defer deadline.Stop()
+	r := streamResult{status: resp.StatusCode, route: resp.Header.Get("X-Meshinfer-Route")}
+	if resp.StatusCode != 200 {
+		var e struct{ Error struct{ Code string } }
+		json.NewDecoder(resp.Body).Decode(&e)
+		r.errCode = e.Error.Code
+		return r
+	}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if line == "[DONE]" {
+			r.done = true
+			continue
+		}
+		var ev struct {
+			Choices []struct {
+				Delta struct {
+					Content *string `json:"content"`
+				} `json:"delta"`
+				FinishReason *string `json:"finish_reason"`
+			} `json:"choices"`
+			Meshinfer *struct {
+				Route, Tier string
+				Attempts    int
+			} `json:"meshinfer"`
+			Error *struct{ Code string } `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatalf("bad event %q: %v", line, err)
+		}
+		if ev.Error != nil {
+			r.errCode = ev.Error.Code
+			continue
+		}
+		if ev.Meshinfer != nil {
+			r.final.Route, r.final.Tier, r.final.Attempts = ev.Meshinfer.Route, ev.Meshinfer.Tier, ev.Meshinfer.Attempts
+		}
+		for _, c := range ev.Choices {
+			if c.Delta.Content != nil && *c.Delta.Content != "" {
+				r.tokens = append(r.tokens, *c.Delta.Content)
+				if onToken != nil {
+					onToken(len(r.tokens), r.route)
+				}
+			}
+		}
+	}
+	r.duration = time.Since(start)
+	return r
+}
+
+// reference is what the synthetic backend itself generates for body.
+func reference(t *testing.T, body string) string {
+	t.Helper()
+	var req inference.Request
+	if err := json.Unmarshal([]byte(body), &req); err != nil {
+		t.Fatal(err)
+	}
+	b, err := synth.New(req.Model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sb strings.Builder
+	if _, err := b.Generate(context.Background(), &req, func(tok inference.Token) error {
+		sb.WriteString(tok.Text)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return sb.String()
+}
+
+func routedBody(model string, maxTokens int, seed int64, prefs map[string]string) string {
+	m := map[string]any{
+		"model": model, "max_tokens": maxTokens, "seed": seed, "temperature": 0.8, "stream": true,
+		"messages": []map[string]string{{"role": "user", "content": "tell me about meshes"}},
+	}
+	if prefs != nil {
+		m["meshinfer"] = prefs
+	}
+	b, _ := json.Marshal(m)
+	return string(b)
+}
+
+// serveNothing makes node 0 a pure router (it serves no model), the others serve synth-tiny.
+func serveNothing(i int) []string {
+	if i == 0 {
+		return nil
+	}
+	return []string{"synth-tiny"}
+}
+
+// A cold local model races a cloud stream (privacy any, latency first). A small model loads
+// before the cloud's first token: local serves and the cloud sees its request cancelled. A
+// large one does not: the cloud's stream is kept, and the local model warms up anyway.
+func TestSpeculativeDispatch(t *testing.T) {
+	prefs := map[string]string{"privacy": "any", "priority": "latency"}
+	t.Run("small local model wins", func(t *testing.T) {
+		tn := start(t, Options{Nodes: 1, NoConsole: true, Cloud: true, CloudLatency: 3 * time.Second,
+			ModelsFor: func(int) []string { return []string{"synth-tiny"} }})
+		body := routedBody("synth-tiny", 16, 1, prefs)
+		r := stream(t, tn.Node(0).APIAddr(), body, nil, nil)
+		if r.errCode != "" || !r.done || r.route != "local" || r.final.Route != "local" {
+			t.Fatalf("served %+v, want local", r)
+		}
+		if got, want := r.text(), reference(t, body); got != want {
+			t.Fatalf("text %q, want %q", got, want)
+		}
+		if r.duration > 2*time.Second {
+			t.Fatalf("took %v: local should not wait for the cloud's 3 s", r.duration)
+		}
+		sp := tn.Node(0).Status().Routing.Speculative
+		if sp.Started != 1 || sp.Cancelled != 1 || sp.Kept != 0 {
+			t.Fatalf("speculative counters %+v, want started 1 cancelled 1", sp)
+		}
+		cloud := tn.Cloud()
+		within(t, 5*time.Second, "cloud sees the cancellation", func() bool { return cloud.Stats().Cancelled == 1 })
+		if st := cloud.Stats(); st.Requests != 1 || st.Completed != 0 {
+			t.Fatalf("cloud stats %+v, want one request, cancelled", st)
+		}
+	})
+	t.Run("large local model loses", func(t *testing.T) {
+		// synth-base materializes in about 0.3 s (1.3 s under -race); the 4 s added cold
+		// start makes it load as slowly as a real model of its kind.
+		tn := start(t, Options{Nodes: 1, NoConsole: true, Cloud: true, CloudLatency: 20 * time.Millisecond,
+			ColdStart: 4 * time.Second, ModelsFor: func(int) []string { return []string{"synth-base"} }})
+		body := routedBody("synth-base", 8, 1, prefs)
+		r := stream(t, tn.Node(0).APIAddr(), body, nil, nil)
+		if r.errCode != "" || !r.done || r.route != "cloud" || r.final.Tier != "cloud" {
+			t.Fatalf("served %+v, want the cloud; routing %+v, cloud %+v", r, tn.Node(0).Status().Routing, tn.Cloud().Stats())
+		}
+		if got, want := r.text(), reference(t, body); got != want {
+			t.Fatalf("text %q, want %q", got, want)
+		}
+		sp := tn.Node(0).Status().Routing.Speculative
+		if sp.Started != 1 || sp.Kept != 1 || sp.Cancelled != 0 {
+			t.Fatalf("speculative counters %+v, want started 1 kept 1", sp)
+		}
+		if st := tn.Cloud().Stats(); st.Completed != 1 {
+			t.Fatalf("cloud stats %+v, want one completed", st)
+		}
+		within(t, 60*time.Second, "local model warm after the race", func() bool {
+			return localWarm(t, tn.Node(0), "synth-base")
+		})
+	})
+	t.Run("never for cost or local-only", func(t *testing.T) {
+		tn := start(t, Options{Nodes: 1, NoConsole: true, Cloud: true, CloudLatency: 20 * time.Millisecond,
+			ModelsFor: func(int) []string { return []string{"synth-tiny"} }})
+		for _, p := range []map[string]string{
+			{"privacy": "any", "priority": "cost"},
+			{"privacy": "local-only", "priority": "latency"},
+			{"privacy": "mesh", "priority": "latency"},
+		} {
+			r := stream(t, tn.Node(0).APIAddr(), routedBody("synth-tiny", 4, 1, p), nil, nil)
+			if r.errCode != "" || r.route != "local" {
+				t.Fatalf("prefs %v: served %+v, want local", p, r)
+			}
+		}
+		if sp := tn.Node(0).Status().Routing.Speculative; sp.Started != 0 {
+			t.Fatalf("speculative counters %+v, want none started", sp)
+		}
+		if st := tn.Cloud().Stats(); st.Requests != 0 {
+			t.Fatalf("cloud stats %+v, want no request", st)
+		}
+	})
+}
+
+// localWarm reports whether n's API lists model as warm on this node.
+func localWarm(t *testing.T, n *node.Node, model string) bool {
+	resp, err := http.Get("http://" + n.APIAddr() + "/v1/models/" + model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var m struct {
+		Meshinfer struct{ Warm bool } `json:"meshinfer"`
+	}
+	json.NewDecoder(resp.Body).Decode(&m)
+	return m.Meshinfer.Warm
+}
+
+// Three peers serve a model; one (A) is unavailable: its upstream refuses connections. The
+// router tries it, fails over before the first token, then leaves it alone while it cools
+// down; once its upstream is back and the cooldown has passed, A serves again.
+func TestRouterAvoidsUnavailablePeerThenReturns(t *testing.T) {
+	up, err := StartCloud("127.0.0.1:0", 0, "synth-tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := strings.TrimPrefix(up.URL(), "http://")
+	up.Close() // A's upstream is down
+
+	tn := start(t, Options{Nodes: 4, NoConsole: true, Heartbeat: time.Second,
+		ModelsFor: func(i int) []string {
+			if i == 0 {
+				return nil
+			}
+			return []string{"synth-tiny"}
+		},
+		Configure: func(i int, cfg *node.Config) {
+			if i == 1 {
+				cfg.Backend, cfg.Upstream = node.BackendOpenAI, "http://"+addr
+			}
+		},
+	})
+	within(t, 15*time.Second, "converge", tn.Converged)
+	router, a := tn.Node(0), tn.Node(1)
+	aTried := func() uint64 { st := a.Status().Inference; return st.Served + st.Failed }
+
+	// Phase 1: A is picked at some point, fails before its first token, and the request
+	// completes elsewhere.
+	sawFailover := false
+	for i := 0; i < 200 && a.Status().Inference.Failed == 0; i++ {
+		r := stream(t, router.APIAddr(), routedBody("synth-tiny", 4, int64(i), nil), nil, nil)
+		if r.errCode != "" || !r.done {
+			t.Fatalf("request %d: %+v", i, r)
+		}
+		sawFailover = sawFailover || r.final.Attempts > 1
+	}
+	if a.Status().Inference.Failed == 0 || !sawFailover {
+		t.Fatalf("A never tried (failed %d) or no failover seen", a.Status().Inference.Failed)
+	}
+
+	// Phase 2: A cools down (2 s for a first failure): requests sent now avoid it.
+	before, t0 := aTried(), time.Now()
+	for i := range 5 {
+		r := stream(t, router.APIAddr(), routedBody("synth-tiny", 4, int64(1000+i), nil), nil, nil)
+		if r.errCode != "" || r.final.Attempts != 1 {
+			t.Fatalf("cooling phase request %d: %+v", i, r)
+		}
+	}
+	if time.Since(t0) < reputationCooldown && aTried() != before {
+		t.Fatalf("A was tried while cooling down")
+	}
+	if st := router.Status().RoutingAffinity.TargetReputation; st.PenalizedTargets == 0 {
+		t.Fatalf("no penalized target after A failed: %+v", st)
+	}
+
+	// Phase 3: A's upstream comes back; after the cooldown A serves again.
+	up, err = StartCloud(addr, 0, "synth-tiny")
+	if err != nil {
+		t.Fatalf("restart A's upstream on %s: %v", addr, err)
+	}
+	defer up.Close()
+	// Requests keep coming (as they would) until A is picked again: past its cooldown
+	// (at most reputation's 10 s cap), with its lowered weight or the exploration share.
+	served, deadline := a.Status().Inference.Served, time.Now().Add(40*time.Second)
+	for i := 0; a.Status().Inference.Served == served; i++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("A never served again after its upstream came back (%d requests)", i)
+		}
+		r := stream(t, router.APIAddr(), routedBody("synth-tiny", 4, int64(2000+i), nil), nil, nil)
+		if r.errCode != "" || !r.done {
+			t.Fatalf("recovery phase request %d: %+v", i, r)
+		}
+	}
+}
+
+// reputationCooldown is the reputation store's first cooldown (reputation.DefaultCooldownBase).
+const reputationCooldown = 2 * time.Second
+
+// A serving peer is killed at a random token of a stream, over several seeded runs: the
+// router resumes on another peer serving the same deterministic model, and the client's
+// stream is identical to the reference, contiguous, without duplicates or gaps.
+func TestStreamResumesAfterPeerKilled(t *testing.T) {
+	// Node 0 routes; five peers serve synth-small, so the last of the runs still has a peer
+	// to resume on after its own kill.
+	const runs = 8
+	tn := start(t, Options{Nodes: 1 + runs + 1, NoConsole: true, Heartbeat: time.Second, ModelsFor: serveNothing})
+	within(t, 15*time.Second, "converge", tn.Converged)
+	router := tn.Node(0)
+	rng := rand.New(rand.NewPCG(42, 7))
+	for run := range runs {
+		killAt := 1 + rng.IntN(12)
+		body := routedBody("synth-tiny", 48, int64(run), nil)
+		var killed string
+		r := stream(t, router.APIAddr(), body, nil, func(n int, route string) {
+			if n != killAt {
+				return
+			}
+			killed = route
+			for i := 1; i < tn.Len(); i++ {
+				if nd := tn.Node(i); nd != nil && "peer:"+nd.ID().String() == route {
+					if err := tn.Kill(i); err != nil {
+						t.Errorf("kill node %d: %v", i, err)
+					}
+					return
+				}
+			}
+			t.Errorf("route %q is not a running peer", route)
+		})
+		t.Logf("run %d: killed at token %d, stream took %v, attempts %d", run, killAt, r.duration, r.final.Attempts)
+		if killed == "" {
+			t.Fatalf("run %d: stream of %d tokens ended before token %d", run, len(r.tokens), killAt)
+		}
+		if r.errCode != "" || !r.done {
+			t.Fatalf("run %d (killed %s at token %d): error %q done %v after %d tokens", run, killed, killAt, r.errCode, r.done, len(r.tokens))
+		}
+		if want := reference(t, body); r.text() != want {
+			t.Fatalf("run %d: resumed stream differs from the reference\n got %q\nwant %q", run, r.text(), want)
+		}
+		if r.final.Route == killed || r.final.Attempts < 2 {
+			t.Fatalf("run %d: final route %s after %d attempts; killed %s", run, r.final.Route, r.final.Attempts, killed)
+		}
+	}
+	if got := router.Status().Routing.Resumptions; got != runs {
+		t.Fatalf("resumptions %d, want %d", got, runs)
+	}
+}
+
+// With no other peer serving the model, a peer killed mid-stream ends the client's stream
+// with peer_lost within the idle timeout plus a second.
+func TestNoAlternativeLeftGivesPeerLost(t *testing.T) {
+	tn := start(t, Options{Nodes: 2, NoConsole: true, Heartbeat: 15 * time.Second})
+	within(t, 10*time.Second, "converge", tn.Converged)
+	var killedAt time.Time
+	r := stream(t, tn.Node(0).APIAddr(), routedBody("synth-small", 4096, 1, nil), nil, func(n int, _ string) {
+		if n == 3 {
+			killedAt = time.Now()
+			if err := tn.Kill(1); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	if killedAt.IsZero() || r.errCode != "peer_lost" || r.done {
+		t.Fatalf("want an error event peer_lost after the kill; got %+v", r)
+	}
+	if took := time.Since(killedAt); took > infer.DefaultIdleTimeout+time.Second {
+		t.Fatalf("peer_lost %v after the kill", took)
+	}
+}
+
+// The response says the tier, the route and the number of attempts, in headers and body.
+func TestResponseSaysWhereItWasServed(t *testing.T) {
+	tn := start(t, Options{Nodes: 2, NoConsole: true, Heartbeat: 15 * time.Second})
+	within(t, 10*time.Second, "converge", tn.Converged)
+	for _, tc := range []struct{ model, tier, route string }{
+		{"synth-tiny", "local", "local"},
+		{"synth-small", "mesh", "peer:" + tn.Node(1).ID().String()},
+	} {
+		resp, c := post(t, tn.Node(0).APIAddr(), chatBody(tc.model, 4, false))
+		h := resp.Header
+		if h.Get("X-Meshinfer-Tier") != tc.tier || h.Get("X-Meshinfer-Route") != tc.route || h.Get("X-Meshinfer-Attempts") != "1" {
+			t.Fatalf("%s: headers tier %q route %q attempts %q", tc.model, h.Get("X-Meshinfer-Tier"), h.Get("X-Meshinfer-Route"), h.Get("X-Meshinfer-Attempts"))
+		}
+		if c.Meshinfer.Route != tc.route {
+			t.Fatalf("%s: body route %q", tc.model, c.Meshinfer.Route)
+		}
+	}
+	if rq := tn.Node(0).Status().Routing.Requests; rq.Local != 1 || rq.Mesh != 1 {
+		t.Fatalf("routing requests %+v, want local 1 mesh 1", rq)
+	}
+}
