@@ -253,4 +253,3 @@ func TestLocalOnlyNeverTouchesTheNetwork(t *testing.T) {
 		t.Fatalf("mesh request: status %d, peer calls %d, B served %d", resp.StatusCode, peers.calls.Load(), b.infer.Stats().Served)
 	}
 }
-

@@ -18,10 +18,13 @@ import (
 
 // streamResult is what a client read from one streaming response.
 type streamResult struct {
-	status   int
-	route    string // X-Meshinfer-Route at the first token
-	tokens   []string
-	final    struct{ Route, Tier string; Attempts int }
+	status int
+	route  string // X-Meshinfer-Route at the first token
+	tokens []string
+	final  struct {
+		Route, Tier string
+		Attempts    int
+	}
 	errCode  string // code of an error event or body
 	done     bool   // [DONE] seen
 	duration time.Duration
