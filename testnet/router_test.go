@@ -356,8 +356,11 @@ func TestStreamResumesAfterPeerKilled(t *testing.T) {
 			t.Fatalf("run %d: final route %s after %d attempts; killed %s", run, r.final.Route, r.final.Attempts, killed)
 		}
 	}
-	if got := router.Status().Routing.Resumptions; got != runs {
-		t.Fatalf("resumptions %d, want %d", got, runs)
+	// Each run resumes at least once; a resumption can itself fail (a peer killed in an
+	// earlier run that this node knew only through gossip is still a candidate until its
+	// vector goes stale) and be followed by another.
+	if got := router.Status().Routing.Resumptions; got < runs {
+		t.Fatalf("resumptions %d, want at least %d", got, runs)
 	}
 }
 
