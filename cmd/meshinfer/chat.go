@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 )
@@ -20,6 +21,7 @@ const chatSynopsis = `Send one chat message to a node's OpenAI-compatible API an
 
   meshinfer chat "hello there"
   meshinfer chat --model synth-small --max-tokens 64 "tell me something"
+  meshinfer chat --privacy local-only "this prompt never leaves this machine"
 
 The built-in synthetic models produce meaningless text: they exist to exercise the mesh
 (real compute, real streaming, deterministic output), not to answer.`
@@ -33,6 +35,8 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 	model := fs.String("model", "synth-tiny", "model to use (GET /v1/models lists them)")
 	maxTokens := fs.Int("max-tokens", 64, "most tokens to generate")
 	seed := fs.Int64("seed", 0, "sampling seed (same seed, same prompt: same answer)")
+	privacy := fs.String("privacy", "", "local-only, mesh or any (default: the node's --privacy)")
+	priority := fs.String("priority", "", "cost, latency or balanced (default: the node's --priority)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -46,28 +50,41 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	out, err := chat(ctx, *api, *model, prompt, *maxTokens, *seed, func(s string) { fmt.Fprint(stdout, s) })
+	out, err := chat(ctx, *api, chatRequest{model: *model, prompt: prompt, maxTokens: *maxTokens, seed: *seed,
+		privacy: *privacy, priority: *priority}, func(s string) { fmt.Fprint(stdout, s) })
 	fmt.Fprintln(stdout)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stderr, "[%s, %d tokens, finish %s, served by %s]\n", *model, out.tokens, out.finish, out.route)
+	fmt.Fprintf(stderr, "[%s, %d tokens, finish %s, served by %s (%s tier, %d attempt(s))]\n",
+		*model, out.tokens, out.finish, out.route, out.tier, out.attempts)
 	return nil
 }
 
 type chatOutcome struct {
-	route  string
-	finish string
-	tokens int
+	route    string // the final route (a resumed stream may end elsewhere than it began)
+	tier     string
+	attempts int
+	finish   string
+	tokens   int
+}
+
+// chatRequest is one chat completion to send; empty privacy and priority leave the node's
+// defaults.
+type chatRequest struct {
+	model, prompt     string
+	maxTokens         int
+	seed              int64
+	privacy, priority string
 }
 
 // chat streams one completion from api, calling onText with each piece of text.
-func chat(ctx context.Context, api, model, prompt string, maxTokens int, seed int64, onText func(string)) (chatOutcome, error) {
+func chat(ctx context.Context, api string, cr chatRequest, onText func(string)) (chatOutcome, error) {
 	body, _ := json.Marshal(map[string]any{
-		"model":      model,
-		"messages":   []map[string]string{{"role": "user", "content": prompt}},
-		"max_tokens": maxTokens,
-		"seed":       seed,
+		"model":      cr.model,
+		"messages":   []map[string]string{{"role": "user", "content": cr.prompt}},
+		"max_tokens": cr.maxTokens,
+		"seed":       cr.seed,
 		"stream":     true,
 	})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(api, "/")+"/v1/chat/completions", bytes.NewReader(body))
@@ -75,12 +92,19 @@ func chat(ctx context.Context, api, model, prompt string, maxTokens int, seed in
 		return chatOutcome{}, fmt.Errorf("--api %q: %w", api, err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if cr.privacy != "" {
+		req.Header.Set("X-Meshinfer-Privacy", cr.privacy)
+	}
+	if cr.priority != "" {
+		req.Header.Set("X-Meshinfer-Priority", cr.priority)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return chatOutcome{}, fmt.Errorf("cannot reach the API: %w\nis a node running? start one with 'meshinfer node', or point --api at it", err)
 	}
 	defer resp.Body.Close()
-	out := chatOutcome{route: resp.Header.Get("X-Meshinfer-Route")}
+	out := chatOutcome{route: resp.Header.Get("X-Meshinfer-Route"), tier: resp.Header.Get("X-Meshinfer-Tier")}
+	out.attempts, _ = strconv.Atoi(resp.Header.Get("X-Meshinfer-Attempts"))
 	if resp.StatusCode != http.StatusOK {
 		return out, apiError(resp)
 	}
@@ -99,6 +123,10 @@ func chat(ctx context.Context, api, model, prompt string, maxTokens int, seed in
 				Delta        struct{ Content string } `json:"delta"`
 				FinishReason *string                  `json:"finish_reason"`
 			} `json:"choices"`
+			Meshinfer *struct {
+				Route, Tier string
+				Attempts    int
+			} `json:"meshinfer"`
 			Error *struct{ Message, Code string } `json:"error"`
 		}
 		if err := json.Unmarshal([]byte(data), &ev); err != nil {
@@ -106,6 +134,9 @@ func chat(ctx context.Context, api, model, prompt string, maxTokens int, seed in
 		}
 		if ev.Error != nil {
 			return out, fmt.Errorf("stream ended with %s: %s", ev.Error.Code, ev.Error.Message)
+		}
+		if m := ev.Meshinfer; m != nil {
+			out.route, out.tier, out.attempts = m.Route, m.Tier, m.Attempts
 		}
 		for _, c := range ev.Choices {
 			if c.Delta.Content != "" {

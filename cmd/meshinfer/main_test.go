@@ -129,6 +129,12 @@ func TestNodeHelpListsEveryFlagWithItsDefault(t *testing.T) {
 		{"backend", `(default "synth")`},
 		{"upstream", ""},
 		{"upstream-key-env", `(default "MESHINFER_UPSTREAM_KEY")`},
+		{"privacy", `(default "mesh")`},
+		{"priority", `(default "balanced")`},
+		{"cloud-url", ""},
+		{"cloud-key-env", `(default "MESHINFER_CLOUD_KEY")`},
+		{"cloud-model", "required with --cloud-url"},
+		{"cloud-cost", "(default 1)"},
 	}
 	for _, tc := range tests {
 		block, ok := help[tc.flag]
@@ -193,7 +199,10 @@ func TestTestnetCommand(t *testing.T) {
 		t.Fatalf("exit code = %d, want 0\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
 	for _, s := range []string{"starting 3 nodes", "PEER ID", "LISTEN", "CONSOLE", "12D3KooW", "converged",
-		"synth-small -> served by node 1 (peer)", "synth-tiny  -> served by local", "stopped."} {
+		"its own model:", "served by itself    (local)",
+		"a model only peers serve:", "served by node 1    (mesh)",
+		"a model no node serves, privacy any:", "served by the cloud (cloud)",
+		"(local_unavailable)", "stopped."} {
 		if !strings.Contains(stdout, s) {
 			t.Errorf("stdout does not contain %q:\n%s", s, stdout)
 		}

@@ -81,6 +81,11 @@ func renderStatus(w io.Writer, st console.Status, peers []console.Peer) {
 		st.Mesh.Name, st.Mesh.PeersKnown, st.Mesh.PeersStale, st.Mesh.PeersConnected, st.Mesh.TopicPeers, st.Mesh.DHTPeers)
 	a := st.Announcements
 	fmt.Fprintf(w, "announce  %d published; received %d accepted, %d rejected, %d ignored\n", a.Published, a.Accepted, a.Rejected, a.Ignored)
+	r := st.Routing
+	fmt.Fprintf(w, "routing   served here %d, by peers %d, by the cloud %d, no target %d; local-only %d served, %d refused\n",
+		r.Requests.Local, r.Requests.Mesh, r.Requests.Cloud, r.Requests.NoTarget, r.LocalOnly.Served, r.LocalOnly.Refused)
+	fmt.Fprintf(w, "          %d failovers, %d resumed streams; speculative cloud %d started, %d cancelled (local ready first), %d kept\n",
+		r.Failovers, r.Resumptions, r.Speculative.Started, r.Speculative.Cancelled, r.Speculative.Kept)
 	for _, addr := range st.ListenAddrs {
 		fmt.Fprintf(w, "listen    %s\n", addr)
 	}
@@ -93,7 +98,7 @@ func renderStatus(w io.Writer, st console.Status, peers []console.Peer) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PEER\tSTATE\tAGE\tCAPABILITY")
+	fmt.Fprintln(tw, "PEER\tSTATE\tAGE\tSCORE\tCAPABILITY")
 	for _, p := range peers {
 		state := "connected"
 		switch {
@@ -102,7 +107,11 @@ func renderStatus(w io.Writer, st console.Status, peers []console.Peer) {
 		case !p.Connected:
 			state = "via mesh"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.0fs\t%s\n", shortID(p.PeerID), state, p.AgeS, describe(p.Capability))
+		score := fmt.Sprintf("%.0f", p.Score)
+		if p.Excluded {
+			score += " (excluded)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.0fs\t%s\t%s\n", shortID(p.PeerID), state, p.AgeS, score, describe(p.Capability))
 	}
 	tw.Flush()
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -18,8 +19,13 @@ import (
 
 const testnetSynopsis = `Run N nodes in this process on 127.0.0.1 and show them find each other. Node 0 is the
 bootstrap; node i's console listens on --console-base + i. Prints a table of nodes, waits until
-every node holds every other's verified capability vector, then prints live status.
-Ctrl-C (or --duration) stops every node cleanly.`
+every node holds every other's verified capability vector, sends a few requests to show the
+router at work (local, a peer, the stand-in cloud, a local-only refusal), then prints live
+status. Ctrl-C (or --duration) stops every node cleanly.
+
+With --cloud (the default) a stand-in cloud API runs too: the built-in models behind a
+meshinfer API that adds --cloud-latency before each response; every node uses it as its
+cloud tier, for requests whose privacy is any.`
 
 func runTestnet(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("testnet", testnetSynopsis, stderr)
@@ -31,6 +37,9 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	heartbeat := fs.Duration("heartbeat", node.DefaultHeartbeat, "capability re-announcement period")
 	watch := fs.Duration("watch", 2*time.Second, "how often to print live status (0: never)")
 	seed := fs.Uint64("seed", 1, "seed for the choice of bootstrap peers")
+	cloud := fs.Bool("cloud", true, "run a stand-in cloud API as every node's cloud tier")
+	cloudLatency := fs.Duration("cloud-latency", testnet.DefaultCloudLatency, "latency the stand-in cloud adds before each response")
+	coldStart := fs.Duration("cold-start", 0, "added to every synthetic model's load on the nodes, to show real-length cold starts (e.g. 3s)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -50,7 +59,7 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	start := time.Now()
 	tn, err := testnet.New(testnet.Options{
 		Nodes: *nodes, Mesh: *mesh, ConsoleBase: *consoleBase, APIBase: *apiBase, Heartbeat: *heartbeat,
-		Version: version, Seed: *seed,
+		Version: version, Seed: *seed, Cloud: *cloud, CloudLatency: *cloudLatency, ColdStart: *coldStart,
 	})
 	if err != nil {
 		return fmt.Errorf("%w\nif a port is taken, pick others with --console-base and --api-base", err)
@@ -61,6 +70,9 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stdout, "stopped.")
 	}()
 	printNodes(stdout, tn)
+	if c := tn.Cloud(); c != nil {
+		fmt.Fprintf(stdout, "cloud: %s/v1 (stand-in, +%v per response; serves %s)\n", c.URL(), *cloudLatency, strings.Join(c.Models(), ", "))
+	}
 
 	if err := tn.WaitConverged(ctx); err != nil {
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
@@ -128,35 +140,50 @@ func printLive(w io.Writer, tn *testnet.Testnet, up time.Duration) {
 	fmt.Fprintln(w)
 }
 
-// demo sends one request per model to the first two nodes' APIs and shows who served it, so
-// the first screen of `make run` shows requests crossing the mesh.
+// demo sends a few requests and shows who served each, so that the first screen of `make
+// run` shows the router at work: node 0's own model, a model only peers serve, the cloud
+// for a model no node serves (privacy any), and a local-only request refused rather than
+// sent away.
 func demo(ctx context.Context, w io.Writer, tn *testnet.Testnet) {
-	names := map[string]string{}
+	names := map[string]string{"local": "itself", "cloud": "the cloud"}
 	for i := range tn.Len() {
 		if n := tn.Node(i); n != nil {
-			names["peer:"+n.ID().String()] = fmt.Sprintf("node %d (peer)", i)
+			names["peer:"+n.ID().String()] = fmt.Sprintf("node %d", i)
 		}
 	}
-	for i := range min(2, tn.Len()) {
-		n := tn.Node(i)
-		if n == nil || n.APIAddr() == "" {
+	n := tn.Node(0)
+	if n == nil || n.APIAddr() == "" {
+		return
+	}
+	api := "http://" + n.APIAddr()
+	cases := []struct {
+		what string
+		cr   chatRequest
+	}{
+		{"its own model", chatRequest{model: "synth-tiny"}},
+		{"a model only peers serve", chatRequest{model: "synth-small"}},
+		{"a model no node serves, privacy any", chatRequest{model: "synth-base", privacy: "any"}},
+		{"a peer's model, privacy local-only", chatRequest{model: "synth-small", privacy: "local-only"}},
+	}
+	if tn.Cloud() == nil {
+		cases = slices.Delete(cases, 2, 3)
+	}
+	for _, c := range cases {
+		c.cr.prompt, c.cr.maxTokens = "hello mesh", 12
+		began := time.Now()
+		var text strings.Builder
+		out, err := chat(ctx, api, c.cr, func(s string) { text.WriteString(s) })
+		fmt.Fprintf(w, "node 0 API, %-38s", c.what+":")
+		if err != nil {
+			fmt.Fprintf(w, " refused: %v\n", err)
 			continue
 		}
-		for _, model := range []string{"synth-tiny", "synth-small"} {
-			began := time.Now()
-			var text strings.Builder
-			out, err := chat(ctx, "http://"+n.APIAddr(), model, "hello mesh", 12, 0, func(s string) { text.WriteString(s) })
-			if err != nil {
-				fmt.Fprintf(w, "node %d API, %s: %v\n", i, model, err)
-				continue
-			}
-			where := out.route
-			if name, ok := names[where]; ok {
-				where = name
-			}
-			fmt.Fprintf(w, "node %d API, %-11s -> served by %-16s %2d tokens in %4dms: %q\n",
-				i, model, where, out.tokens, time.Since(began).Milliseconds(), text.String())
+		where := out.route
+		if name, ok := names[where]; ok {
+			where = name
 		}
+		fmt.Fprintf(w, " served by %-9s (%s) %2d tokens in %4dms: %q\n",
+			where, out.tier, out.tokens, time.Since(began).Milliseconds(), text.String())
 	}
 	fmt.Fprintln(w, "(the synthetic models compute for real, but their text is meaningless)")
 }
