@@ -7,8 +7,8 @@
 //
 //   - No backend: local_unavailable.
 //   - The model must be one the backend lists; otherwise local_unavailable naming the local
-//     models. With route auto, a request naming no model (or "auto") gets the first warm
-//     local model, else the first local model.
+//     models. With route auto, a request naming no model, "auto" or a model not served
+//     here gets the first warm local model, else the first local model.
 //   - A failure of the backend before the first token that says the backend cannot serve
 //     now (unavailable, model_not_found, overloaded, timeout not caused by the caller's
 //     context, policy_paused, and any code that would name the network) becomes
@@ -107,14 +107,22 @@ func (g *Gate) generate(ctx context.Context, req *inference.Request, emit func(i
 	return inference.Result{}, refusal(ctx, err)
 }
 
-// pick returns the model to run: the request's, or with route auto and no model named the
-// first warm local model, else the first local one.
+// pick returns the model to run: the request's when the backend serves it; else, with route
+// auto, the first warm local model, else the first local one (auto may change the model, and
+// this device is the only tier a local-only request has).
 func (g *Gate) pick(ctx context.Context, req *inference.Request) (string, error) {
 	infos, err := g.b.Models(ctx)
 	if err != nil {
 		return "", refusal(ctx, err)
 	}
-	if req.Prefs.Route == inference.RouteAuto && (req.Model == "" || req.Model == inference.AutoModel) {
+	names := make([]string, 0, len(infos))
+	for _, m := range infos {
+		if m.Name == req.Model {
+			return m.Name, nil
+		}
+		names = append(names, m.Name)
+	}
+	if req.Prefs.Route == inference.RouteAuto {
 		for _, m := range infos {
 			if m.Warm {
 				return m.Name, nil
@@ -125,13 +133,6 @@ func (g *Gate) pick(ctx context.Context, req *inference.Request) (string, error)
 		}
 		return "", inference.Errorf(inference.CodeLocalUnavailable,
 			"the local backend serves no model; a local-only request is never sent elsewhere")
-	}
-	names := make([]string, 0, len(infos))
-	for _, m := range infos {
-		if m.Name == req.Model {
-			return m.Name, nil
-		}
-		names = append(names, m.Name)
 	}
 	local := "none"
 	if len(names) > 0 {
