@@ -407,3 +407,29 @@ func TestResponseSaysWhereItWasServed(t *testing.T) {
 		t.Fatalf("routing requests %+v, want local 1 mesh 1", rq)
 	}
 }
+
+// A cloud that fails is a degraded route: the request ends with a typed error naming it
+// (no other tier serves the model), the cloud target cools down, and the capability probe
+// re-runs.
+func TestCloudFailureRerunsProbe(t *testing.T) {
+	tn := start(t, Options{Nodes: 1, NoConsole: true, Cloud: true, CloudLatency: time.Millisecond})
+	tn.Cloud().Close() // connection refused from now on
+	n := tn.Node(0)
+	r := stream(t, n.APIAddr(), routedBody("synth-base", 4, 1, map[string]string{"privacy": "any"}), nil, nil)
+	if r.status != http.StatusServiceUnavailable || r.errCode != "unavailable" || r.route != "cloud" {
+		t.Fatalf("got %+v, want 503 unavailable from the cloud", r)
+	}
+	st := n.Status()
+	if st.Routing.ProbeReruns != 1 || st.Routing.Requests.Cloud != 1 {
+		t.Fatalf("routing %+v, want one probe re-run and one cloud request", st.Routing)
+	}
+	if st.RoutingAffinity.TargetReputation.CoolingTargets != 1 {
+		t.Fatalf("reputation %+v, want the cloud cooling", st.RoutingAffinity.TargetReputation)
+	}
+	// While it cools it is the model's only target, and explicit routing keeps a model
+	// reachable: the cloud is tried again rather than the request refused untried.
+	r = stream(t, n.APIAddr(), routedBody("synth-base", 4, 1, map[string]string{"privacy": "any"}), nil, nil)
+	if r.errCode != "unavailable" || r.route != "cloud" {
+		t.Fatalf("while cooling: %+v", r)
+	}
+}
