@@ -366,6 +366,7 @@ func (s vectorSource) Vector(now time.Time) caps.Vector {
 		Battery:  hw.Battery,
 		Thermal:  hw.Thermal,
 		AppState: caps.AppStateActive,
+		Net:      caps.Net{Metered: hw.Metered},
 		Models:   models,
 		Load:     load,
 	}

@@ -33,6 +33,12 @@ type Hardware struct {
 	RAM     caps.RAM
 	Battery caps.Battery
 	Thermal string // one of caps.ThermalNominal, ThermalFair, ThermalSerious, ThermalCritical
+	// Metered is true when the default route leaves through a cellular link (see
+	// readMetered).
+	Metered bool
+	// SensorsOK is false when procfs or sysfs cannot be read at all: then nothing above is
+	// known, and callers that enforce limits must assume the worst.
+	SensorsOK bool
 }
 
 // Prober reads the hardware. Create it with New and stop it with Close.
@@ -145,12 +151,14 @@ func (p *Prober) Probe(now time.Time) Hardware {
 	cpu := p.cpu
 	cpu.ISA = append([]string(nil), p.cpu.ISA...)
 	return Hardware{
-		CPU:     cpu,
-		GPU:     p.gpus(now),
-		NPU:     readNPU(p.root),
-		RAM:     readMemory(p.root),
-		Battery: readBattery(p.root),
-		Thermal: readThermal(p.root),
+		CPU:       cpu,
+		GPU:       p.gpus(now),
+		NPU:       readNPU(p.root),
+		RAM:       readMemory(p.root),
+		Battery:   readBattery(p.root),
+		Thermal:   readThermal(p.root),
+		Metered:   readMetered(p.root),
+		SensorsOK: sensorsAnswer(p.root),
 	}
 }
 
