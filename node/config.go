@@ -10,6 +10,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/mesh/participation"
 	"github.com/meshinfer/meshinfer/node/console"
 	"github.com/meshinfer/meshinfer/transport/openai"
 )
@@ -105,6 +106,15 @@ type Config struct {
 	// UpstreamKeyEnv names the environment variable holding the upstream's API key, sent as a
 	// bearer token; unset or empty sends none. Default: DefaultUpstreamKeyEnv.
 	UpstreamKeyEnv string
+	// Profile is the deployer's participation profile (participation.ProfileEco, Standard,
+	// Power, Off); "" means ProfileOverrides.Profile, else participation.DefaultProfile.
+	Profile string
+	// ProfileOverrides are the deployer's per-field changes to the profile (the --config
+	// file).
+	ProfileOverrides participation.Overrides
+	// Consent, when set, is the owner's consent, used instead of DataDir/consent.json
+	// (testnets and tests). Nil reads the file, and re-reads it whenever it changes.
+	Consent *participation.Consent
 	// Prefs are the routing preferences of a request that gives none (in the body or the
 	// X-Meshinfer-* headers). Empty fields: inference.DefaultPrefs (mesh, balanced, explicit).
 	Prefs inference.Prefs

@@ -39,6 +39,7 @@ import (
 // out, the cloud failing) makes the capability probe re-run.
 type dispatcher struct {
 	n     *Node
+	local inference.Backend // the node's backend as the owner's consent allows; nil: none
 	peers peerGenerator     // the peer protocol's client
 	cloud inference.Backend // the cloud tier; nil when none is configured
 	// cloudModels are the models the cloud is asked for (empty: any).
@@ -84,7 +85,7 @@ type routingStats struct {
 func newDispatcher(n *Node, peers peerGenerator, cloud inference.Backend, cloudModels []string, seed uint64) *dispatcher {
 	bg, cancel := context.WithCancel(context.Background())
 	return &dispatcher{
-		n: n, peers: peers, cloud: cloud, cloudModels: cloudModels,
+		n: n, local: n.ownerBackend(), peers: peers, cloud: cloud, cloudModels: cloudModels,
 		rng:      rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		localTPS: map[string]float64{}, localCold: map[string]time.Duration{},
 		keys: map[peer.ID]string{}, bg: bg, bgCancel: cancel,
@@ -112,8 +113,8 @@ func (d *dispatcher) Models(ctx context.Context) []openai.Model {
 		m.Routes = append(m.Routes, where)
 		m.Warm = m.Warm || warm
 	}
-	if d.n.backend != nil {
-		if local, err := d.n.backend.Models(ctx); err == nil {
+	if d.local != nil {
+		if local, err := d.local.Models(ctx); err == nil {
 			for _, m := range local {
 				add(m.Name, route.Target{Tier: route.TierLocal}.String(), m.Warm)
 			}
@@ -143,9 +144,9 @@ func (d *dispatcher) snapshot(ctx context.Context, now time.Time) *route.Snapsho
 	s := &route.Snapshot{Rep: d.n.rep, Tune: route.DefaultTuning()}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.n.backend != nil {
-		if infos, err := d.n.backend.Models(ctx); err == nil {
-			s.Local.Accepting = true
+	if d.local != nil {
+		if infos, err := d.local.Models(ctx); err == nil {
+			s.Local.Accepting = len(infos) > 0
 			for _, m := range infos {
 				s.Local.Models = append(s.Local.Models, route.LocalModel{
 					Name: m.Name, Warm: m.Warm, Deterministic: m.Deterministic,
@@ -168,7 +169,7 @@ func (d *dispatcher) snapshot(ctx context.Context, now time.Time) *route.Snapsho
 		}
 		s.Peers = append(s.Peers, route.Peer{Entry: e, Key: key, RTT: ps.LatencyEWMA(e.Peer)})
 	}
-	if d.cloud != nil {
+	if d.cloud != nil && d.n.part.cloudAllowed() {
 		s.Cloud = route.Cloud{
 			Enabled: true, Models: d.cloudModels,
 			TTFT: d.cloudTTFT, TokensPerSec: d.cloudTPS, USDPerMTok: d.n.cfg.CloudUSDPerMTok,
@@ -247,7 +248,8 @@ func (r *run) serve(ctx context.Context, dec route.Decision) (inference.Result, 
 	attempts := dec.Attempts
 	var lastErr error
 	if dec.Speculative {
-		if ld, ok := r.d.n.backend.(loader); ok {
+		if _, ok := r.d.n.backend.(loader); ok { // the backend itself can load ahead
+			ld := r.d.local.(loader)
 			res, err, done, cloudLeft := r.speculate(ctx, ld, attempts[0], attempts[1])
 			if done {
 				return res, err
@@ -351,7 +353,7 @@ func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, er
 func (d *dispatcher) runOn(ctx context.Context, t route.Target, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
 	switch t.Tier {
 	case route.TierLocal:
-		return d.n.backend.Generate(ctx, req, emit)
+		return d.local.Generate(ctx, req, emit)
 	case route.TierCloud:
 		return d.cloud.Generate(ctx, req, emit)
 	}

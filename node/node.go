@@ -40,6 +40,7 @@ import (
 	"github.com/meshinfer/meshinfer/mesh/caps"
 	"github.com/meshinfer/meshinfer/mesh/discovery"
 	"github.com/meshinfer/meshinfer/mesh/probe"
+	"github.com/meshinfer/meshinfer/mesh/receipts"
 	"github.com/meshinfer/meshinfer/mesh/registry"
 	"github.com/meshinfer/meshinfer/node/console"
 	"github.com/meshinfer/meshinfer/reputation"
@@ -72,6 +73,8 @@ type Node struct {
 	rep       *reputation.Store
 	backend   inference.Backend // nil when the node serves no model itself
 	infer     *infer.Server
+	part      *partGate       // participation: consent, policy, live conditions
+	receipts  *receipts.Log   // tasks served for peers; nil without a data dir
 	router    *dispatcher     // routes API requests that may leave this device
 	gate      *localonly.Gate // serves local-only API requests; holds no network handle
 	api       *openai.Server
@@ -175,8 +178,23 @@ func (n *Node) start() error {
 		}
 		n.backend = sb // assigned only when non-nil: a nil *synth.Backend would be a non-nil Backend
 	}
+	if n.part, err = newPartGate(cfg); err != nil {
+		return fmt.Errorf("participation: %w", err)
+	}
+	// The first observation now, so that the first announcement already says whether this
+	// node accepts work; the loop started below observes every heartbeat after that.
+	n.part.observe(n.probe.Probe(cfg.Now()), cfg.Now())
 	if n.backend != nil {
-		n.infer = infer.NewServer(h, n.backend)
+		opts := []infer.ServerOption{infer.WithAdmission(n.part.admit)}
+		if cfg.DataDir != "" {
+			// Every task served for a peer is receipted; the log closes after the server.
+			if n.receipts, err = receipts.Open(cfg.DataDir, n.key); err != nil {
+				return fmt.Errorf("receipts log: %w", err)
+			}
+			n.closers = append(n.closers, n.receipts.Close)
+			opts = append(opts, infer.WithOnServed(n.receipt))
+		}
+		n.infer = infer.NewServer(h, n.backend, opts...)
 		n.closers = append(n.closers, n.infer.Close)
 	}
 
@@ -188,6 +206,11 @@ func (n *Node) start() error {
 		return fmt.Errorf("start announcer: %w", err)
 	}
 	n.closers = append(n.closers, n.announcer.Close)
+	n.part.onChange(n.announcer.Changed)
+	partCtx, partCancel := context.WithCancel(context.Background())
+	var partWG sync.WaitGroup
+	partWG.Go(func() { n.part.loop(partCtx, n.probe, cfg.Heartbeat) })
+	n.closers = append(n.closers, func() error { partCancel(); partWG.Wait(); return nil })
 
 	// Rendezvous advertises one DHT key from every node: on one machine that makes the ~20
 	// nodes closest to it hubs that everyone dials. Bootstrap peers reach every node there.
@@ -238,6 +261,19 @@ func (n *Node) start() error {
 	return nil
 }
 
+// receipt appends one served task to the receipts log. A failed append is logged: the task
+// itself was served either way.
+func (n *Node) receipt(t infer.ServedTask) {
+	err := n.receipts.Append(receipts.Receipt{
+		Time: n.cfg.Now(), Requester: t.From.String(), Model: t.Model,
+		TokensIn: t.PromptTokens, TokensOut: t.CompletionTokens,
+		DurationMS: t.Duration.Milliseconds(), Outcome: t.Outcome,
+	})
+	if err != nil {
+		log.Errorw("receipt not recorded", "peer", t.From, "model", t.Model, "err", err)
+	}
+}
+
 // onDevice is the backend local-only requests may use: the synthetic one, or an upstream
 // server on this machine (loopback). An upstream elsewhere would carry the prompt off the
 // device, so local-only requests then get local_unavailable.
@@ -251,7 +287,17 @@ func (n *Node) onDevice() inference.Backend {
 			return nil
 		}
 	}
-	return n.backend
+	return n.ownerBackend()
+}
+
+// ownerBackend is the backend as this node's own API requests may use it: as the owner's
+// consent to run models locally allows (the peer server uses the backend as consent to
+// contribute allows, through its admission).
+func (n *Node) ownerBackend() inference.Backend {
+	if n.backend == nil {
+		return nil
+	}
+	return consentBackend{Backend: n.backend, g: n.part}
 }
 
 // maxPubsubMessage caps any GossipSub message this node will handle: capability vectors are
@@ -340,7 +386,7 @@ type vectorSource struct{ n *Node }
 func (s vectorSource) Vector(now time.Time) caps.Vector {
 	hw := s.n.probe.Probe(now)
 	models := []caps.Model{}
-	load := caps.Load{Accepting: s.n.backend != nil}
+	load := caps.Load{Accepting: s.n.backend != nil && s.n.part.accepting()}
 	if s.n.backend != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		infos, err := s.n.backend.Models(ctx)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/inference/synth"
+	"github.com/meshinfer/meshinfer/mesh/participation"
 	"github.com/meshinfer/meshinfer/transport/openai"
 )
 
@@ -76,6 +77,10 @@ func startTestNode(t *testing.T, cfg Config) *Node {
 	cfg.Identity, cfg.Loopback = key, true
 	cfg.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"}
 	cfg.ConsoleAddr, cfg.APIAddr = ConsoleOff, "127.0.0.1:0"
+	if cfg.Consent == nil {
+		cfg.Consent = &participation.Consent{Version: participation.ConsentVersion, RunLocal: true, Contribute: true,
+			CloudFallback: true, BatteryFloor: participation.DefaultBatteryFloor}
+	}
 	n, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -47,8 +47,9 @@ func (n *Node) Status() console.Status {
 		routing.LocalOnly = console.LocalOnly{Served: gs.Served, Refused: gs.Refused, Failed: gs.Failed}
 	}
 	return console.Status{
-		Inference: inf,
-		Routing:   routing,
+		Inference:     inf,
+		Routing:       routing,
+		Participation: n.part.status(),
 		RoutingAffinity: console.RoutingAffinity{TargetReputation: console.TargetReputation{
 			PenalizedTargets: rs.PenalizedTargets, RoutesPenalized: rs.RoutesPenalized,
 			CoolingTargets: rs.CoolingTargets, ExcludedPeers: rs.ExcludedPeers,

@@ -32,6 +32,8 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -39,6 +41,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/meshinfer/meshinfer/inference/synth"
+	"github.com/meshinfer/meshinfer/mesh/participation"
 	"github.com/meshinfer/meshinfer/node"
 )
 
@@ -70,6 +73,9 @@ type Options struct {
 	// ColdStart is added to every synthetic model's load on the nodes (not the cloud's), so
 	// that cold starts last as long as a real model's (node.Config.SynthLoadDelay).
 	ColdStart time.Duration
+	// Sensors gives every node simulated hardware (see Sensors), starting from
+	// DefaultSensors, instead of this machine's: scenarios rewrite it.
+	Sensors bool
 	// Configure, when set, adjusts node i's configuration last (tests: another backend, a
 	// default privacy).
 	Configure func(i int, cfg *node.Config)
@@ -89,10 +95,14 @@ type Testnet struct {
 	opts Options
 
 	cloud *Cloud // nil without Options.Cloud
+	// tmp holds the testnet's files: each node's data dir (receipts) and simulated sensor
+	// tree; removed by Close.
+	tmp string
 
-	mu    sync.Mutex
-	nodes []*node.Node // nil where stopped or killed
-	rng   *mrand.Rand
+	mu      sync.Mutex
+	nodes   []*node.Node // nil where stopped or killed
+	sensors []*Sensors   // by node index, with Options.Sensors
+	rng     *mrand.Rand
 }
 
 // New starts opts.Nodes nodes and returns once each has started (not converged: see
@@ -114,6 +124,11 @@ func New(opts Options) (*Testnet, error) {
 		opts.ModelsFor = DefaultModels
 	}
 	t := &Testnet{opts: opts, rng: mrand.New(mrand.NewPCG(opts.Seed, 0x6d657368))}
+	dir, err := os.MkdirTemp("", "meshinfer-testnet-")
+	if err != nil {
+		return nil, err
+	}
+	t.tmp = dir
 	if opts.Cloud {
 		addr := opts.CloudAddr
 		if addr == "" {
@@ -129,6 +144,7 @@ func New(opts Options) (*Testnet, error) {
 		}
 		c, err := StartCloud(addr, latency, models...)
 		if err != nil {
+			os.RemoveAll(t.tmp)
 			return nil, err
 		}
 		t.cloud = c
@@ -165,26 +181,47 @@ func (t *Testnet) add() (int, error) {
 	t.mu.Lock()
 	idx := len(t.nodes)
 	t.nodes = append(t.nodes, nil) // reserve the index (and its console port)
+	t.sensors = append(t.sensors, nil)
 	boot := t.bootstrapFor(idx)
 	t.mu.Unlock()
+
+	dataDir := filepath.Join(t.tmp, fmt.Sprintf("node%d", idx))
+	probeRoot := t.opts.ProbeRoot
+	if t.opts.Sensors {
+		s, err := newSensors(filepath.Join(dataDir, "sensors"), DefaultSensors())
+		if err != nil {
+			return 0, fmt.Errorf("node %d sensors: %w", idx, err)
+		}
+		t.mu.Lock()
+		t.sensors[idx] = s
+		t.mu.Unlock()
+		probeRoot = s.Root()
+	}
 
 	key, _, err := crypto.GenerateEd25519Key(rand.Reader)
 	if err != nil {
 		return 0, fmt.Errorf("node %d identity: %w", idx, err)
 	}
 	cfg := node.Config{
-		Identity:       key,
-		Mesh:           t.opts.Mesh,
-		ListenAddrs:    []string{"/ip4/127.0.0.1/tcp/0", "/ip4/127.0.0.1/udp/0/quic-v1"},
-		Bootstrap:      boot,
-		ConsoleAddr:    t.consoleAddr(idx),
-		APIAddr:        t.apiAddr(idx),
-		Models:         t.opts.ModelsFor(idx),
-		Heartbeat:      t.opts.Heartbeat,
-		ConnsLow:       t.opts.ConnsLow,
-		ConnsHigh:      t.opts.ConnsHigh,
-		Loopback:       true,
-		ProbeRoot:      t.opts.ProbeRoot,
+		Identity:    key,
+		DataDir:     dataDir,
+		Mesh:        t.opts.Mesh,
+		ListenAddrs: []string{"/ip4/127.0.0.1/tcp/0", "/ip4/127.0.0.1/udp/0/quic-v1"},
+		Bootstrap:   boot,
+		ConsoleAddr: t.consoleAddr(idx),
+		APIAddr:     t.apiAddr(idx),
+		Models:      t.opts.ModelsFor(idx),
+		Heartbeat:   t.opts.Heartbeat,
+		ConnsLow:    t.opts.ConnsLow,
+		ConnsHigh:   t.opts.ConnsHigh,
+		Loopback:    true,
+		ProbeRoot:   probeRoot,
+		// A testnet drives hundreds of requests a minute through a few nodes: no rate limit
+		// (mesh/participation tests it).
+		ProfileOverrides: participation.Overrides{MaxTasksPerMin: new(int)},
+		// A testnet stands for machines whose owners said yes to everything.
+		Consent: &participation.Consent{Version: participation.ConsentVersion, RunLocal: true, Contribute: true,
+			CloudFallback: true, BatteryFloor: participation.DefaultBatteryFloor, PauseOnMetered: true},
 		SynthLoadDelay: t.opts.ColdStart,
 		Version:        t.opts.Version,
 	}
@@ -313,6 +350,19 @@ func (t *Testnet) take(i int) *node.Node {
 	return n
 }
 
+// DataDir is node i's data directory (its receipts log is there).
+func (t *Testnet) DataDir(i int) string { return filepath.Join(t.tmp, fmt.Sprintf("node%d", i)) }
+
+// Sensors is node i's simulated hardware, or nil without Options.Sensors.
+func (t *Testnet) Sensors(i int) *Sensors {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if i < 0 || i >= len(t.sensors) {
+		return nil
+	}
+	return t.sensors[i]
+}
+
 // Cloud is the stand-in cloud, or nil when Options.Cloud is off.
 func (t *Testnet) Cloud() *Cloud { return t.cloud }
 
@@ -372,5 +422,6 @@ func (t *Testnet) Close() error {
 	if t.cloud != nil {
 		errs = append(errs, t.cloud.Close())
 	}
+	errs = append(errs, os.RemoveAll(t.tmp))
 	return errors.Join(errs...)
 }

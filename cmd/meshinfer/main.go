@@ -30,6 +30,7 @@ Commands:
   status    show a running node's status (reads its console)
   chat      send a prompt to a node's OpenAI-compatible API and stream the answer
   id        print this node's peer ID (creates the identity on first use)
+  receipts  list, total and verify the signed receipts of tasks served for other peers
   version   print the version
 
 Run 'meshinfer <command> --help' for the flags of a command.
@@ -61,8 +62,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runStatus(rest, stdout, stderr)
 	case "id":
 		err = runID(rest, stdout, stderr)
+	case "consent":
+		err = runConsent(rest, stdout, stderr)
 	case "chat":
 		err = runChat(rest, stdout, stderr)
+	case "receipts":
+		err = runReceipts(rest, stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, "meshinfer", version)
 	case "help", "--help", "-help", "-h":

@@ -135,6 +135,8 @@ func TestNodeHelpListsEveryFlagWithItsDefault(t *testing.T) {
 		{"cloud-key-env", `(default "MESHINFER_CLOUD_KEY")`},
 		{"cloud-model", "required with --cloud-url"},
 		{"cloud-cost", "(default 1)"},
+		{"profile", "default standard"},
+		{"config", "require_charging"},
 	}
 	for _, tc := range tests {
 		block, ok := help[tc.flag]
@@ -194,7 +196,7 @@ func TestIDIsStable(t *testing.T) {
 }
 
 func TestTestnetCommand(t *testing.T) {
-	code, stdout, stderr := runCmd(t, "testnet", "--nodes", "3", "--duration", "10s", "--console-base", "0", "--api-base", "0", "--watch", "0")
+	code, stdout, stderr := runCmd(t, "testnet", "--nodes", "3", "--duration", "15s", "--console-base", "0", "--api-base", "0", "--watch", "0")
 	if code != 0 {
 		t.Fatalf("exit code = %d, want 0\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}

@@ -14,8 +14,35 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/mesh/participation"
 	"github.com/meshinfer/meshinfer/node"
 )
+
+// firstRunConsent asks the owner for consent when none is recorded and this is a terminal;
+// without a terminal it says how to give it, and the node runs without contributing.
+func firstRunConsent(dataDir string, stdout, stderr io.Writer) error {
+	dir, err := dataDirOrDefault(dataDir)
+	if err != nil {
+		return err
+	}
+	if _, ok, err := participation.LoadConsent(dir); err != nil || ok {
+		return err
+	}
+	if !isTerminal(os.Stdin) {
+		fmt.Fprintln(stderr, "no consent recorded: this node runs models for you but contributes nothing to the mesh and uses no cloud.\n"+
+			"to decide: meshinfer consent   (or, in scripts: meshinfer consent --contribute yes --run-local yes --cloud no)")
+		return nil
+	}
+	c, err := askConsent(os.Stdin, stdout)
+	if err != nil {
+		return err
+	}
+	if err := participation.SaveConsent(dir, c); err != nil {
+		return err
+	}
+	printConsent(stdout, c)
+	return nil
+}
 
 const nodeSynopsis = `Run a node: listen for peers, join the mesh through bootstrap peers, the DHT and mDNS,
 announce this machine's signed capability vector, serve the built-in model on the
@@ -59,6 +86,8 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	cloudKeyEnv := fs.String("cloud-key-env", node.DefaultCloudKeyEnv, "environment variable holding the cloud's API key, sent as a bearer token (unset: none)")
 	fs.Var(&cloudModels, "cloud-model", "model the cloud serves, repeatable (required with --cloud-url)")
 	cloudCost := fs.Float64("cloud-cost", node.DefaultCloudUSDPerMTok, "the cloud's price in USD per million tokens, for cost and balanced routing")
+	profile := fs.String("profile", "", "participation profile set by whoever deploys the node: eco, standard, power or off (default standard, or the --config file's)")
+	configFile := fs.String("config", "", "JSON file of per-field overrides of the profile: require_charging, battery_min_level, thermal_max_state, max_tasks_per_min, pause_on_metered")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -87,6 +116,17 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--privacy/--priority: %w", err)
 	}
 	cfg.CloudURL, cfg.CloudKeyEnv, cfg.CloudModels, cfg.CloudUSDPerMTok = *cloudURL, *cloudKeyEnv, cloudModels, *cloudCost
+	cfg.Profile = *profile
+	if *configFile != "" {
+		ov, err := participation.LoadOverrides(*configFile)
+		if err != nil {
+			return err
+		}
+		cfg.ProfileOverrides = ov
+	}
+	if err := firstRunConsent(*dataDir, stdout, stderr); err != nil {
+		return err
+	}
 	roles, err := parseRoles(*role)
 	if err != nil {
 		return err

@@ -169,7 +169,7 @@ func demo(ctx context.Context, w io.Writer, tn *testnet.Testnet) {
 		cases = slices.Delete(cases, 2, 3)
 	}
 	for _, c := range cases {
-		c.cr.prompt, c.cr.maxTokens = "hello mesh", 12
+		c.cr.prompt, c.cr.maxTokens = "hello mesh", 8
 		began := time.Now()
 		var text strings.Builder
 		out, err := chat(ctx, api, c.cr, func(s string) { text.WriteString(s) })

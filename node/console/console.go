@@ -26,6 +26,7 @@ import (
 	logging "github.com/ipfs/go-log/v2"
 
 	"github.com/meshinfer/meshinfer/mesh/caps"
+	"github.com/meshinfer/meshinfer/mesh/participation"
 	"github.com/meshinfer/meshinfer/transport"
 )
 
@@ -45,6 +46,7 @@ type Status struct {
 	// Inference is this node's serving side; RoutingAffinity its routing memory.
 	Inference       Inference       `json:"inference"`
 	Routing         Routing         `json:"routing"`
+	Participation   Participation   `json:"participation"`
 	RoutingAffinity RoutingAffinity `json:"routing_affinity"`
 }
 
@@ -69,6 +71,30 @@ type Routing struct {
 	// ProbeReruns counts capability probe re-runs after a degraded route (a peer timing
 	// out, the cloud failing).
 	ProbeReruns uint64 `json:"probe_reruns"`
+}
+
+// Participation is whether and on what terms this node contributes to the mesh.
+type Participation struct {
+	Consent Consent `json:"consent"`
+	// Profile is the deployer's profile (eco, standard, power, off).
+	Profile string `json:"profile"`
+	// Thresholds is the effective policy: the stricter of the deployer's profile (with its
+	// overrides) and the owner's consent, field by field.
+	Thresholds participation.Policy `json:"thresholds"`
+	// Admission is "accepting" or "paused"; Reasons says why (battery_low, not_charging,
+	// thermal, metered, rate_limited, no_consent, sensors_silent, profile_off).
+	Admission string   `json:"admission"`
+	Reasons   []string `json:"reasons"`
+}
+
+// Consent is the owner's recorded consent.
+type Consent struct {
+	Given         bool   `json:"given"`
+	Version       int    `json:"version,omitempty"`
+	GivenAt       string `json:"given_at,omitempty"`
+	RunLocal      bool   `json:"run_local"`
+	Contribute    bool   `json:"contribute"`
+	CloudFallback bool   `json:"cloud_fallback"`
 }
 
 // TierCounts counts requests per tier.

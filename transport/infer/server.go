@@ -39,6 +39,29 @@ type ServerStats struct {
 	ProtocolErrors     uint64 `json:"protocol_errors"`     // bad or missing request frame
 }
 
+// Outcomes of a ServedTask besides the error codes of inference.
+const (
+	// OutcomeCompleted: the done frame was written.
+	OutcomeCompleted = "completed"
+	// OutcomeClientDisconnected: the client reset or closed the stream, or stopped reading,
+	// before the terminal frame was written.
+	OutcomeClientDisconnected = "client_disconnected"
+)
+
+// ServedTask describes one request the server admitted and ran, for WithOnServed. It carries
+// no prompt or output content.
+type ServedTask struct {
+	From  peer.ID // the requesting peer
+	Model string  // the model requested
+	// PromptTokens and CompletionTokens come from the result's usage when the task
+	// completed. Otherwise the prompt was never counted back (the backend reports usage only
+	// on success): PromptTokens is 0 and CompletionTokens counts the tokens emitted before the
+	// end.
+	PromptTokens, CompletionTokens int
+	Duration                       time.Duration // from admission to the terminal frame or reset
+	Outcome                        string        // OutcomeCompleted, OutcomeClientDisconnected or an inference error code
+}
+
 // ServerOption configures a Server.
 type ServerOption func(*Server)
 
@@ -53,12 +76,22 @@ func WithAdmission(a Admission) ServerOption { return func(s *Server) { s.admit 
 // WithLimits sets the request limits checked before generation.
 func WithLimits(l inference.Limits) ServerOption { return func(s *Server) { s.limits = l } }
 
+// WithOnServed sets a function called once for every request that was admitted and ran:
+// completed, failed with a typed error (the backend's, a timeout, shutting down) or ended by
+// the client. Requests refused before running (a protocol error, invalid or over the limits,
+// refused by admission, overloaded) are not reported. It is called on the request's handler
+// goroutine after the terminal frame was written or the stream reset, and after the request's
+// in-flight slot was released; Close waits for running calls. It should return promptly (a
+// file append and sync is fine): the handler's goroutine waits for it.
+func WithOnServed(fn func(ServedTask)) ServerOption { return func(s *Server) { s.onServed = fn } }
+
 // Server answers /meshinfer/infer/1.0.0 with a Generator.
 type Server struct {
 	h        host.Host
 	gen      Generator
 	admit    Admission
 	limits   inference.Limits
+	onServed func(ServedTask)
 	maxTotal int
 	maxPeer  int
 
@@ -178,8 +211,17 @@ func (s *Server) handle(st network.Stream) {
 		s.finish(st, nil, nil, inference.Errorf(inference.CodeOverloaded, "node at its limit of concurrent requests"))
 		return
 	}
-	defer s.release(from)
+	began := time.Now()
+	task := s.serve(st, req)
+	task.From, task.Model, task.Duration = from, req.Model, time.Since(began)
+	s.release(from)
+	if s.onServed != nil {
+		s.onServed(task)
+	}
+}
 
+// serve runs an admitted request to its terminal frame and reports its outcome and tokens.
+func (s *Server) serve(st network.Stream, req *inference.Request) ServedTask {
 	ctx, cancel := context.WithTimeout(s.ctx, maxGeneration)
 	defer cancel()
 	// The client sends nothing after the request and keeps its write side open until the
@@ -203,7 +245,9 @@ func (s *Server) handle(st network.Stream) {
 	// timer stays fed and a long completion is not held back.
 	pending := make([]byte, 0, 256)
 	lastWrite := time.Now()
+	emitted := 0
 	res, err := s.gen.Generate(ctx, req, func(t inference.Token) error {
+		emitted++
 		pending = frame.Append(pending, encodeToken(nil, t))
 		if !req.Stream && len(pending) < batchBytes && time.Since(lastWrite) < batchDelay {
 			return nil
@@ -216,18 +260,25 @@ func (s *Server) handle(st network.Stream) {
 	if s.ctx.Err() != nil && err != nil {
 		err = inference.Errorf(inference.CodeShuttingDown, "node is shutting down")
 	}
-	s.finish(st, pending, &res, err)
+	task := ServedTask{Outcome: s.finish(st, pending, &res, err)}
+	if task.Outcome == OutcomeCompleted {
+		task.PromptTokens, task.CompletionTokens = res.Usage.PromptTokens, res.Usage.CompletionTokens
+	} else {
+		task.CompletionTokens = emitted
+	}
+	return task
 }
 
-// Batching of a non-streaming request's token frames (see handle).
+// Batching of a non-streaming request's token frames (see serve).
 const (
 	batchBytes = 16 << 10
 	batchDelay = 100 * time.Millisecond
 )
 
 // finish writes the token frames still pending and the terminal frame, and closes the
-// stream, or resets it when the client is gone.
-func (s *Server) finish(st network.Stream, pending []byte, res *inference.Result, err error) {
+// stream, or resets it when the client is gone. It returns the outcome: OutcomeCompleted, the
+// code of err, or OutcomeClientDisconnected.
+func (s *Server) finish(st network.Stream, pending []byte, res *inference.Result, err error) string {
 	var body []byte
 	switch {
 	case err == nil:
@@ -236,7 +287,7 @@ func (s *Server) finish(st network.Stream, pending []byte, res *inference.Result
 		// Cancelled by the read-side watcher: the client reset the stream.
 		s.disconnected.Add(1)
 		st.Reset()
-		return
+		return OutcomeClientDisconnected
 	default:
 		body = encodeError(err)
 	}
@@ -245,12 +296,15 @@ func (s *Server) finish(st network.Stream, pending []byte, res *inference.Result
 		// The write failed: the client reset or stopped reading.
 		s.disconnected.Add(1)
 		st.Reset()
-		return
+		return OutcomeClientDisconnected
 	}
+	outcome := OutcomeCompleted
 	if err == nil {
 		s.served.Add(1)
 	} else {
 		s.failed.Add(1)
+		outcome = string(inference.CodeOf(err))
 	}
 	st.Close()
+	return outcome
 }

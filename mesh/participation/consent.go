@@ -1,0 +1,229 @@
+package participation
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/meshinfer/meshinfer/mesh/caps"
+)
+
+// ConsentVersion is the version of ConsentWording. Bump it whenever the wording changes what
+// the owner agrees to: a record given to another version no longer counts.
+const ConsentVersion = 1
+
+// DefaultBatteryFloor is the battery floor the consent prompt offers (percent): the standard
+// profile's floor, so an owner who accepts the default changes nothing.
+const DefaultBatteryFloor = 30
+
+// DefaultPauseOnMetered is the answer the consent prompt offers to pausing on metered
+// connections: yes, a data plan is the owner's money.
+const DefaultPauseOnMetered = true
+
+// ConsentWording is what the interactive prompt shows before it asks, version ConsentVersion.
+// Change it only together with ConsentVersion.
+const ConsentWording = `meshinfer asks before it uses this machine. There are three separate choices:
+
+  1. Run models locally: your own requests are answered by models on this machine.
+
+  2. Contribute to the mesh: other people's requests run on this machine's processor,
+     graphics card and memory. Their requests pass through this machine; it keeps only a
+     receipt (time, requester, model, token counts, duration), never their text.
+
+  3. Allow cloud fallback: when neither this machine nor the mesh can serve one of your
+     requests, it is sent to the cloud API you configured. That provider sees the request
+     and may charge for it.
+
+Contributing pauses by itself, finishing the tasks already running and refusing new ones:
+  - when the battery is below a floor you choose (default 30 %);
+  - on a metered (cellular modem) connection, if you say so (default: yes, pause);
+  - when the machine runs hot, or the profile set for this machine says to.
+
+You can withdraw at any time, and it takes effect at once:
+  meshinfer consent --withdraw
+`
+
+// Consent is the owner's recorded answer to ConsentWording.
+type Consent struct {
+	// Version is the ConsentVersion of the wording the owner answered.
+	Version int `json:"version"`
+	// GivenAt is when the owner answered.
+	GivenAt time.Time `json:"given_at"`
+	// RunLocal allows serving the owner's own requests with local models.
+	RunLocal bool `json:"run_local"`
+	// Contribute allows serving other people's requests. Without it the node contributes
+	// nothing: callers pass consented = have && Contribute to Breaches and Governor.Observe.
+	Contribute bool `json:"contribute"`
+	// CloudFallback allows sending the owner's requests to the configured cloud API.
+	CloudFallback bool `json:"cloud_fallback"`
+	// BatteryFloor is the owner's battery floor (percent, 0-100).
+	BatteryFloor int `json:"battery_floor"`
+	// PauseOnMetered pauses contributing on metered networks.
+	PauseOnMetered bool `json:"pause_on_metered"`
+}
+
+// OwnerPolicy is the owner's part of the effective policy: their battery floor and their
+// choice on metered networks. Every other field is at its loosest (not off, no charging
+// needed, any thermal state, no rate limit), so Stricter keeps the deployer's value there.
+func (c Consent) OwnerPolicy() Policy {
+	return Policy{
+		BatteryMinLevel: c.BatteryFloor,
+		ThermalMaxState: caps.ThermalCritical,
+		PauseOnMetered:  c.PauseOnMetered,
+	}
+}
+
+// validate checks a record for SaveConsent and LoadConsent.
+func (c Consent) validate() error {
+	if c.Version != ConsentVersion {
+		return fmt.Errorf("consent version %d, this build asks with version %d", c.Version, ConsentVersion)
+	}
+	if c.GivenAt.IsZero() {
+		return errors.New("given_at is missing")
+	}
+	if c.BatteryFloor < 0 || c.BatteryFloor > 100 {
+		return fmt.Errorf("battery_floor %d out of range 0 to 100", c.BatteryFloor)
+	}
+	return nil
+}
+
+// ConsentFile is the name of the consent record inside the data dir: the JSON of Consent,
+// file mode 0600.
+const ConsentFile = "consent.json"
+
+// maxConsentFile bounds how much of the consent file is read (bytes): a record is about 200
+// bytes.
+const maxConsentFile = 64 << 10
+
+// LoadConsent reads the owner's consent from dir. ok is false, with no error, when none is
+// recorded. A record given to another wording version, or one that cannot be read or parsed,
+// is an error that says to run `meshinfer consent` again: the owner has not agreed to what
+// this build would do.
+func LoadConsent(dir string) (c Consent, ok bool, err error) {
+	path := filepath.Join(dir, ConsentFile)
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return Consent{}, false, nil
+	}
+	if err != nil {
+		return Consent{}, false, fmt.Errorf("read consent: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxConsentFile+1))
+	if err != nil {
+		return Consent{}, false, fmt.Errorf("read consent %s: %w", path, err)
+	}
+	if len(data) > maxConsentFile {
+		return Consent{}, false, fmt.Errorf("consent record %s is larger than %d KiB, so it is not a consent record; run 'meshinfer consent' to record consent again",
+			path, maxConsentFile>>10)
+	}
+	c, err = decodeConsent(data)
+	if err != nil {
+		return Consent{}, false, fmt.Errorf("consent record %s: %w; run 'meshinfer consent' to answer again", path, err)
+	}
+	return c, true, nil
+}
+
+// decodeConsent parses a consent record: the version first, so a record of another version
+// is reported as such rather than as an unknown field, then the whole record strictly.
+func decodeConsent(data []byte) (Consent, error) {
+	// json.Unmarshal rejects anything after the record.
+	var head struct {
+		Version *int `json:"version"`
+	}
+	if err := json.Unmarshal(data, &head); err != nil {
+		return Consent{}, fmt.Errorf("malformed (%w)", err)
+	}
+	if head.Version == nil {
+		return Consent{}, errors.New("malformed (no version)")
+	}
+	if *head.Version != ConsentVersion {
+		return Consent{}, fmt.Errorf("given to wording version %d, this build asks with version %d", *head.Version, ConsentVersion)
+	}
+	var c Consent
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return Consent{}, fmt.Errorf("malformed (%w)", err)
+	}
+	if err := c.validate(); err != nil {
+		return Consent{}, fmt.Errorf("malformed (%w)", err)
+	}
+	return c, nil
+}
+
+// SaveConsent records c in dir, creating dir (mode 0700) if needed. The record is written to
+// a temporary file (mode 0600), synced and renamed over ConsentFile, so a crash leaves the old
+// record or the new one, never a torn one. c.Version must be ConsentVersion.
+func SaveConsent(dir string, c Consent) error {
+	if err := c.validate(); err != nil {
+		return fmt.Errorf("save consent: %w", err)
+	}
+	data, err := json.MarshalIndent(c, "", "  ")
+	if err != nil {
+		return fmt.Errorf("save consent: %w", err)
+	}
+	data = append(data, '\n')
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("save consent: create data dir: %w", err)
+	}
+	f, err := os.CreateTemp(dir, ".consent-*.tmp") // mode 0600
+	if err != nil {
+		return fmt.Errorf("save consent: %w", err)
+	}
+	tmp := f.Name()
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, ConsentFile))
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("save consent: %w", err)
+	}
+	if err := syncDir(dir); err != nil {
+		return fmt.Errorf("save consent: %w", err)
+	}
+	return nil
+}
+
+// WithdrawConsent removes the consent record from dir. Withdrawing when nothing is recorded
+// is not an error. The node stops contributing at its next observation (Breaches reports
+// no_consent); the caller that withdraws should make it observe at once.
+func WithdrawConsent(dir string) error {
+	err := os.Remove(filepath.Join(dir, ConsentFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("withdraw consent: %w", err)
+	}
+	if err := syncDir(dir); err != nil {
+		return fmt.Errorf("withdraw consent: %w", err)
+	}
+	return nil
+}
+
+// syncDir makes a rename or removal in dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}

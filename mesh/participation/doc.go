@@ -1,0 +1,145 @@
+// Package participation decides whether this node takes work from the mesh: the owner's
+// consent, the deployer's profile, the live device conditions, hysteresis and a rate limit.
+// It is policy as plain functions. It starts no goroutines, keeps no package state and reads
+// no clock: every call that needs the time takes now. Apart from the consent and overrides
+// files it does no I/O. It imports the standard library and mesh/caps (for the thermal state
+// names), nothing else. The node owns the heartbeat loop, the sensors and the lock: every
+// heartbeat it reads the Conditions, calls Governor.Observe and announces State.Accepting;
+// when a peer's task arrives it asks the Governor and a RateLimiter.
+//
+// # Who decides what
+//
+//   - The deployer (whoever installs and starts the node) picks a profile with --profile and
+//     may change any of its fields in an overrides file, looser or stricter.
+//   - The owner (whoever the machine belongs to) gives consent, with a battery floor and a
+//     choice on metered networks. The owner can only tighten: the effective policy is
+//     Stricter(deployer, owner), field by field.
+//   - The machine reports its conditions every heartbeat. A breach of the effective policy
+//     pauses mesh work at once.
+//
+// # Profiles
+//
+// battery_min_level applies only on battery; thermal_max_state is the highest thermal state
+// at which work goes on (nominal < fair < serious < critical); max_tasks_per_min counts tasks
+// admitted from peers in any 60 s window.
+//
+//	| profile            | off | require_charging | battery_min_level | thermal_max_state | max_tasks_per_min | pause_on_metered |
+//	|--------------------|-----|------------------|-------------------|-------------------|-------------------|------------------|
+//	| eco                | no  | yes              | 50 %              | fair              | 10                | yes              |
+//	| standard (default) | no  | no               | 30 %              | fair              | 30                | yes              |
+//	| power              | no  | no               | 15 %              | serious           | 120               | no               |
+//	| off                | yes | no               | 30 %              | fair              | 30                | yes              |
+//
+// eco is for a laptop its owner uses: work only while charging and at least half full, at
+// most 10 tasks a minute. standard pauses at the consent prompt's default floor (30 %), as
+// soon as the machine is warm enough to notice (fair, before the system throttles), and on
+// metered networks, with at most 30 tasks a minute. power is for a machine set aside for the
+// mesh: it runs down to 15 %, just above the 10 % at which most systems warn, tolerates
+// serious (throttled but not critical), takes 120 tasks a minute and ignores metering. off
+// pauses whatever the conditions and keeps standard's thresholds, so status shows real
+// numbers and switching back to standard changes only off.
+//
+// # The effective policy
+//
+// Stricter keeps, field by field:
+//
+//	| field                                     | stricter value                                  |
+//	|-------------------------------------------|-------------------------------------------------|
+//	| off, require_charging, pause_on_metered   | yes if either says yes                          |
+//	| battery_min_level                         | the higher                                      |
+//	| thermal_max_state                         | the lower state                                 |
+//	| max_tasks_per_min                         | the smaller limit; 0 is no limit, so 0 and n: n |
+//
+// The owner's part (Consent.OwnerPolicy) is their battery floor and their choice on metered
+// networks; its other fields are the loosest (not off, no charging needed, critical, no
+// limit), so the deployer's values stand there. Effective = Stricter(deployer, owner).
+//
+// # Deployer overrides
+//
+// The profile is the one --profile names; when the flag is not given, the overrides file's
+// "profile"; else standard. A flag given explicitly wins over the file because it is the more
+// specific, more recent choice. Then every field set in the file replaces the profile's value.
+// The file is one JSON object of at most 64 KiB, with exactly these keys, each optional
+// (null counts as absent):
+//
+//	{"profile": "eco", "require_charging": false, "battery_min_level": 40,
+//	 "thermal_max_state": "fair", "max_tasks_per_min": 20, "pause_on_metered": true}
+//
+// An unknown key, a value of the wrong type or out of range (battery_min_level 0-100,
+// max_tasks_per_min 0-10,000, a known profile and thermal state), or anything after the object
+// is an error naming the file and the field.
+//
+// # Consent
+//
+// Nothing is contributed before the owner agrees to ConsentWording (version ConsentVersion,
+// 1), which offers three separate choices (run locally, contribute to the mesh, cloud
+// fallback), a battery floor (default 30 %) and pausing on metered networks (default yes).
+// The answer is stored in the data dir as consent.json (mode 0600, written to a temporary
+// file, synced and renamed). A record given to another wording version, or one that does not
+// parse, is an error that says to run `meshinfer consent` again: the owner has not agreed to
+// what this build would do. `meshinfer consent --withdraw` removes the file.
+//
+// Only Contribute concerns this package: callers pass consented = (consent recorded &&
+// Contribute). RunLocal and CloudFallback are the routing's business.
+//
+// # Conditions and reasons
+//
+// Breaches reports, in this order:
+//
+//	| reason         | when                                                                        |
+//	|----------------|-----------------------------------------------------------------------------|
+//	| profile_off    | the effective policy is off                                                 |
+//	| no_consent     | no consent recorded, or it does not allow contributing                      |
+//	| sensors_silent | the sensors did not answer, or gave a battery level outside 0-100           |
+//	| battery_low    | a battery is present and its level is below battery_min_level               |
+//	| not_charging   | require_charging, and a battery is present and not charging                 |
+//	| thermal        | the thermal state is above thermal_max_state, or is not a known state       |
+//	| metered        | pause_on_metered, and the network is metered                                |
+//	| rate_limited   | (admission only) max_tasks_per_min tasks were admitted in the last 60 s     |
+//
+// Sensors are fail closed: when they are silent nothing after sensors_silent is judged,
+// because no reading is trusted. A machine without a battery is on mains and never breaches
+// battery_low or not_charging. An unknown thermal reading (the empty string included) breaches
+// every policy: the probe reports nominal for a machine without thermal zones, so anything
+// else means the reading went wrong. A policy whose thermal_max_state is unknown allows no
+// state at all.
+//
+// # What a pause covers
+//
+// While paused, for any reason, the node announces accepting=false, refuses new tasks from
+// peers (policy_paused, a rejection that reputation does not penalize) and lets the tasks in
+// flight finish. Pause on metered, like every other pause, therefore covers inference for
+// other people's requests and transfers of model weights made for mesh work. It does not cover
+// the capability announcement (one small signed vector per heartbeat: the only way peers
+// learn that the node is paused), DHT and bootstrap upkeep, the owner's own requests
+// (local, or sent to the mesh or the cloud as the owner asked), or the local console.
+//
+// # Hysteresis
+//
+// A Governor turns observations into an admission state. Any breach pauses at once, on the
+// observation that sees it. A paused node resumes on the first observation at which both
+// hold: the last RecoverBeats observations (default 3) had no breach, and at least
+// BackoffWindow (default 8 heartbeats) has passed since its previous resume. At the 15 s
+// heartbeat that is:
+//
+//	| event           | at the defaults                                                          |
+//	|-----------------|--------------------------------------------------------------------------|
+//	| pause           | the first heartbeat that sees a breach (within 15 s of it)               |
+//	| resume          | the 3rd healthy heartbeat in a row: 30 s after the first healthy one     |
+//	| backoff         | 2 min between resumes: at most one pause→resume cycle per 2 min          |
+//	| start           | paused (sensors_silent) until the first observation; a healthy one       |
+//	|                 | resumes at once (there is no history to smooth) and starts no backoff    |
+//
+// While paused, State.Reasons lists the current breaches, or, when the latest observation had
+// none and the node is waiting out its recovery, the breaches of the latest observation that
+// had some. Withdrawing consent and switching to profile off are breaches like the rest: the
+// caller observes at once, and the node pauses at once.
+//
+// # Admission
+//
+// A task from a peer is admitted when the Governor is accepting and then
+// RateLimiter.Allow(effective.MaxTasksPerMin, now) agrees; in that order, so a refused task
+// does not use up the rate. A refusal by the rate limiter is rate_limited, refused like a
+// pause. The window slides: at most max_tasks_per_min admissions in any 60 s, and a lowered
+// limit applies to the next task.
+package participation

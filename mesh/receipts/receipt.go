@@ -1,0 +1,187 @@
+package receipts
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+)
+
+// File is the name of the log inside the node's data dir.
+const File = "receipts.jsonl"
+
+// Domain separates receipt signatures from every other use of the node's identity key.
+const Domain = "meshinfer/receipt/v1\n"
+
+// MaxLineSize bounds one line of the log in bytes, newline included. A receipt is a few hundred
+// bytes (model names are at most 256); a longer line is not one of ours and is skipped
+// unread rather than loaded whole.
+const MaxLineSize = 64 << 10
+
+// Completed is the outcome of a task that ended with its result.
+const Completed = "completed"
+
+// sigPrefix names the signature scheme inside the sig field.
+const sigPrefix = "ed25519:"
+
+// sigMember introduces the sig member, always the last of a line. A JSON string value never
+// contains it: its quotes would be escaped.
+const sigMember = `,"sig":"`
+
+// Receipt is one task served for another peer. It holds no prompt or output content.
+type Receipt struct {
+	Time       time.Time `json:"time"`        // when the task ended, UTC
+	Requester  string    `json:"requester"`   // peer ID of the peer served
+	Model      string    `json:"model"`       // the model that ran
+	TokensIn   int       `json:"tokens_in"`   // prompt tokens
+	TokensOut  int       `json:"tokens_out"`  // completion tokens
+	DurationMS int64     `json:"duration_ms"` // from admission to the end of the task
+	Outcome    string    `json:"outcome"`     // Completed or the error code
+	Server     string    `json:"server"`      // peer ID of the node that served and signed
+	Seq        uint64    `json:"seq"`         // 1, 2, … within the file
+	Sig        string    `json:"sig,omitempty"`
+}
+
+// Errors reported for a line by Read, inside a *LineError.
+var (
+	ErrTooLong      = errors.New("receipt line too long")
+	ErrMalformed    = errors.New("receipt malformed or torn")
+	ErrBadSignature = errors.New("receipt signature invalid")
+	ErrSequence     = errors.New("receipt out of sequence")
+)
+
+// LineError is the error for one line of a log; Line counts from 1.
+type LineError struct {
+	Line int
+	Err  error
+}
+
+func (e *LineError) Error() string { return fmt.Sprintf("line %d: %v", e.Line, e.Err) }
+func (e *LineError) Unwrap() error { return e.Err }
+
+// canonical returns the body a signature covers (without Domain): r encoded without sig.
+func canonical(r Receipt) ([]byte, error) {
+	r.Sig = ""
+	b, err := json.Marshal(&r)
+	if err != nil {
+		return nil, fmt.Errorf("encode receipt: %w", err)
+	}
+	return b, nil
+}
+
+// validate checks the values a receipt must have, signed or not.
+func validate(r *Receipt) error {
+	switch {
+	case r.Time.IsZero() || r.Time.Location() != time.UTC:
+		return errors.New("time is zero or not UTC")
+	case r.Requester == "":
+		return errors.New("requester is empty")
+	case r.Outcome == "":
+		return errors.New("outcome is empty")
+	case r.TokensIn < 0 || r.TokensOut < 0 || r.DurationMS < 0:
+		return errors.New("negative count")
+	}
+	return nil
+}
+
+// encodeLine returns the signed line for r (Server and Seq set), newline included.
+func encodeLine(key crypto.PrivKey, r Receipt) ([]byte, error) {
+	body, err := canonical(r)
+	if err != nil {
+		return nil, err
+	}
+	sig, err := key.Sign(append([]byte(Domain), body...))
+	if err != nil {
+		return nil, fmt.Errorf("sign receipt: %w", err)
+	}
+	line := make([]byte, 0, len(body)+len(sigMember)+len(sigPrefix)+base64.StdEncoding.EncodedLen(len(sig))+3)
+	line = append(line, body[:len(body)-1]...) // body without its closing brace
+	line = append(line, sigMember...)
+	line = append(line, sigPrefix...)
+	line = base64.StdEncoding.AppendEncode(line, sig)
+	return append(line, "\"}\n"...), nil
+}
+
+// verifier checks lines, keeping the last server's public key: a log holds one server's lines.
+type verifier struct {
+	server string
+	pub    crypto.PubKey
+}
+
+func (v *verifier) key(server string) (crypto.PubKey, error) {
+	if v.pub != nil && server == v.server {
+		return v.pub, nil
+	}
+	id, err := peer.Decode(server)
+	if err != nil {
+		return nil, fmt.Errorf("%w: server: %w", ErrBadSignature, err)
+	}
+	pub, err := id.ExtractPublicKey()
+	if err != nil {
+		return nil, fmt.Errorf("%w: server ID carries no public key: %w", ErrBadSignature, err)
+	}
+	if pub.Type() != crypto.Ed25519 {
+		return nil, fmt.Errorf("%w: server key type %v is not ed25519", ErrBadSignature, pub.Type())
+	}
+	v.server, v.pub = server, pub
+	return pub, nil
+}
+
+// parse decodes one line (without its newline) and verifies it: strict JSON, canonical form,
+// valid values, and a signature by the key inside the server ID over exactly the line's body.
+func (v *verifier) parse(line []byte) (Receipt, error) {
+	if len(line) >= MaxLineSize {
+		return Receipt{}, ErrTooLong
+	}
+	i := bytes.LastIndex(line, []byte(sigMember))
+	if i < 0 || !bytes.HasSuffix(line[i+len(sigMember):], []byte(`"}`)) {
+		return Receipt{}, fmt.Errorf("%w: no sig member at the end", ErrMalformed)
+	}
+	sigText := line[i+len(sigMember) : len(line)-2]
+	body := append(line[:i:i], '}') // a copy: line[:i:i] has no room to grow in place
+
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	var r Receipt
+	if err := dec.Decode(&r); err != nil {
+		return Receipt{}, fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return Receipt{}, fmt.Errorf("%w: trailing data after the object", ErrMalformed)
+	}
+	if err := validate(&r); err != nil {
+		return Receipt{}, fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	if r.Server == "" || r.Seq == 0 {
+		return Receipt{}, fmt.Errorf("%w: server or seq missing", ErrMalformed)
+	}
+	// The signature covers the bytes as written; requiring them to be canonical as well means
+	// a receipt has one form only (no duplicate keys, reordering or stray escapes).
+	if canon, err := canonical(r); err != nil || !bytes.Equal(canon, body) {
+		return Receipt{}, fmt.Errorf("%w: not in canonical form", ErrMalformed)
+	}
+
+	enc, ok := bytes.CutPrefix(sigText, []byte(sigPrefix))
+	if !ok {
+		return Receipt{}, fmt.Errorf("%w: sig lacks %q prefix", ErrBadSignature, sigPrefix)
+	}
+	sig, err := base64.StdEncoding.Strict().AppendDecode(nil, enc)
+	if err != nil || len(sig) != 64 {
+		return Receipt{}, fmt.Errorf("%w: sig is not 64 bytes of base64", ErrBadSignature)
+	}
+	pub, err := v.key(r.Server)
+	if err != nil {
+		return Receipt{}, err
+	}
+	if ok, err := pub.Verify(append([]byte(Domain), body...), sig); err != nil || !ok {
+		return Receipt{}, fmt.Errorf("%w: does not verify for server %s", ErrBadSignature, r.Server)
+	}
+	r.Sig = string(sigText)
+	return r, nil
+}

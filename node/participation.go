@@ -1,0 +1,287 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/mesh/participation"
+	"github.com/meshinfer/meshinfer/mesh/probe"
+	"github.com/meshinfer/meshinfer/node/console"
+)
+
+// partGate applies the participation policy (mesh/participation) to this node: the
+// deployer's policy, the owner's consent (re-read whenever its file in the data dir changes,
+// so that a withdrawal takes effect at once), the live conditions the probe reads every
+// heartbeat, and the rate limit. It decides whether the node serves peers (admission and the
+// accepting flag of its announcement), may run models locally, and may use the cloud.
+type partGate struct {
+	deployer participation.Policy
+	profile  string
+	dir      string                 // where consent.json lives; "" with a fixed consent
+	fixed    *participation.Consent // Config.Consent: used instead of the file
+	now      func() time.Time
+
+	mu          sync.Mutex
+	changed     func() // re-announce (the accepting flag changed); set by onChange
+	gov         *participation.Governor
+	rate        participation.RateLimiter
+	consent     participation.Consent
+	haveConsent bool
+	consentErr  error     // a consent file that cannot be read: treated as no consent
+	consentStat fileStamp // the consent file as last read
+	state       participation.State
+	conditions  participation.Conditions
+}
+
+// fileStamp identifies a version of a file cheaply (a stat per check, no read).
+type fileStamp struct {
+	exists bool
+	mod    time.Time
+	size   int64
+}
+
+func newPartGate(cfg Config) (*partGate, error) {
+	deployer, err := participation.Deployer(cfg.Profile, cfg.ProfileOverrides)
+	if err != nil {
+		return nil, err
+	}
+	profile := cfg.Profile
+	if profile == "" {
+		profile = cfg.ProfileOverrides.Profile
+	}
+	if profile == "" {
+		profile = participation.DefaultProfile
+	}
+	g := &partGate{
+		deployer: deployer, profile: profile, dir: cfg.DataDir, fixed: cfg.Consent,
+		now: cfg.Now,
+		gov: participation.NewGovernor(participation.DefaultParams(cfg.Heartbeat)),
+	}
+	g.mu.Lock()
+	g.reloadConsentLocked()
+	g.mu.Unlock()
+	return g, nil
+}
+
+// onChange sets what to call when the node starts or stops accepting work (the announcer's
+// Changed, which exists only after the gate is in use).
+func (g *partGate) onChange(f func()) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.changed = f
+}
+
+// reloadConsentLocked re-reads the consent when its file changed since the last read.
+func (g *partGate) reloadConsentLocked() {
+	if g.fixed != nil {
+		g.consent, g.haveConsent, g.consentErr = *g.fixed, true, nil
+		return
+	}
+	if g.dir == "" {
+		return
+	}
+	path := filepath.Join(g.dir, participation.ConsentFile)
+	var st fileStamp
+	if fi, err := os.Stat(path); err == nil {
+		st = fileStamp{exists: true, mod: fi.ModTime(), size: fi.Size()}
+	}
+	if st == g.consentStat && (st.exists || !g.haveConsent) {
+		return
+	}
+	g.consentStat = st
+	was := g.contributingLocked()
+	g.consent, g.haveConsent, g.consentErr = participation.LoadConsent(g.dir)
+	if g.consentErr != nil {
+		log.Warnw("consent file unreadable: contributing nothing until it is fixed", "err", g.consentErr)
+		g.haveConsent = false
+	}
+	if g.contributingLocked() != was && g.changed != nil {
+		g.changed() // a withdrawal (or a new yes) reaches peers now, not at the next heartbeat
+	}
+}
+
+// contributing is the consent to serve peers, as of now.
+func (g *partGate) contributingLocked() bool { return g.haveConsent && g.consent.Contribute }
+
+// observe applies the conditions of one heartbeat; it re-announces when the node starts or
+// stops accepting.
+func (g *partGate) observe(hw probe.Hardware, now time.Time) participation.State {
+	c := participation.Conditions{
+		BatteryPresent: hw.Battery.Present, BatteryLevel: hw.Battery.Level, Charging: hw.Battery.Charging,
+		Thermal: hw.Thermal, Metered: hw.Metered, SensorsOK: hw.SensorsOK,
+	}
+	g.mu.Lock()
+	g.reloadConsentLocked()
+	was := g.state.Accepting
+	g.conditions = c
+	g.state = g.gov.Observe(g.effectiveLocked(), c, g.contributingLocked(), now)
+	st, changed := g.state, g.changed
+	g.mu.Unlock()
+	if st.Accepting != was {
+		log.Infow("participation changed", "accepting", st.Accepting, "reasons", st.Reasons)
+		if changed != nil {
+			changed()
+		}
+	}
+	return st
+}
+
+func (g *partGate) effectiveLocked() participation.Policy {
+	return participation.Effective(g.deployer, g.consent, g.haveConsent)
+}
+
+// accepting reports whether the node takes work from peers (its announcement's flag).
+func (g *partGate) accepting() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.reloadConsentLocked()
+	return g.state.Accepting && g.contributingLocked()
+}
+
+// admit is the peer inference server's admission: consent (checked afresh: a withdrawal
+// stops new work at once), the governor's state, then the rate limit. A refusal is
+// policy_paused, which the requester's reputation store does not count against this node.
+func (g *partGate) admit(peer.ID) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.reloadConsentLocked()
+	switch {
+	case !g.contributingLocked():
+		return inference.Errorf(inference.CodePolicyPaused, "this node's owner has not agreed to contribute (%s)", participation.ReasonNoConsent)
+	case !g.state.Accepting:
+		return inference.Errorf(inference.CodePolicyPaused, "this node is paused: %s", joinReasons(g.state.Reasons))
+	case !g.rate.Allow(g.effectiveLocked().MaxTasksPerMin, g.now()):
+		return inference.Errorf(inference.CodePolicyPaused, "this node is paused: %s (at most %d tasks a minute)",
+			participation.ReasonRateLimited, g.effectiveLocked().MaxTasksPerMin)
+	}
+	return nil
+}
+
+// runLocal reports whether the owner lets this node run models for its own API requests:
+// yes without recorded consent (the owner started the node to use it; only contributing and
+// the cloud need a yes), else as consented.
+func (g *partGate) runLocal() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.reloadConsentLocked()
+	return !g.haveConsent || g.consent.RunLocal
+}
+
+// cloudAllowed reports whether the owner agreed to cloud fallback.
+func (g *partGate) cloudAllowed() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.reloadConsentLocked()
+	return g.haveConsent && g.consent.CloudFallback
+}
+
+// status is the "participation" object of /api/status.
+func (g *partGate) status() console.Participation {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.reloadConsentLocked()
+	p := g.effectiveLocked()
+	out := console.Participation{
+		Consent:    console.Consent{Given: g.haveConsent},
+		Profile:    g.profile,
+		Thresholds: p,
+		Admission:  "paused",
+		Reasons:    []string{},
+	}
+	if g.haveConsent {
+		c := g.consent
+		out.Consent = console.Consent{Given: true, Version: c.Version, GivenAt: c.GivenAt.UTC().Format(time.RFC3339),
+			RunLocal: c.RunLocal, Contribute: c.Contribute, CloudFallback: c.CloudFallback}
+	}
+	reasons := append([]participation.Reason(nil), g.state.Reasons...)
+	if g.state.Accepting && g.contributingLocked() {
+		out.Admission = "accepting"
+		if g.rate.Full(p.MaxTasksPerMin, g.now()) {
+			reasons = append(reasons, participation.ReasonRateLimited)
+		}
+	}
+	if !g.contributingLocked() && !hasReason(reasons, participation.ReasonNoConsent) {
+		reasons = append([]participation.Reason{participation.ReasonNoConsent}, reasons...)
+	}
+	for _, r := range reasons {
+		out.Reasons = append(out.Reasons, string(r))
+	}
+	return out
+}
+
+func hasReason(rs []participation.Reason, r participation.Reason) bool {
+	for _, x := range rs {
+		if x == r {
+			return true
+		}
+	}
+	return false
+}
+
+func joinReasons(rs []participation.Reason) string {
+	s := make([]string, len(rs))
+	for i, r := range rs {
+		s[i] = string(r)
+	}
+	return strings.Join(s, ", ")
+}
+
+// loop observes the conditions every heartbeat, from one heartbeat after it starts, until
+// ctx ends. Its owner is the node
+// (started in start, stopped by Close).
+func (g *partGate) loop(ctx context.Context, pr *probe.Prober, heartbeat time.Duration) {
+	t := time.NewTicker(heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		g.observe(pr.Probe(g.now()), g.now())
+	}
+}
+
+// consentBackend is the local backend as the owner's consent allows it: when the owner said
+// no to running models locally, every request is local_unavailable and no model is listed.
+type consentBackend struct {
+	inference.Backend
+	g *partGate
+}
+
+var errNoLocalConsent = inference.Errorf(inference.CodeLocalUnavailable,
+	"this node's owner has not agreed to run models locally; change it with 'meshinfer consent'")
+
+func (b consentBackend) Models(ctx context.Context) ([]inference.ModelInfo, error) {
+	if !b.g.runLocal() {
+		return nil, nil
+	}
+	return b.Backend.Models(ctx)
+}
+
+func (b consentBackend) Generate(ctx context.Context, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
+	if !b.g.runLocal() {
+		return inference.Result{}, errNoLocalConsent
+	}
+	return b.Backend.Generate(ctx, req, emit)
+}
+
+// Load loads a model when the owner allows local runs and the backend can load on its own.
+func (b consentBackend) Load(ctx context.Context, model string) error {
+	if !b.g.runLocal() {
+		return errNoLocalConsent
+	}
+	ld, ok := b.Backend.(loader)
+	if !ok {
+		return fmt.Errorf("backend cannot load %s ahead of a request", model)
+	}
+	return ld.Load(ctx, model)
+}
