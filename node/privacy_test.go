@@ -77,7 +77,7 @@ func startTestNode(t *testing.T, cfg Config) *Node {
 	cfg.Identity, cfg.Loopback = key, true
 	cfg.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"}
 	cfg.ConsoleAddr, cfg.APIAddr = ConsoleOff, "127.0.0.1:0"
-	if cfg.Consent == nil {
+	if cfg.Consent == nil && cfg.DataDir == "" { // with a data dir, consent.json decides
 		cfg.Consent = &participation.Consent{Version: participation.ConsentVersion, RunLocal: true, Contribute: true,
 			CloudFallback: true, BatteryFloor: participation.DefaultBatteryFloor}
 	}

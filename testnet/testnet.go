@@ -220,7 +220,7 @@ func (t *Testnet) add() (int, error) {
 		// (mesh/participation tests it).
 		ProfileOverrides: participation.Overrides{MaxTasksPerMin: new(int)},
 		// A testnet stands for machines whose owners said yes to everything.
-		Consent: &participation.Consent{Version: participation.ConsentVersion, RunLocal: true, Contribute: true,
+		Consent: &participation.Consent{Version: participation.ConsentVersion, GivenAt: time.Now().UTC(), RunLocal: true, Contribute: true,
 			CloudFallback: true, BatteryFloor: participation.DefaultBatteryFloor, PauseOnMetered: true},
 		SynthLoadDelay: t.opts.ColdStart,
 		Version:        t.opts.Version,

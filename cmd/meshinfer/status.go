@@ -81,6 +81,18 @@ func renderStatus(w io.Writer, st console.Status, peers []console.Peer) {
 		st.Mesh.Name, st.Mesh.PeersKnown, st.Mesh.PeersStale, st.Mesh.PeersConnected, st.Mesh.TopicPeers, st.Mesh.DHTPeers)
 	a := st.Announcements
 	fmt.Fprintf(w, "announce  %d published; received %d accepted, %d rejected, %d ignored\n", a.Published, a.Accepted, a.Rejected, a.Ignored)
+	p := st.Participation
+	consent := "no consent recorded (contributes nothing; run 'meshinfer consent')"
+	if p.Consent.Given {
+		consent = fmt.Sprintf("consent v%d given %s: run locally %s, contribute %s, cloud %s", p.Consent.Version, p.Consent.GivenAt,
+			yesNo(p.Consent.RunLocal), yesNo(p.Consent.Contribute), yesNo(p.Consent.CloudFallback))
+	}
+	fmt.Fprintf(w, "contrib   %s, profile %s; %s\n", admissionWords(p.Admission, p.Reasons), p.Profile, consent)
+	th := p.Thresholds
+	fmt.Fprintf(w, "          pauses below %d%% battery%s, above %s heat%s; %s\n",
+		th.BatteryMinLevel, cond(th.RequireCharging, " or when not charging", ""), th.ThermalMaxState,
+		cond(th.PauseOnMetered, ", on metered networks", ""),
+		cond(th.MaxTasksPerMin > 0, fmt.Sprintf("at most %d tasks a minute", th.MaxTasksPerMin), "no tasks-per-minute limit"))
 	r := st.Routing
 	fmt.Fprintf(w, "routing   served here %d, by peers %d, by the cloud %d, no target %d; local-only %d served, %d refused\n",
 		r.Requests.Local, r.Requests.Mesh, r.Requests.Cloud, r.Requests.NoTarget, r.LocalOnly.Served, r.LocalOnly.Refused)
@@ -114,6 +126,45 @@ func renderStatus(w io.Writer, st console.Status, peers []console.Peer) {
 		fmt.Fprintf(tw, "%s\t%s\t%.0fs\t%s\t%s\n", shortID(p.PeerID), state, p.AgeS, score, describe(p.Capability))
 	}
 	tw.Flush()
+}
+
+// reasonWords says each participation reason in words.
+var reasonWords = map[string]string{
+	"battery_low":    "battery below the floor",
+	"not_charging":   "not charging",
+	"thermal":        "running hot",
+	"metered":        "on a metered network",
+	"rate_limited":   "at its tasks-per-minute limit",
+	"no_consent":     "no consent to contribute",
+	"sensors_silent": "sensors not answering",
+	"profile_off":    "profile off",
+}
+
+func admissionWords(admission string, reasons []string) string {
+	if admission == "accepting" && len(reasons) == 0 {
+		return "accepting work from peers"
+	}
+	words := make([]string, 0, len(reasons))
+	for _, r := range reasons {
+		if w, ok := reasonWords[r]; ok {
+			words = append(words, w)
+		} else {
+			words = append(words, r)
+		}
+	}
+	if admission == "accepting" {
+		return "accepting work from peers (" + strings.Join(words, ", ") + ")"
+	}
+	return "paused: " + strings.Join(words, ", ")
+}
+
+func yesNo(b bool) string { return cond(b, "yes", "no") }
+
+func cond(b bool, yes, no string) string {
+	if b {
+		return yes
+	}
+	return no
 }
 
 // describe renders a vector in one line for people.
