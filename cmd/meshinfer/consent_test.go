@@ -108,3 +108,10 @@ func TestConsentFlagsShowWithdraw(t *testing.T) {
 		t.Fatal("consent still recorded after withdrawal")
 	}
 }
+
+func TestTestnetUnknownScenario(t *testing.T) {
+	code, _, stderr := runCmd(t, "testnet", "--scenario", "flood")
+	if code != 2 || !strings.Contains(stderr, "battery-drain") {
+		t.Fatalf("exit %d, stderr %q", code, stderr)
+	}
+}

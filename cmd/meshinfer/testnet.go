@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -40,8 +41,20 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	cloud := fs.Bool("cloud", true, "run a stand-in cloud API as every node's cloud tier")
 	cloudLatency := fs.Duration("cloud-latency", testnet.DefaultCloudLatency, "latency the stand-in cloud adds before each response")
 	coldStart := fs.Duration("cold-start", 0, "added to every synthetic model's load on the nodes, to show real-length cold starts (e.g. 3s)")
+	scenario := fs.String("scenario", scenarioNone, "what to play after the demo: none, or battery-drain (node 1's simulated battery drains below the floor, then charges: it pauses, is skipped, comes back)")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	switch *scenario {
+	case scenarioNone, scenarioBatteryDrain:
+	default:
+		fmt.Fprintf(stderr, "meshinfer testnet: --scenario %q: known scenarios are %s and %s\n", *scenario, scenarioNone, scenarioBatteryDrain)
+		return errUsage
+	}
+	heartbeatSet := false
+	fs.Visit(func(f *flag.Flag) { heartbeatSet = heartbeatSet || f.Name == "heartbeat" })
+	if *scenario == scenarioBatteryDrain && !heartbeatSet {
+		*heartbeat = 2 * time.Second // the scenario's steps follow heartbeats: keep it short
 	}
 	if *nodes < 1 {
 		fmt.Fprintln(stderr, "meshinfer testnet: --nodes must be at least 1")
@@ -60,6 +73,7 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	tn, err := testnet.New(testnet.Options{
 		Nodes: *nodes, Mesh: *mesh, ConsoleBase: *consoleBase, APIBase: *apiBase, Heartbeat: *heartbeat,
 		Version: version, Seed: *seed, Cloud: *cloud, CloudLatency: *cloudLatency, ColdStart: *coldStart,
+		Sensors: *scenario != scenarioNone,
 	})
 	if err != nil {
 		return fmt.Errorf("%w\nif a port is taken, pick others with --console-base and --api-base", err)
@@ -83,6 +97,9 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "\nconverged in %s: every node holds every other node's verified capability vector\n",
 		time.Since(start).Round(time.Millisecond))
 	demo(ctx, stdout, tn)
+	if *scenario == scenarioBatteryDrain {
+		batteryDrain(ctx, stdout, tn, *heartbeat)
+	}
 	if n := tn.Node(0); n != nil && n.ConsoleAddr() != "" {
 		fmt.Fprintf(stdout, "try: meshinfer status --console %s   (Ctrl-C stops the testnet)\n\n", n.ConsoleAddr())
 	}
