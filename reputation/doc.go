@@ -49,6 +49,8 @@
 // Weight(score) × performance × spare capacity. It is a pure function of its inputs and a
 // seeded *rand.Rand. A routing decision is Rank (Order plus each survivor's score and
 // performance, one lookup per candidate), filling in spare capacity, then Select.
+// RankIndices is the same Rank returning the survivors as indices into the candidates, for
+// a caller that keeps per-candidate data of its own.
 //
 // # Bounds
 //

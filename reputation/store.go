@@ -22,16 +22,20 @@ type Store struct {
 	ref      perfRef     // yardstick over peers' performance averages
 	memo     decayMemo   // decay factors of the last elapsed time
 	scratch  []penalized // reused by rankLocked, capacity <= p.MaxEntries
+	sortKeys []byPenalty // reused by rankLocked, capacity <= p.MaxEntries
+	indices  []int       // reused by Order and Rank, capacity <= p.MaxEntries
 	base     time.Time   // origin of DecayInterval ticks: the first time the store saw
 	baseSet  bool
 	counters counters // monotonic, reported by Stats
 }
 
-// entry is what the store knows about one serving target.
+// entry is what the store knows about one serving target. A routing decision reads health,
+// scored and the head of score for each candidate; they come first so that the read
+// usually touches one cache line of the entry, not two or three.
 type entry struct {
 	health []modelHealth // one per model with state; usually none or one
-	score  peerScore     // meaningful only when scored
 	scored bool
+	score  peerScore // meaningful only when scored
 }
 
 // modelHealth is the health of one (model, target) pair.

@@ -91,6 +91,10 @@ func TestBatteryDrainPausesAndResumes(t *testing.T) {
 	t.Logf("node %d paused; the router saw it %v later", drained, seenPaused)
 
 	nd := tn.Node(drained)
+	// The server counts the stream as served just after its last frame leaves.
+	within(t, 5*time.Second, "the finished stream leaves the node's in-flight count", func() bool {
+		return nd.Status().Inference.InFlight == 0
+	})
 	servedBefore := nd.Status().Inference.Served
 	for i := range 10 {
 		resp, c := post(t, router.APIAddr(), chatBody("synth-small", 2, false))

@@ -20,10 +20,10 @@ func tiers() [3]Tier { return [3]Tier{TierLocal, TierMesh, TierCloud} }
 
 // Decide returns the model to run and the targets to try for req, as of now, following
 // the rules in the package documentation. req and s must not be nil. Decide reads s and
-// writes only s.Scratch; it reads the reputation store through Rank, Performance and Params
-// (Rank also counts the orderings it makes, for the store's Stats). rng is its only
-// randomness and must not be nil: reputation.Select would fall back to the process-wide
-// source and the decision would not be reproducible.
+// writes only s.Scratch; it reads the reputation store through RankIndices, Performance and
+// Params (RankIndices also counts the orderings it makes, for the store's Stats). rng is its
+// only randomness and must not be nil: reputation.Select would fall back to the
+// process-wide source and the decision would not be reproducible.
 func Decide(req *inference.Request, s *Snapshot, now time.Time, rng *rand.Rand) Decision {
 	d := decider{
 		s:      s,
@@ -353,9 +353,8 @@ func (d *decider) survivors(model string, keys []string, nPeers int) ([]int, []r
 	if len(keys) == 0 {
 		return nil, nil
 	}
-	order, cands := d.s.Rep.Rank(model, keys, d.mode, d.now, reuse(d.sc.order, len(keys)), reuse(d.sc.cands, len(keys)))
-	d.sc.order, d.sc.cands = order, cands
-	pos := d.sc.positions(keys, order)
+	pos, cands := d.s.Rep.RankIndices(model, keys, d.mode, d.now, reuse(d.sc.pos, len(keys)), reuse(d.sc.cands, len(keys)))
+	d.sc.pos, d.sc.cands = pos, cands
 	if len(pos) == len(keys) {
 		return pos, cands
 	}
@@ -377,8 +376,7 @@ func (d *decider) survivors(model string, keys []string, nPeers int) ([]int, []r
 			back = append(back, k)
 		}
 	}
-	order, cands = d.s.Rep.Rank(model, rest, d.mode, d.now, order[:0], cands[:0])
-	pos = d.sc.positions(rest, order)
+	pos, cands = d.s.Rep.RankIndices(model, rest, d.mode, d.now, pos[:0], cands[:0])
 	for j, k := range pos {
 		pos[j] = back[k]
 	}
@@ -389,6 +387,9 @@ func (d *decider) survivors(model string, keys []string, nPeers int) ([]int, []r
 // keeps clean targets in the given order and moves penalized ones behind them, so one
 // forward walk places all but the moved ones; those are looked up among the keys the walk
 // passed over, usually a handful.
+//
+// Decide no longer needs it: RankIndices returns those indices directly. It stays only
+// because TestPositions covers it; remove the two together.
 func (sc *Scratch) positions(keys, order []string) []int {
 	pos := reuse(sc.pos, len(order))[:len(order)]
 	sc.pos = pos

@@ -5,8 +5,8 @@
 // Decide is a pure function of (request, snapshot, now, rng): it reads no clock, keeps no
 // state, starts no goroutine, and draws its only randomness from the *rand.Rand it is given,
 // so a seeded rng gives the same decision every time. It reads the reputation store through
-// Rank, Performance and Params, which take now like everything else there. The package must
-// not import transport, node, testnet or pion.
+// RankIndices, Performance and Params, which take now like everything else there. The
+// package must not import transport, node, testnet or pion.
 //
 // # Tiers and eligibility
 //

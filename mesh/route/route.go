@@ -173,9 +173,8 @@ type Snapshot struct {
 type Scratch struct {
 	peers   []meshPeer // eligible peers
 	keys    []string   // reputation keys: eligible peers, then local and cloud
-	order   []string   // Rank's output
 	cands   []reputation.Candidate
-	pos     []int  // index in keys of each of Rank's outputs
+	pos     []int  // index in keys of each target RankIndices kept
 	placed  []bool // positions: keys matched by the forward walk
 	skipped map[string]int
 }
