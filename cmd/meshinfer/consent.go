@@ -94,6 +94,11 @@ func runConsent(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "meshinfer consent: no terminal to ask in; give the choices as flags, e.g.\n  meshinfer consent --run-local yes --contribute yes --cloud no")
 		return errUsage
 	}
+	return askAndSave(dir, stdout)
+}
+
+// askAndSave asks in the terminal on stdin, records the answer in dir and shows it.
+func askAndSave(dir string, stdout io.Writer) error {
 	c, err := askConsent(os.Stdin, stdout)
 	if err != nil {
 		return err

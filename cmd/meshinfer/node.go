@@ -33,15 +33,7 @@ func firstRunConsent(dataDir string, stdout, stderr io.Writer) error {
 			"to decide: meshinfer consent   (or, in scripts: meshinfer consent --contribute yes --run-local yes --cloud no)")
 		return nil
 	}
-	c, err := askConsent(os.Stdin, stdout)
-	if err != nil {
-		return err
-	}
-	if err := participation.SaveConsent(dir, c); err != nil {
-		return err
-	}
-	printConsent(stdout, c)
-	return nil
+	return askAndSave(dir, stdout)
 }
 
 const nodeSynopsis = `Run a node: listen for peers, join the mesh through bootstrap peers, the DHT and mDNS,
