@@ -31,6 +31,8 @@ Commands:
   chat      send a prompt to a node's OpenAI-compatible API and stream the answer
   id        print this node's peer ID (creates the identity on first use)
   receipts  list, total and verify the signed receipts of tasks served for other peers
+  keys      create, list and revoke a coordinator's API keys for thin clients
+  usage     total what each API key used through a coordinator
   version   print the version
 
 Run 'meshinfer <command> --help' for the flags of a command.
@@ -68,6 +70,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runChat(rest, stdout, stderr)
 	case "receipts":
 		err = runReceipts(rest, stdout, stderr)
+	case "keys":
+		err = runKeys(rest, stdout, stderr)
+	case "usage":
+		err = runUsage(rest, stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, "meshinfer", version)
 	case "help", "--help", "-help", "-h":

@@ -1,0 +1,125 @@
+package main
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"path/filepath"
+	"slices"
+	"text/tabwriter"
+
+	"github.com/meshinfer/meshinfer/transport/gateway"
+)
+
+// keyUsage is one row of `meshinfer usage`: a key and what it used.
+type keyUsage struct {
+	KeyID   string `json:"key_id"`
+	Name    string `json:"name"` // "" when keys.json does not know the key
+	Revoked bool   `json:"revoked"`
+	gateway.Usage
+}
+
+// usageReport is the JSON of `meshinfer usage --json`.
+type usageReport struct {
+	Keys         []keyUsage    `json:"keys"`
+	Total        gateway.Usage `json:"total"`
+	SkippedLines int           `json:"skipped_lines"` // lines of usage.jsonl that could not be read
+}
+
+func runUsage(args []string, stdout, stderr io.Writer) error {
+	flags := newFlagSet("usage", "Total what each API key used through this coordinator (requests, tokens, time), from its\n"+
+		"meter log, usage.jsonl in the data dir. Tasks that failed verification count no tokens.", stderr)
+	dataDir := flags.String("data-dir", "", dataDirHelp)
+	asJSON := flags.Bool("json", false, "print the totals as JSON, for scripts")
+	if err := parse(flags, args); err != nil {
+		return err
+	}
+	dir, err := dataDirOrDefault(*dataDir)
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(dir, gateway.UsageFile)
+	totals, err := gateway.ReadUsage(path)
+	bad, partial := errors.AsType[*gateway.BadLinesError](err)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		totals = nil
+	case err != nil && !partial:
+		return err
+	}
+
+	report := usageReport{Keys: []keyUsage{}}
+	if partial {
+		report.SkippedLines = bad.Count
+	}
+	if len(totals) > 0 {
+		report.Keys = usageRows(dir, totals, stderr)
+		for _, r := range report.Keys {
+			report.Total.Requests += r.Requests
+			report.Total.Completed += r.Completed
+			report.Total.Failed += r.Failed
+			report.Total.TokensIn += r.TokensIn
+			report.Total.TokensOut += r.TokensOut
+			report.Total.Duration += r.Duration
+		}
+	}
+	if partial { // after the totals, where it is seen
+		defer fmt.Fprintf(stderr, "meshinfer usage: %d lines of %s could not be read (first at lines %v): torn by a crash mid-write, or altered; the totals leave them out\n",
+			bad.Count, path, bad.Lines)
+	}
+
+	if *asJSON {
+		if len(report.Keys) == 0 {
+			fmt.Fprintf(stderr, "no usage recorded in %s: no request has been served through this coordinator yet\n", dir)
+		}
+		return printJSON(stdout, report)
+	}
+	if len(report.Keys) == 0 {
+		fmt.Fprintf(stdout, "no usage recorded in %s: no request has been served through this coordinator yet\n", dir)
+		return nil
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tNAME\tREQUESTS\tCOMPLETED\tFAILED\tTOKENS IN\tTOKENS OUT\tTIME")
+	for _, r := range report.Keys {
+		name := r.Name
+		switch {
+		case name == "":
+			name = "- (not in keys.json)"
+		case r.Revoked:
+			name += " (revoked)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", r.KeyID, name, r.Requests, r.Completed, r.Failed,
+			r.TokensIn, r.TokensOut, roundDuration(r.Duration))
+	}
+	t := report.Total
+	fmt.Fprintf(tw, "total\t\t%d\t%d\t%d\t%d\t%d\t%s\n", t.Requests, t.Completed, t.Failed, t.TokensIn, t.TokensOut, roundDuration(t.Duration))
+	return tw.Flush()
+}
+
+// usageRows joins the totals with the key names of keys.json, sorted by name, then id (keys
+// keys.json does not know last). A keys.json that cannot be read leaves the names out, with
+// a warning: the usage is still worth showing.
+func usageRows(dir string, totals map[string]gateway.Usage, stderr io.Writer) []keyUsage {
+	known := map[string]gateway.Key{}
+	if ks, err := gateway.OpenKeys(dir); err != nil {
+		fmt.Fprintf(stderr, "meshinfer usage: key names not shown: %v\n", err)
+	} else {
+		for _, k := range ks.List() {
+			known[k.ID] = k
+		}
+	}
+	rows := make([]keyUsage, 0, len(totals))
+	for id, u := range totals {
+		k := known[id]
+		rows = append(rows, keyUsage{KeyID: id, Name: k.Name, Revoked: k.Revoked(), Usage: u})
+	}
+	slices.SortFunc(rows, func(a, b keyUsage) int {
+		if (a.Name == "") != (b.Name == "") {
+			return cmp.Compare(b.Name, a.Name) // named first
+		}
+		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.KeyID, b.KeyID))
+	})
+	return rows
+}

@@ -1,0 +1,153 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshinfer/meshinfer/transport/gateway"
+)
+
+// writeUsage makes keys alice (live) and bob (revoked) in a fresh data dir and meters tasks
+// for them and for a key keys.json does not know: alice two completed and one that failed
+// verification (metered as zero tokens), bob one completed.
+func writeUsage(t *testing.T) (dir, aliceID, bobID string) {
+	t.Helper()
+	dir = t.TempDir()
+	_, aliceID = createKeyCmd(t, dir, "alice")
+	_, bobID = createKeyCmd(t, dir, "bob")
+	if code, _, stderr := runCmd(t, "keys", "revoke", "bob", "--data-dir", dir); code != 0 {
+		t.Fatalf("keys revoke bob: %s", stderr)
+	}
+	m, err := gateway.OpenMeter(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	t0 := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	for _, e := range []gateway.MeterEvent{
+		{KeyID: aliceID, TokensIn: 12, TokensOut: 64, DurationMS: 800, Outcome: gateway.OutcomeCompleted},
+		{KeyID: aliceID, TokensIn: 10, TokensOut: 32, DurationMS: 400, Outcome: gateway.OutcomeCompleted, Verified: true},
+		{KeyID: aliceID, TokensIn: 50, TokensOut: 500, DurationMS: 300, Outcome: gateway.OutcomeVerificationFailed, Verified: true},
+		{KeyID: bobID, TokensIn: 3, TokensOut: 4, DurationMS: 100, Outcome: gateway.OutcomeCompleted},
+		{KeyID: "key_ffffffff", TokensIn: 1, TokensOut: 1, DurationMS: 10, Outcome: "peer_lost"},
+	} {
+		e.Time, e.Model, e.Peer = t0, "synth-tiny", "12D3KooWpeer"
+		if err := m.Record(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir, aliceID, bobID
+}
+
+func TestUsageTotalsPerKey(t *testing.T) {
+	dir, aliceID, bobID := writeUsage(t)
+	code, stdout, stderr := runCmd(t, "usage", "--data-dir", dir)
+	if code != 0 {
+		t.Fatalf("usage: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	wantContains(t, "usage", stdout, "KEY", "NAME", "REQUESTS", "TOKENS IN", aliceID, "alice", bobID, "bob (revoked)",
+		"key_ffffffff", "not in keys.json", "total")
+	lines := strings.Split(stdout, "\n")
+	row := func(prefix string) []string {
+		for _, l := range lines {
+			if strings.HasPrefix(l, prefix) {
+				return strings.Fields(l)
+			}
+		}
+		t.Fatalf("no row for %s:\n%s", prefix, stdout)
+		return nil
+	}
+	// alice: 3 requests, 2 completed, 1 failed, 22 in, 96 out (the failed verification is
+	// zero), 1.5s.
+	if got, want := strings.Join(row(aliceID), " "), aliceID+" alice 3 2 1 22 96 1.5s"; got != want {
+		t.Errorf("alice's row %q, want %q", got, want)
+	}
+	if got, want := strings.Join(row("total"), " "), "total 5 3 2 26 101 1.6s"; got != want {
+		t.Errorf("total row %q, want %q", got, want)
+	}
+	if strings.Index(stdout, "alice") > strings.Index(stdout, "key_ffffffff") {
+		t.Errorf("keys without a name come before named ones:\n%s", stdout)
+	}
+
+	code, stdout, _ = runCmd(t, "usage", "--data-dir", dir, "--json")
+	var rep usageReport
+	if code != 0 || json.Unmarshal([]byte(stdout), &rep) != nil {
+		t.Fatalf("usage --json: exit %d, output:\n%s", code, stdout)
+	}
+	want := gateway.Usage{Requests: 3, Completed: 2, Failed: 1, TokensIn: 22, TokensOut: 96, Duration: 1500 * time.Millisecond}
+	if len(rep.Keys) != 3 || rep.Keys[0].KeyID != aliceID || rep.Keys[0].Name != "alice" || rep.Keys[0].Usage != want ||
+		!rep.Keys[1].Revoked || rep.Keys[2].Name != "" || rep.Total.Requests != 5 || rep.SkippedLines != 0 {
+		t.Errorf("usage --json = %+v", rep)
+	}
+}
+
+func TestUsageWithoutAny(t *testing.T) {
+	dir := t.TempDir()
+	code, stdout, stderr := runCmd(t, "usage", "--data-dir", dir)
+	if code != 0 || !strings.Contains(stdout, "no usage recorded in "+dir) || stderr != "" {
+		t.Errorf("usage of an empty dir: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	code, stdout, stderr = runCmd(t, "usage", "--data-dir", dir, "--json")
+	var rep usageReport
+	if code != 0 || json.Unmarshal([]byte(stdout), &rep) != nil || rep.Keys == nil || len(rep.Keys) != 0 ||
+		!strings.Contains(stderr, "no usage recorded") {
+		t.Errorf("usage --json of an empty dir: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	// A log that exists but holds nothing yet reads the same.
+	m, err := gateway.OpenMeter(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	if code, stdout, _ := runCmd(t, "usage", "--data-dir", dir); code != 0 || !strings.Contains(stdout, "no usage recorded") {
+		t.Errorf("usage of an empty log: exit %d\n%s", code, stdout)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("usage wrote into the data dir: %v", entries)
+	}
+}
+
+// A torn last line is reported and left out; the totals still show.
+func TestUsageTornLine(t *testing.T) {
+	dir, aliceID, _ := writeUsage(t)
+	f, err := os.OpenFile(filepath.Join(dir, gateway.UsageFile), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString(`{"time":"2026-05-01T12:09:00Z","key_id":"` + aliceID + `","tok`)
+	f.Close()
+
+	code, stdout, stderr := runCmd(t, "usage", "--data-dir", dir)
+	if code != 0 {
+		t.Fatalf("usage with a torn line: exit %d\n%s", code, stderr)
+	}
+	wantContains(t, "stdout", stdout, aliceID, "total")
+	wantContains(t, "stderr", stderr, "1 lines of", gateway.UsageFile, "[6]", "torn by a crash", "leave them out")
+	code, stdout, _ = runCmd(t, "usage", "--data-dir", dir, "--json")
+	var rep usageReport
+	if code != 0 || json.Unmarshal([]byte(stdout), &rep) != nil || rep.SkippedLines != 1 || rep.Total.Requests != 5 {
+		t.Errorf("usage --json with a torn line: exit %d\n%s", code, stdout)
+	}
+}
+
+func TestUsageCommandErrors(t *testing.T) {
+	dir, aliceID, _ := writeUsage(t)
+	if code, _, stderr := runCmd(t, "usage", "--data-dir", dir, "extra"); code != 2 || !strings.Contains(stderr, `unexpected argument "extra"`) {
+		t.Errorf("usage with a stray argument: exit %d\n%s", code, stderr)
+	}
+	if code, _, _ := runCmd(t, "usage", "--bogus"); code != 2 {
+		t.Errorf("usage --bogus: exit %d, want 2", code)
+	}
+	// keys.json unreadable: the usage still shows, without names, and says why.
+	if err := os.WriteFile(filepath.Join(dir, gateway.KeysFile), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := runCmd(t, "usage", "--data-dir", dir)
+	if code != 0 || !strings.Contains(stdout, aliceID) || !strings.Contains(stderr, "key names not shown") {
+		t.Errorf("usage with a broken keys.json: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+}

@@ -1,0 +1,31 @@
+package gateway
+
+import (
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// TestImports enforces the package's import rule: the standard library and package inference
+// only, so no libp2p, mesh or node code runs in front of the coordinator's keys.
+func TestImports(t *testing.T) {
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	out, err := exec.Command(gobin, "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	const self = "github.com/meshinfer/meshinfer/transport/gateway"
+	allowed := map[string]bool{self: true, "github.com/meshinfer/meshinfer/inference": true}
+	var seen bool
+	for _, pkg := range strings.Fields(string(out)) {
+		seen = seen || pkg == self
+		if !allowed[pkg] {
+			t.Errorf("transport/gateway depends on %s: it may import the standard library and inference only", pkg)
+		}
+	}
+	if !seen {
+		t.Fatalf("go list did not list the package itself:\n%s", out)
+	}
+}

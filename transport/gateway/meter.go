@@ -1,0 +1,404 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/meshinfer/meshinfer/inference"
+)
+
+// UsageFile is the name of the meter's log inside the data dir, mode 0600. See the package
+// documentation for its format.
+const UsageFile = "usage.jsonl"
+
+// MaxUsageLine bounds one line of UsageFile in bytes, newline included. An event is about
+// 250 bytes; a model name of maxModel bytes escaped in full is under 2 KiB. A longer line is
+// not one of ours and is skipped unread.
+const MaxUsageLine = 8 << 10
+
+// Bounds of an event's strings, in bytes: a model name as transport/openai bounds it, a
+// libp2p peer ID with room to spare, an outcome code.
+const (
+	maxModel   = 256
+	maxPeer    = 128
+	maxOutcome = 64
+)
+
+// Outcomes of a metered task with a meaning for the meter. Any other outcome is the task's
+// error code (inference.Code, or client_disconnected) and counts as failed.
+const (
+	// OutcomeCompleted: the task ended with its result.
+	OutcomeCompleted = "completed"
+	// OutcomeVerificationFailed: the result did not match the verifying execution. The
+	// event is metered as zero tokens: the client pays nothing for a wrong answer.
+	OutcomeVerificationFailed = string(inference.CodeVerificationFailed)
+)
+
+// ErrMeterClosed is returned by Record after Close.
+var ErrMeterClosed = errors.New("meter closed")
+
+// MeterEvent is one task served through the coordinator, as UsageFile records it.
+type MeterEvent struct {
+	Time       time.Time `json:"time"`        // when the task ended; stored in UTC
+	KeyID      string    `json:"key_id"`      // the API key's ID (Session.KeyID)
+	Model      string    `json:"model"`       // the model that ran; "" if none was chosen
+	Peer       string    `json:"peer"`        // peer ID of the serving peer; "" if none served
+	TokensIn   int       `json:"tokens_in"`   // prompt tokens
+	TokensOut  int       `json:"tokens_out"`  // completion tokens
+	DurationMS int64     `json:"duration_ms"` // from admission to the end of the task
+	Verified   bool      `json:"verified"`    // checked against a second execution
+	Outcome    string    `json:"outcome"`     // OutcomeCompleted or the error code
+}
+
+// validate checks the values an event must have.
+func (e *MeterEvent) validate() error {
+	switch {
+	case e.Time.IsZero():
+		return errors.New("time is missing")
+	case !validKeyID(e.KeyID):
+		return fmt.Errorf("key_id %q is not a key id", e.KeyID)
+	case len(e.Model) > maxModel:
+		return fmt.Errorf("model is %d bytes, at most %d", len(e.Model), maxModel)
+	case len(e.Peer) > maxPeer:
+		return fmt.Errorf("peer is %d bytes, at most %d", len(e.Peer), maxPeer)
+	case !validOutcome(e.Outcome):
+		return fmt.Errorf("outcome %q is not 1 to %d of a-z, 0-9 and _", e.Outcome, maxOutcome)
+	case e.TokensIn < 0 || e.TokensOut < 0 || e.DurationMS < 0:
+		return errors.New("negative count")
+	}
+	return nil
+}
+
+func validOutcome(s string) bool {
+	if s == "" || len(s) > maxOutcome {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// Usage sums the events of one key. Failed counts every outcome but OutcomeCompleted; tokens
+// of OutcomeVerificationFailed events count as zero.
+type Usage struct {
+	Requests  int           `json:"requests"`
+	Completed int           `json:"completed"`
+	Failed    int           `json:"failed"`
+	TokensIn  int64         `json:"tokens_in"`
+	TokensOut int64         `json:"tokens_out"`
+	Duration  time.Duration `json:"duration_ns"`
+}
+
+// Add counts e, by the metering rule: a task that failed verification counts no tokens
+// (whatever the event says).
+func (u *Usage) Add(e MeterEvent) {
+	u.Requests++
+	if e.Outcome == OutcomeCompleted {
+		u.Completed++
+	} else {
+		u.Failed++
+	}
+	if e.Outcome != OutcomeVerificationFailed {
+		u.TokensIn += int64(e.TokensIn)
+		u.TokensOut += int64(e.TokensOut)
+	}
+	u.Duration += time.Duration(e.DurationMS) * time.Millisecond
+}
+
+// Meter appends one MeterEvent per task to UsageFile and keeps each key's Usage: what the
+// file held at OpenMeter plus every event recorded since. Its methods are safe for
+// concurrent use.
+type Meter struct {
+	// syncing counts Records between their write and their sync, so that Close waits for
+	// them before closing the file.
+	syncing sync.WaitGroup
+
+	// mu serializes writes, so lines never interleave, and guards the totals.
+	mu     sync.Mutex
+	f      *os.File
+	closed bool
+	torn   bool // the file may end inside a line: the next line starts with a newline
+	totals map[string]Usage
+}
+
+// OpenMeter opens dir/UsageFile for appending, creating dir (mode 0700) and the file (mode
+// 0600) if needed, and sums the events already in it. Lines that cannot be read (torn by a
+// crash mid-write, or altered) are left out of the sums; ReadUsage reports them.
+func OpenMeter(dir string) (*Meter, error) {
+	if dir == "" {
+		return nil, errors.New("open meter: no data dir")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("open meter: %w", err)
+	}
+	// O_APPEND: every write lands at the end, whatever else has the file open.
+	f, err := os.OpenFile(filepath.Join(dir, UsageFile), os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open meter: %w", err)
+	}
+	m := &Meter{f: f, totals: make(map[string]Usage)}
+	if err := m.resume(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("open meter: %w", err)
+	}
+	return m, nil
+}
+
+// resume sums the file and sets torn from its last byte.
+func (m *Meter) resume() error {
+	st, err := m.f.Stat()
+	if err != nil {
+		return err
+	}
+	if !st.Mode().IsRegular() {
+		return fmt.Errorf("%s is not a regular file", m.f.Name())
+	}
+	size := st.Size()
+	if size == 0 {
+		return nil
+	}
+	var last [1]byte
+	if _, err := m.f.ReadAt(last[:], size-1); err != nil {
+		return err
+	}
+	m.torn = last[0] != '\n'
+	_, err = readEvents(io.NewSectionReader(m.f, 0, size), func(e MeterEvent) {
+		u := m.totals[e.KeyID]
+		u.Add(e)
+		m.totals[e.KeyID] = u
+	})
+	return err
+}
+
+// Record appends e to the log and counts it. e.Time must be set (it is stored in UTC) and
+// e.KeyID must be a key ID (Session.KeyID). When e.Outcome is OutcomeVerificationFailed,
+// Record zeroes e's tokens before writing: the caller passes the outcome, the meter applies
+// the rule. Record returns once the line is written and synced to disk.
+func (m *Meter) Record(e MeterEvent) error {
+	e.Time = e.Time.UTC()
+	if e.Outcome == OutcomeVerificationFailed {
+		e.TokensIn, e.TokensOut = 0, 0
+	}
+	if err := e.validate(); err != nil {
+		return fmt.Errorf("record usage: %w", err)
+	}
+	line, err := json.Marshal(&e)
+	if err != nil {
+		return fmt.Errorf("record usage: %w", err)
+	}
+	line = append(line, '\n')
+	if len(line) > MaxUsageLine {
+		return fmt.Errorf("record usage: %d bytes encoded, max %d", len(line), MaxUsageLine)
+	}
+	f, err := m.write(e, line)
+	if err != nil {
+		return err
+	}
+	// The sync runs outside mu: other Records may write meanwhile, and one sync covers
+	// them all. Close waits for it.
+	defer m.syncing.Done()
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("record usage: sync: %w", err)
+	}
+	return nil
+}
+
+// write writes line under mu and counts e. On success it has added one to m.syncing. The
+// lock is held across the write, which goes to the page cache, not across the sync: lines
+// must not interleave.
+func (m *Meter) write(e MeterEvent, line []byte) (*os.File, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, ErrMeterClosed
+	}
+	if m.torn {
+		line = append([]byte{'\n'}, line...)
+	}
+	n, err := m.f.Write(line)
+	if err != nil {
+		// Part of the line may be in the file: start the next one on a fresh line. The
+		// event is not counted: a partial line is not an event.
+		m.torn = m.torn || n > 0
+		return nil, fmt.Errorf("record usage: %w", err)
+	}
+	m.torn = false
+	u := m.totals[e.KeyID]
+	u.Add(e)
+	m.totals[e.KeyID] = u
+	m.syncing.Add(1)
+	return m.f, nil
+}
+
+// Usage returns the usage of the key with ID keyID: the file's at OpenMeter plus every
+// event recorded since.
+func (m *Meter) Usage(keyID string) Usage {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.totals[keyID]
+}
+
+// Close waits for Records being synced and closes the file. Idempotent; Record fails with
+// ErrMeterClosed afterwards, Usage keeps answering.
+func (m *Meter) Close() error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	m.mu.Unlock()
+	m.syncing.Wait()
+	if err := m.f.Close(); err != nil {
+		return fmt.Errorf("close meter: %w", err)
+	}
+	return nil
+}
+
+// maxReportedLines bounds how many bad line numbers a *BadLinesError lists; Count covers
+// them all.
+const maxReportedLines = 10
+
+// BadLinesError is ReadUsage's report of lines it left out: torn by a crash mid-write, too
+// long, or not a valid event.
+type BadLinesError struct {
+	Path  string
+	Count int   // lines left out
+	Lines []int // the first maxReportedLines of them, numbered from 1
+}
+
+func (e *BadLinesError) Error() string {
+	return fmt.Sprintf("%s: %d lines left out (torn by a crash mid-write, or altered), first at lines %v", e.Path, e.Count, e.Lines)
+}
+
+// ReadUsage sums the log at path by key ID. Lines that cannot be read are skipped and
+// reported: the totals come with a *BadLinesError then, and are still valid. Any other error
+// is about the file itself (a missing file gives one that matches fs.ErrNotExist), with nil
+// totals.
+func ReadUsage(path string) (map[string]Usage, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("read usage: %w", err)
+	}
+	defer f.Close()
+	totals := make(map[string]Usage)
+	bad, err := readEvents(f, func(e MeterEvent) {
+		u := totals[e.KeyID]
+		u.Add(e)
+		totals[e.KeyID] = u
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read usage %s: %w", path, err)
+	}
+	if bad != nil {
+		bad.Path = path
+		return totals, bad
+	}
+	return totals, nil
+}
+
+// readEvents streams a log, calling fn with each valid event. It returns the lines it left
+// out (nil if none) and the error of reading, if any. A line longer than MaxUsageLine
+// (newline included) is skipped without being held in memory.
+func readEvents(rd io.Reader, fn func(MeterEvent)) (*BadLinesError, error) {
+	var bad *BadLinesError
+	skip := func(n int) {
+		if bad == nil {
+			bad = &BadLinesError{}
+		}
+		bad.Count++
+		if len(bad.Lines) < maxReportedLines {
+			bad.Lines = append(bad.Lines, n)
+		}
+	}
+	br := bufio.NewReaderSize(rd, MaxUsageLine)
+	for n := 1; ; n++ {
+		line, err := br.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			for errors.Is(err, bufio.ErrBufferFull) { // too long: skip to the end of the line
+				_, err = br.ReadSlice('\n')
+			}
+			skip(n)
+			if errors.Is(err, io.EOF) {
+				return bad, nil
+			}
+			if err != nil {
+				return bad, err
+			}
+			continue
+		}
+		if err != nil && !errors.Is(err, io.EOF) {
+			return bad, err
+		}
+		if line = bytes.TrimSuffix(line, []byte{'\n'}); len(line) > 0 {
+			if e, perr := parseEvent(line); perr != nil {
+				skip(n)
+			} else {
+				fn(e)
+			}
+		}
+		if err != nil { // io.EOF
+			return bad, nil
+		}
+	}
+}
+
+// parseEvent decodes one line (without its newline). Fields it does not know are ignored, so
+// a newer coordinator's log still sums.
+func parseEvent(line []byte) (MeterEvent, error) {
+	var e MeterEvent
+	if err := json.Unmarshal(line, &e); err != nil {
+		return MeterEvent{}, err
+	}
+	if err := e.validate(); err != nil {
+		return MeterEvent{}, err
+	}
+	return e, nil
+}
+
+// usageResponse is the JSON of GET /v1/usage.
+type usageResponse struct {
+	Object string   `json:"object"` // "meshinfer.usage"
+	Key    keyBrief `json:"key"`
+	Usage  Usage    `json:"usage"`
+}
+
+type keyBrief struct {
+	ID   string `json:"id"`
+	Name string `json:"name"`
+}
+
+// UsageHandler serves GET /v1/usage: the calling key's Usage from m. It must be wrapped in
+// RequireKey, which provides the Session; without one it answers 503 (a wiring mistake,
+// never a usage of no key). Methods other than GET and HEAD get 405.
+func UsageHandler(m *Meter) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			writeError(w, http.StatusMethodNotAllowed, string(inference.CodeInvalidRequest), "method "+r.Method+" not allowed: use GET")
+			return
+		}
+		s, ok := SessionFrom(r.Context())
+		if !ok {
+			writeError(w, http.StatusServiceUnavailable, string(inference.CodeUnavailable), "usage is not available: the endpoint is not behind API-key authentication")
+			return
+		}
+		writeJSON(w, http.StatusOK, usageResponse{
+			Object: "meshinfer.usage",
+			Key:    keyBrief{ID: s.KeyID, Name: s.KeyName},
+			Usage:  m.Usage(s.KeyID),
+		})
+	})
+}
