@@ -3,9 +3,10 @@
 //	transport/frame    varint-length frames with hard size caps, shared by stream protocols
 //	transport/infer    the peer inference protocol /meshinfer/infer/1.0.0 (client and server)
 //	transport/openai   the OpenAI-compatible HTTP API a node serves on 127.0.0.1:9337
+//	transport/gateway  the coordinator's API keys, key authentication and usage metering
 //
 // This package itself holds what they share: the loopback check for local-only listeners.
-// Not built yet: WebRTC direct dispatch and the coordinator gateway.
+// Not built yet: WebRTC direct dispatch, the gateway's WebSocket endpoint and Go client.
 //
 // transport must never import mesh or node; node connects the two through small interfaces
 // declared by the consuming package (openai.Dispatcher, infer.Generator).
