@@ -30,8 +30,8 @@ type Store struct {
 }
 
 // entry is what the store knows about one serving target. A routing decision reads health,
-// scored and the head of score for each candidate; they come first so that the read
-// usually touches one cache line of the entry, not two or three.
+// scored and the head of score (see peerScore) for every candidate: they come first, within
+// 64 bytes, so that the read touches one or two cache lines of the entry rather than three.
 type entry struct {
 	health []modelHealth // one per model with state; usually none or one
 	scored bool

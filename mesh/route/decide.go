@@ -383,52 +383,6 @@ func (d *decider) survivors(model string, keys []string, nPeers int) ([]int, []r
 	return pos, cands
 }
 
-// positions returns, for each key of order, its index in keys (keys are distinct). Rank
-// keeps clean targets in the given order and moves penalized ones behind them, so one
-// forward walk places all but the moved ones; those are looked up among the keys the walk
-// passed over, usually a handful.
-//
-// Decide no longer needs it: RankIndices returns those indices directly. It stays only
-// because TestPositions covers it; remove the two together.
-func (sc *Scratch) positions(keys, order []string) []int {
-	pos := reuse(sc.pos, len(order))[:len(order)]
-	sc.pos = pos
-	i, j := 0, 0
-	for ; j < len(order); j++ {
-		for i < len(keys) && keys[i] != order[j] {
-			i++
-		}
-		if i == len(keys) {
-			break
-		}
-		pos[j] = i
-		i++
-	}
-	if j == len(order) {
-		return pos
-	}
-	placed := reuse(sc.placed, len(keys))[:len(keys)]
-	clear(placed)
-	sc.placed = placed
-	for _, k := range pos[:j] {
-		placed[k] = true
-	}
-	if sc.skipped == nil {
-		sc.skipped = make(map[string]int, len(keys)-j)
-	}
-	skipped := sc.skipped
-	clear(skipped)
-	for k, key := range keys {
-		if !placed[k] {
-			skipped[key] = k
-		}
-	}
-	for ; j < len(order); j++ {
-		pos[j] = skipped[order[j]]
-	}
-	return pos
-}
-
 // orderMesh returns the mesh targets in order, as indices into keys: Select's pick, then up
 // to MaxMeshAttempts − 1 more by descending weight, ties by peer ID. mc are the eligible
 // peers' candidates and mi their indices into keys. One pass keeps the few heaviest in a

@@ -92,10 +92,11 @@
 //
 // # Cost
 //
-// A decision over 1,000 peers is one pass over the snapshot, one Rank, one Select and one
-// pass for the fallbacks: about 1.5 to 2 times reputation's Rank and Select alone
-// (BenchmarkDecide), provided the caller supplies two things. Peer.Key carries the peer ID's
-// string form, cached by the caller: encoding it costs about 1.5 µs a peer. Snapshot.Scratch
-// lends Decide working memory it reuses from call to call: without it a decision allocates
-// about 80 KB, which costs more than the decision itself.
+// A decision over 1,000 peers is one pass over the snapshot, one RankIndices (whose indices
+// lead straight back to the peers), one Select and one pass for the fallbacks: about 1.5
+// times reputation's Rank and Select alone (BenchmarkDecide), provided the caller supplies
+// two things. Peer.Key carries the peer ID's string form, cached by the caller: encoding it
+// costs about 1.5 µs a peer. Snapshot.Scratch lends Decide working memory it reuses from
+// call to call: without it a decision allocates about 80 KB, which costs more than the
+// decision itself.
 package route

@@ -171,12 +171,10 @@ type Snapshot struct {
 // in a Decision refers to it. A Scratch serves one Decide call at a time: keep one per
 // goroutine, or in a sync.Pool. Its zero value is ready to use.
 type Scratch struct {
-	peers   []meshPeer // eligible peers
-	keys    []string   // reputation keys: eligible peers, then local and cloud
-	cands   []reputation.Candidate
-	pos     []int  // index in keys of each target RankIndices kept
-	placed  []bool // positions: keys matched by the forward walk
-	skipped map[string]int
+	peers []meshPeer // eligible peers
+	keys  []string   // reputation keys: eligible peers, then local and cloud
+	cands []reputation.Candidate
+	pos   []int // index in keys of each target RankIndices kept
 }
 
 // Estimate is what one tier would cost the request.

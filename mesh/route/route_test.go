@@ -485,31 +485,6 @@ func TestPenalizedPeersMapBack(t *testing.T) {
 	}
 }
 
-func TestPositions(t *testing.T) {
-	keys := []string{"k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"}
-	for _, order := range [][]string{
-		{},
-		{"k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"},
-		{"k1", "k3", "k7"},
-		{"k0", "k2", "k5", "k4", "k1"},             // clean, then penalized moved back
-		{"k7", "k0"},                               // only penalized, moved
-		{"k6", "k5", "k4", "k3", "k2", "k1"},       // everything moved
-		{"k1", "k2", "k3", "k4", "k6", "k0"},       // the first key moved to the end
-		{"k3", "k5", "k7", "k6", "k2", "k0"},       // several out of order after the walk
-		{"k0", "k1", "k2", "k3", "k4", "k5", "k7"}, // one dropped at the end
-	} {
-		got := new(Scratch).positions(keys, order)
-		if len(got) != len(order) {
-			t.Fatalf("order %q: %d positions", order, len(got))
-		}
-		for j, k := range got {
-			if keys[k] != order[j] {
-				t.Fatalf("order %q: positions %v", order, got)
-			}
-		}
-	}
-}
-
 // TestDeterministic: the same seed gives the same decision, and the rng is what varies it.
 func TestDeterministic(t *testing.T) {
 	names := []string{"a", "b", "c", "d", "e", "f"}
