@@ -57,6 +57,18 @@ const (
 	// plenty of choice; 128 keeps a desktop's sockets and memory modest.
 	DefaultConnsLow  = 64
 	DefaultConnsHigh = 128
+	// DefaultVerifySample is the share of mesh tasks re-run on a second peer to check the
+	// result (0.05, i.e. 5 %): a peer past probation that lies on every task is caught after
+	// twenty of its tasks on average, for about 5 % more executions on the mesh (one per
+	// sampled task, two when the outputs differ).
+	DefaultVerifySample = 0.05
+	// DefaultVerifyProbationSample is the share verified when the serving peer is on
+	// probation (0.25): new or recently penalized peers, scoring below 60. A new liar is
+	// caught after about four tasks, before it has earned full weight.
+	DefaultVerifyProbationSample = 0.25
+	// VerifyOff as VerifySample turns verification off; as VerifyProbationSample it gives
+	// peers on probation no higher rate than VerifySample.
+	VerifyOff = -1.0
 )
 
 // DefaultListenAddrs are where a node listens when none are given: TCP and QUIC on 4001 on
@@ -142,6 +154,20 @@ type Config struct {
 	// routing-table refresh, DHT rendezvous or GossipSub peer exchange (on one machine they
 	// make every node dial dozens of others; see testnet's package doc).
 	Loopback bool
+	// VerifySample is the probability (in [0, 1]) that a request served by one peer with a
+	// deterministic model is run again on a second peer and the two outputs compared (see
+	// node/verify.go). A zero value means DefaultVerifySample, so a real 0 cannot be
+	// written: VerifyOff turns verification off (probation included).
+	VerifySample float64
+	// VerifyProbationSample is the probability used instead when it is higher and the
+	// serving peer scores below 60 (new or recently penalized peers). Default:
+	// DefaultVerifyProbationSample; VerifyOff: no higher rate on probation.
+	VerifyProbationSample float64
+	// WrapBackend, when set, wraps the backend serving Models (synthetic or upstream) before
+	// anything uses it: the peer server, the local tier and the announced model list all
+	// see the wrapper. A test and testnet hook for injecting faults (testnet.Faults); nil in
+	// production.
+	WrapBackend func(inference.Backend) inference.Backend
 	// ProbeRoot is the filesystem root the capability probe reads /proc and /sys under.
 	// Default: "/".
 	ProbeRoot string
@@ -241,6 +267,20 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.ConnsLow < 1 || cfg.ConnsHigh < cfg.ConnsLow {
 		return cfg, fmt.Errorf("connection water marks low %d high %d: need 1 <= low <= high", cfg.ConnsLow, cfg.ConnsHigh)
+	}
+	if cfg.VerifySample == 0 {
+		cfg.VerifySample = DefaultVerifySample
+	}
+	if cfg.VerifyProbationSample == 0 {
+		cfg.VerifyProbationSample = DefaultVerifyProbationSample
+	}
+	for _, v := range []struct {
+		name string
+		p    float64
+	}{{"verification sample", cfg.VerifySample}, {"probation verification sample", cfg.VerifyProbationSample}} {
+		if v.p != VerifyOff && !(v.p >= 0 && v.p <= 1) {
+			return cfg, fmt.Errorf("%s %v: need a probability in [0, 1], or %v for off", v.name, v.p, VerifyOff)
+		}
 	}
 	if cfg.ProbeRoot == "" {
 		cfg.ProbeRoot = "/"

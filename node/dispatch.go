@@ -36,7 +36,8 @@ import (
 //     token — serves, and a losing cloud stream is cancelled.
 //
 // Every attempt's outcome goes to the reputation store, and a degraded route (a peer timing
-// out, the cloud failing) makes the capability probe re-run.
+// out, the cloud failing) makes the capability probe re-run. A sample of the requests one
+// peer served deterministically is verified afterwards on other peers (verify.go).
 type dispatcher struct {
 	n     *Node
 	local inference.Backend // the node's backend as the owner's consent allows; nil: none
@@ -46,6 +47,7 @@ type dispatcher struct {
 	cloudModels []string
 
 	stats routingStats
+	ver   verification
 
 	mu        sync.Mutex
 	rng       *rand.Rand
@@ -55,9 +57,11 @@ type dispatcher struct {
 	cloudTPS  float64                  // measured cloud tokens/s (EWMA)
 	keys      map[peer.ID]string       // peer ID strings (encoding one costs ~1.5 µs)
 	scratch   route.Scratch            // Decide's working memory, used under mu
+	closed    bool                     // Close has begun: no more background work starts
 
-	// Local loads that a speculative request started and no longer waits for (the cloud
-	// won) run on under bg until done; Close cancels bg and waits.
+	// Background work runs under bg: local loads that a speculative request started and no
+	// longer waits for (the cloud won) until done, and verifications (verify.go). Close
+	// cancels bg and waits.
 	bg       context.Context
 	bgCancel context.CancelFunc
 	bgWG     sync.WaitGroup
@@ -92,8 +96,11 @@ func newDispatcher(n *Node, peers peerGenerator, cloud inference.Backend, cloudM
 	}
 }
 
-// Close cancels the background loads and waits for them.
+// Close cancels the background work and waits for it.
 func (d *dispatcher) Close() error {
+	d.mu.Lock()
+	d.closed = true // verify adds to bgWG under mu only while !closed: no Add races Wait
+	d.mu.Unlock()
 	d.bgCancel()
 	d.bgWG.Wait()
 	return nil
@@ -202,6 +209,9 @@ func (d *dispatcher) Generate(ctx context.Context, req *inference.Request, emit 
 	case route.TierCloud:
 		d.stats.cloud.Add(1)
 	}
+	if err == nil {
+		d.maybeVerify(r) // in the background: the client's response does not wait
+	}
 	return res, r.served(), err
 }
 
@@ -234,6 +244,9 @@ type run struct {
 	// sentDet is true while every token the client has came from a deterministic target,
 	// which is what makes a resumption possible.
 	sentDet bool
+	// resumed is true once an attempt continued a stream another target began: the client's
+	// output then comes from more than one target and is not verified.
+	resumed bool
 }
 
 func (r *run) served() openai.Served {
@@ -305,6 +318,8 @@ func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, er
 	det := r.deterministic(t)
 	if skip == 0 {
 		r.sentDet = det
+	} else {
+		r.resumed = true
 	}
 	var (
 		emitErr, mismatch error
@@ -371,12 +386,8 @@ func (r *run) deterministic(t route.Target) bool {
 		}
 	case route.TierMesh:
 		for _, p := range r.snap.Peers {
-			if p.Entry.Peer == t.Peer && p.Entry.Vector != nil {
-				for _, m := range p.Entry.Vector.Models {
-					if m.Name == r.req.Model {
-						return m.Deterministic
-					}
-				}
+			if p.Entry.Peer == t.Peer {
+				return deterministicIn(p.Entry.Vector, r.req.Model)
 			}
 		}
 	}
@@ -407,7 +418,13 @@ func (r *run) speculate(ctx context.Context, ld loader, local, cloud route.Targe
 	// The load runs under the dispatcher's context: when the cloud wins, it goes on warming
 	// the model for the next request, owned by the dispatcher (Close waits for it).
 	ready := make(chan error, 1)
+	d.mu.Lock()
+	if d.closed { // Close has begun: start nothing it would not wait for
+		d.mu.Unlock()
+		return inference.Result{}, inference.Errorf(inference.CodeShuttingDown, "node is shutting down"), true, false
+	}
 	d.bgWG.Add(1)
+	d.mu.Unlock()
 	go func() {
 		defer d.bgWG.Done()
 		start := time.Now()

@@ -178,6 +178,9 @@ func (n *Node) start() error {
 		}
 		n.backend = sb // assigned only when non-nil: a nil *synth.Backend would be a non-nil Backend
 	}
+	if n.backend != nil && cfg.WrapBackend != nil {
+		n.backend = cfg.WrapBackend(n.backend) // a testnet fault; nil in production
+	}
 	if n.part, err = newPartGate(cfg); err != nil {
 		return fmt.Errorf("participation: %w", err)
 	}

@@ -45,6 +45,7 @@ func (n *Node) Status() console.Status {
 		routing = n.router.routing()
 		gs := n.gate.Stats()
 		routing.LocalOnly = console.LocalOnly{Served: gs.Served, Refused: gs.Refused, Failed: gs.Failed}
+		routing.Verification = n.router.verificationStatus()
 	}
 	return console.Status{
 		Inference:     inf,

@@ -8,6 +8,7 @@
 // 127.0.0.1 TCP and QUIC with OS-chosen ports; consoles listen on ConsoleBase+i (or
 // OS-chosen ports when ConsoleBase is 0), and OpenAI APIs on APIBase+i likewise. Nodes
 // serve different synthetic models (DefaultModels), so some requests must cross the mesh.
+// Options.Faults makes the last nodes misbehave (liars only, so far: see Faults).
 //
 // Loopback pitfalls, handled here on purpose:
 //   - go-libp2p's resource manager exempts 127.0.0.0/8 from its per-IP connection limits, so
@@ -76,6 +77,8 @@ type Options struct {
 	// Sensors gives every node simulated hardware (see Sensors), starting from
 	// DefaultSensors, instead of this machine's: scenarios rewrite it.
 	Sensors bool
+	// Faults makes some nodes misbehave (see Faults); none when zero.
+	Faults Faults
 	// Configure, when set, adjusts node i's configuration last (tests: another backend, a
 	// default privacy).
 	Configure func(i int, cfg *node.Config)
@@ -110,6 +113,9 @@ type Testnet struct {
 func New(opts Options) (*Testnet, error) {
 	if opts.Nodes < 1 {
 		return nil, fmt.Errorf("testnet needs at least 1 node, got %d", opts.Nodes)
+	}
+	if err := opts.Faults.validate(opts.Nodes); err != nil {
+		return nil, err
 	}
 	if opts.ConnsLow == 0 {
 		opts.ConnsLow = 16
@@ -231,6 +237,7 @@ func (t *Testnet) add() (int, error) {
 	if t.cloud != nil {
 		cfg.CloudURL, cfg.CloudModels = t.cloud.URL(), t.cloud.Models()
 	}
+	cfg.WrapBackend = t.opts.Faults.wrapFor(idx, t.opts.Nodes)
 	if t.opts.Configure != nil {
 		t.opts.Configure(idx, &cfg)
 	}

@@ -71,6 +71,28 @@ type Routing struct {
 	// ProbeReruns counts capability probe re-runs after a degraded route (a peer timing
 	// out, the cloud failing).
 	ProbeReruns uint64 `json:"probe_reruns"`
+	// Verification counts the mesh results checked against a second peer's execution.
+	Verification Verification `json:"verification"`
+}
+
+// Verification counts sampled verification: a task served by one peer with a deterministic
+// model is run again on a second peer and the outputs compared; on a mismatch a third peer
+// decides, two out of three. Every sampled task ends in exactly one of the other four
+// counters, so sampled = passed + failed + inconclusive + skipped once none is in flight.
+type Verification struct {
+	// Sampled counts tasks drawn for verification.
+	Sampled uint64 `json:"sampled"`
+	// Passed counts verifications where every execution gave the same output.
+	Passed uint64 `json:"passed"`
+	// Failed counts verifications that settled a mismatch two to one: the odd peer out,
+	// the serving peer or a verifier, took an integrity penalty.
+	Failed uint64 `json:"failed"`
+	// Inconclusive counts mismatches nobody could settle (no third peer, three different
+	// outputs) and verifications cut short by a transport failure; nobody is penalized.
+	Inconclusive uint64 `json:"inconclusive"`
+	// Skipped counts sampled tasks not verified: no second peer served the model, or too
+	// many verifications were already running.
+	Skipped uint64 `json:"skipped"`
 }
 
 // Participation is whether and on what terms this node contributes to the mesh.

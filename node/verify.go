@@ -1,0 +1,298 @@
+package node
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"hash"
+	"io"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/mesh/caps"
+	"github.com/meshinfer/meshinfer/mesh/route"
+	"github.com/meshinfer/meshinfer/node/console"
+	"github.com/meshinfer/meshinfer/reputation"
+)
+
+// Sampled verification of mesh results.
+//
+// When a request completes on a peer serving its model deterministically, and the client
+// got the whole stream from that one peer (no resumption), the dispatcher draws whether to
+// verify it: with probability Config.VerifySample, or Config.VerifyProbationSample when
+// that is higher and the peer scores below probationScore. A verification runs in the
+// background, owned by the dispatcher (bg and bgWG: Close cancels it and waits), at most
+// maxVerifications at a time, and never delays the client's response:
+//
+//  1. a second peer serving the same model deterministically, picked by route.Decide over
+//     the request's own snapshot without the first peer, runs the identical request: the
+//     same inference.Request through the same peer client as ordinary work, so that a peer
+//     cannot tell a verification from a task;
+//  2. the digests of the two outputs (token ids and texts) are compared; equal, both peers
+//     get reputation.VerificationPassed;
+//  3. different, a third peer runs it and two out of three decide (judge): the odd one out
+//     gets VerificationFailed, the two that agree VerificationPassed. No third peer, or
+//     three different outputs, is inconclusive and penalizes nobody; so is an execution
+//     that fails (timeout, peer lost...): a transport fault says nothing about integrity.
+//
+// With the default reputation parameters one VerificationFailed (-70 points) takes any peer
+// below the exclusion threshold (at most 100 - 70 = 30 < 40), so a liar leaves the candidate
+// set after its first failed verification, and stays out for about a day (12 h half-life).
+
+const (
+	// probationScore is the score (points) under which a serving peer is verified at the
+	// probation rate. New peers start at reputation.NeutralScore (50); an honest one passes
+	// 60 after about twenty successful tasks, fewer with passed verifications. A peer with a
+	// recent integrity penalty stays below it.
+	probationScore = 60.0
+	// maxVerifications bounds the verifications running at once (4). Each runs one or two
+	// extra executions on peers; past four, a burst of sampled tasks would add a burst of
+	// work to the mesh rather than a sample of it, so the excess is skipped and counted.
+	maxVerifications = 4
+)
+
+// verification is the dispatcher's verification state.
+type verification struct {
+	sampled, passed, failed, inconclusive, skipped atomic.Uint64
+	// running counts verifications in progress; it grows only under dispatcher.mu.
+	running atomic.Int32
+}
+
+// maybeVerify draws whether to verify r's successful request and, if so, starts the
+// verification in the background. Nothing may use r afterwards but the verification.
+func (d *dispatcher) maybeVerify(r *run) {
+	t := r.last
+	if t.Tier != route.TierMesh || r.resumed || !r.deterministic(t) {
+		return
+	}
+	cfg := &d.n.cfg
+	rate := cfg.VerifySample
+	if rate == VerifyOff {
+		return
+	}
+	if cfg.VerifyProbationSample > rate && d.n.rep.Score(t.RepKey(), cfg.Now()) < probationScore {
+		rate = cfg.VerifyProbationSample
+	}
+	d.mu.Lock()
+	sampled := d.rng.Float64() < rate
+	start := sampled && !d.closed && d.ver.running.Load() < maxVerifications
+	if start {
+		d.ver.running.Add(1)
+		d.bgWG.Add(1)
+	}
+	d.mu.Unlock()
+	if !sampled {
+		return
+	}
+	d.ver.sampled.Add(1)
+	if !start {
+		d.ver.skipped.Add(1)
+		log.Debugw("verification skipped: too many running, or closing", "peer", t.Peer, "model", r.req.Model)
+		return
+	}
+	// Ends when verify returns: its executions run under d.bg, which Close cancels.
+	go func() {
+		defer d.bgWG.Done()
+		defer d.ver.running.Add(-1)
+		d.verify(r)
+	}()
+}
+
+// verify checks the output r's client received against other peers' executions of the same
+// request, and gives the verdict to the reputation store.
+func (d *dispatcher) verify(r *run) {
+	model := r.req.Model
+	ran := []route.Target{r.last}
+	sums := []digest{digestOf(r.sent)}
+	for {
+		t, ok := d.pickVerifier(r, ran)
+		if !ok {
+			if len(ran) == 1 {
+				d.ver.skipped.Add(1)
+				log.Debugw("verification skipped: no other peer serves the model deterministically", "peer", r.last.Peer, "model", model)
+			} else {
+				d.ver.inconclusive.Add(1)
+				log.Debugw("verification inconclusive: outputs differ and no third peer can decide", "peer", r.last.Peer, "model", model)
+			}
+			return
+		}
+		sum, err := d.replay(t, r)
+		if err != nil {
+			d.ver.inconclusive.Add(1)
+			log.Debugw("verification inconclusive: an execution failed", "peer", t.Peer, "model", model, "err", err)
+			return
+		}
+		ran, sums = append(ran, t), append(sums, sum)
+		odd, settled := judge(sums)
+		switch {
+		case settled:
+			d.settle(model, ran, odd)
+			return
+		case len(sums) == 3:
+			d.ver.inconclusive.Add(1)
+			log.Debugw("verification inconclusive: three different outputs", "peer", r.last.Peer, "model", model)
+			return
+		}
+	}
+}
+
+// judge decides between the digests of two or three executions of one request. All equal:
+// nobody is wrong (odd -1). Two that differ are not settled: a third execution must decide.
+// Of three, the one that differs from the two equal others is odd; three different ones
+// are not settled, and neither is fewer than two.
+func judge(sums []digest) (odd int, settled bool) {
+	switch len(sums) {
+	case 2:
+		if sums[0] == sums[1] {
+			return -1, true
+		}
+	case 3:
+		a, b, c := sums[0], sums[1], sums[2]
+		switch {
+		case a == b && b == c:
+			return -1, true
+		case a == b:
+			return 2, true
+		case a == c:
+			return 1, true
+		case b == c:
+			return 0, true
+		}
+	}
+	return -1, false
+}
+
+// settle records a verdict: VerificationFailed for ran[odd] (none when odd is -1),
+// VerificationPassed for every other peer that ran the request.
+func (d *dispatcher) settle(model string, ran []route.Target, odd int) {
+	now := d.n.cfg.Now()
+	for i, t := range ran {
+		e := reputation.VerificationPassed
+		if i == odd {
+			e = reputation.VerificationFailed
+			log.Warnw("peer failed verification: its output differs from two other peers'", "peer", t.Peer, "model", model)
+		}
+		d.n.rep.Observe(t.RepKey(), e, now)
+	}
+	if odd < 0 {
+		d.ver.passed.Add(1)
+	} else {
+		d.ver.failed.Add(1)
+	}
+}
+
+// pickVerifier picks a peer not in ran to run r's request again: route.Decide over the
+// request's own snapshot, narrowed to the other peers announcing the model as
+// deterministic, mesh tier only, this model only. Scores are read as of now, so a peer
+// excluded since the request was decided is not picked.
+func (d *dispatcher) pickVerifier(r *run, ran []route.Target) (route.Target, bool) {
+	s := *r.snap
+	s.Local, s.Cloud, s.Scratch = route.Local{}, route.Cloud{}, nil
+	s.Peers = make([]route.Peer, 0, len(r.snap.Peers))
+	for _, p := range r.snap.Peers {
+		if deterministicIn(p.Entry.Vector, r.req.Model) &&
+			!slices.ContainsFunc(ran, func(t route.Target) bool { return t.Peer == p.Entry.Peer }) {
+			s.Peers = append(s.Peers, p)
+		}
+	}
+	if len(s.Peers) == 0 {
+		return route.Target{}, false
+	}
+	// The decision's own copy: the request sent to the peer stays exactly the client's.
+	req := r.req
+	req.Prefs.Privacy, req.Prefs.Route = inference.PrivacyMesh, inference.RouteExplicit
+	now := d.n.cfg.Now()
+	d.mu.Lock()
+	s.Scratch = &d.scratch
+	dec := route.Decide(&req, &s, now, d.rng)
+	d.mu.Unlock()
+	for _, t := range dec.Attempts {
+		if t.Tier == route.TierMesh {
+			return t, true
+		}
+	}
+	return route.Target{}, false
+}
+
+// deterministicIn reports whether v announces model as deterministic.
+func deterministicIn(v *caps.Vector, model string) bool {
+	if v == nil {
+		return false
+	}
+	for _, m := range v.Models {
+		if m.Name == model {
+			return m.Deterministic
+		}
+	}
+	return false
+}
+
+// replay runs r's request on peer t as ordinary work and returns its output's digest. The
+// outcome feeds the reputation store like any attempt's.
+func (d *dispatcher) replay(t route.Target, r *run) (digest, error) {
+	var (
+		h           = newTokenHash()
+		start       = time.Now()
+		first, last time.Time
+		got         int
+	)
+	_, err := d.peers.Generate(d.bg, t.Peer, &r.req, func(tok inference.Token) error {
+		now := time.Now()
+		if got == 0 {
+			first = now
+		}
+		got++
+		last = now
+		h.add(tok)
+		return nil
+	})
+	d.observe(t, r.req.Model, false, err, false, start, first, last, got)
+	return h.sum(), err
+}
+
+// digest is the SHA-256 of a complete output: for each token in order, its id (8 bytes,
+// big-endian two's complement), its text's length in bytes (8 bytes) and the text. The
+// lengths make the encoding unambiguous: different outputs never hash the same bytes.
+type digest [sha256.Size]byte
+
+// tokenHash computes a digest as tokens arrive.
+type tokenHash struct {
+	h   hash.Hash
+	buf [16]byte
+}
+
+func newTokenHash() *tokenHash { return &tokenHash{h: sha256.New()} }
+
+func (th *tokenHash) add(tok inference.Token) {
+	binary.BigEndian.PutUint64(th.buf[:8], uint64(int64(tok.ID)))
+	binary.BigEndian.PutUint64(th.buf[8:], uint64(len(tok.Text)))
+	th.h.Write(th.buf[:])
+	io.WriteString(th.h, tok.Text)
+}
+
+func (th *tokenHash) sum() (d digest) {
+	th.h.Sum(d[:0])
+	return d
+}
+
+// digestOf is the digest of a complete output.
+func digestOf(toks []inference.Token) digest {
+	h := newTokenHash()
+	for _, tok := range toks {
+		h.add(tok)
+	}
+	return h.sum()
+}
+
+// verificationStatus is the "routing.verification" object of /api/status. The outcomes are
+// read before sampled, so sampled is never below their sum.
+func (d *dispatcher) verificationStatus() console.Verification {
+	v := &d.ver
+	out := console.Verification{
+		Passed: v.passed.Load(), Failed: v.failed.Load(),
+		Inconclusive: v.inconclusive.Load(), Skipped: v.skipped.Load(),
+	}
+	out.Sampled = v.sampled.Load()
+	return out
+}

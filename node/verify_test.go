@@ -1,0 +1,263 @@
+package node
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/mesh/caps"
+	"github.com/meshinfer/meshinfer/mesh/registry"
+	"github.com/meshinfer/meshinfer/mesh/route"
+	"github.com/meshinfer/meshinfer/node/console"
+	"github.com/meshinfer/meshinfer/reputation"
+)
+
+// Two out of three decide; anything less is inconclusive and blames nobody.
+func TestJudge(t *testing.T) {
+	a := digestOf([]inference.Token{{Index: 0, Text: "mesh", ID: 7}})
+	b := digestOf([]inference.Token{{Index: 0, Text: "mesh", ID: 8}})
+	c := digestOf([]inference.Token{{Index: 0, Text: "node", ID: 7}})
+	tests := []struct {
+		name        string
+		sums        []digest
+		odd         int
+		wantSettled bool
+	}{
+		{"two agree", []digest{a, a}, -1, true},
+		{"two differ: a third must decide", []digest{a, b}, -1, false},
+		{"three agree", []digest{a, a, a}, -1, true},
+		{"the served peer lied", []digest{b, a, a}, 0, true},
+		{"the verifier lied", []digest{a, b, a}, 1, true},
+		{"the third lied", []digest{a, a, b}, 2, true},
+		{"three different outputs", []digest{a, b, c}, -1, false},
+		{"one output", []digest{a}, -1, false},
+		{"none", nil, -1, false},
+	}
+	for _, tt := range tests {
+		odd, settled := judge(tt.sums)
+		if odd != tt.odd || settled != tt.wantSettled {
+			t.Errorf("%s: judge = (%d, %v), want (%d, %v)", tt.name, odd, settled, tt.odd, tt.wantSettled)
+		}
+	}
+}
+
+// The digest covers ids, texts and token boundaries: outputs that differ in any of them
+// differ, and the same output hashes the same whether fed at once or token by token.
+func TestDigest(t *testing.T) {
+	out := []inference.Token{{Index: 0, Text: "ab", ID: 1}, {Index: 1, Text: "c", ID: 2}}
+	for name, other := range map[string][]inference.Token{
+		"boundary moved": {{Index: 0, Text: "a", ID: 1}, {Index: 1, Text: "bc", ID: 2}},
+		"id changed":     {{Index: 0, Text: "ab", ID: 1}, {Index: 1, Text: "c", ID: 3}},
+		"text changed":   {{Index: 0, Text: "ab", ID: 1}, {Index: 1, Text: "d", ID: 2}},
+		"token missing":  {{Index: 0, Text: "ab", ID: 1}},
+		"unknown id":     {{Index: 0, Text: "ab", ID: -1}, {Index: 1, Text: "c", ID: 2}},
+	} {
+		if digestOf(other) == digestOf(out) {
+			t.Errorf("%s: same digest as the original", name)
+		}
+	}
+	h := newTokenHash()
+	for _, tok := range out {
+		h.add(tok)
+	}
+	if h.sum() != digestOf(out) {
+		t.Errorf("streamed digest differs from the digest of the whole output")
+	}
+}
+
+func TestConfigVerify(t *testing.T) {
+	tests := []struct {
+		name                string
+		sample, probation   float64
+		wantSample, wantPro float64
+		wantErr             string
+	}{
+		{"defaults", 0, 0, DefaultVerifySample, DefaultVerifyProbationSample, ""},
+		{"every task", 1, 0, 1, DefaultVerifyProbationSample, ""},
+		{"off", VerifyOff, 0, VerifyOff, DefaultVerifyProbationSample, ""},
+		{"no probation boost", 0.1, VerifyOff, 0.1, VerifyOff, ""},
+		{"above one", 1.5, 0, 0, 0, "verification sample"},
+		{"negative", -0.5, 0, 0, 0, "verification sample"},
+		{"probation above one", 0, 2, 0, 0, "probation verification sample"},
+	}
+	for _, tt := range tests {
+		cfg, err := Config{DataDir: t.TempDir(), VerifySample: tt.sample, VerifyProbationSample: tt.probation}.withDefaults()
+		switch {
+		case tt.wantErr == "" && err != nil:
+			t.Errorf("%s: withDefaults: %v", tt.name, err)
+		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+			t.Errorf("%s: withDefaults error %v, want one mentioning %q", tt.name, err, tt.wantErr)
+		case err == nil && (cfg.VerifySample != tt.wantSample || cfg.VerifyProbationSample != tt.wantPro):
+			t.Errorf("%s: samples %v and %v, want %v and %v", tt.name, cfg.VerifySample, cfg.VerifyProbationSample, tt.wantSample, tt.wantPro)
+		}
+	}
+}
+
+// peerScript is what a scripted peer answers: an output, or an error.
+type peerScript struct {
+	out           []inference.Token
+	err           error
+	deterministic bool
+}
+
+// scriptedPeers answers the peer protocol from scripts; read-only once built.
+type scriptedPeers map[peer.ID]peerScript
+
+func (s scriptedPeers) Generate(ctx context.Context, p peer.ID, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
+	sc := s[p]
+	if sc.err != nil {
+		return inference.Result{}, sc.err
+	}
+	for _, tok := range sc.out {
+		if err := emit(tok); err != nil {
+			return inference.Result{}, err
+		}
+	}
+	return inference.Result{FinishReason: inference.FinishLength}, nil
+}
+
+// verifyOnce has a dispatcher verify one request that peer "served" answered with sent,
+// the other peers of the mesh answering from their scripts, and waits for the verdict.
+func verifyOnce(t *testing.T, seed uint64, cfg Config, sent []inference.Token, peers scriptedPeers, resumed bool) (console.Verification, *reputation.Store) {
+	t.Helper()
+	// A store that scores integrity alone (no credit for successes or speed), so that a
+	// score above or below neutral can only come from a verification.
+	params := reputation.DefaultParams()
+	params.SuccessWeight, params.PerformanceWeight, params.SuccessCap = 0, 0, 25
+	rep, err := reputation.New(params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const model = "synth-tiny"
+	cfg.Now = time.Now
+	n := &Node{cfg: cfg, rep: rep}
+	d := newDispatcher(n, peers, nil, nil, seed)
+	snap := &route.Snapshot{Rep: rep, Tune: route.DefaultTuning()}
+	for _, p := range slices.Sorted(maps.Keys(peers)) {
+		snap.Peers = append(snap.Peers, route.Peer{Entry: registry.Entry{Peer: p, Vector: &caps.Vector{
+			Models: []caps.Model{{Name: model, State: caps.ModelWarm, Deterministic: peers[p].deterministic}},
+			Load:   caps.Load{Accepting: true},
+		}}})
+	}
+	seed64 := int64(seed)
+	r := &run{d: d, snap: snap, sent: sent, resumed: resumed, attempts: 1,
+		req:  inference.Request{Model: model, Seed: &seed64, Messages: []inference.Message{{Role: inference.RoleUser, Content: "hi"}}},
+		last: route.Target{Tier: route.TierMesh, Peer: "served", Model: model}}
+	d.maybeVerify(r)
+	d.Close() // waits for the verification
+	return d.verificationStatus(), rep
+}
+
+// The dispatcher's verification end to end over scripted peers: who runs the request
+// again, what each outcome counts as, and who gets which reputation event.
+func TestVerifyVerdicts(t *testing.T) {
+	truth := []inference.Token{{Index: 0, Text: "a", ID: 1}, {Index: 1, Text: " mesh", ID: 2}}
+	lie1 := []inference.Token{{Index: 0, Text: "a", ID: 1}, {Index: 1, Text: " node", ID: 3}}
+	lie2 := []inference.Token{{Index: 0, Text: "the", ID: 4}, {Index: 1, Text: " peer", ID: 5}}
+	honest := peerScript{out: truth, deterministic: true}
+	lost := peerScript{err: inference.Errorf(inference.CodePeerLost, "stream reset"), deterministic: true}
+	tests := []struct {
+		name    string
+		cfg     Config
+		sent    []inference.Token
+		others  scriptedPeers
+		resumed bool
+		want    console.Verification
+		failed  []peer.ID // excluded by a failed verification
+		passed  []peer.ID // credited with a passed one
+	}{
+		{"outputs match", Config{VerifySample: 1}, truth, scriptedPeers{"h1": honest},
+			false, console.Verification{Sampled: 1, Passed: 1}, nil, []peer.ID{"served", "h1"}},
+		{"the served peer lied: two out of three", Config{VerifySample: 1}, lie1, scriptedPeers{"h1": honest, "h2": honest},
+			false, console.Verification{Sampled: 1, Failed: 1}, []peer.ID{"served"}, []peer.ID{"h1", "h2"}},
+		{"mismatch and no third peer", Config{VerifySample: 1}, truth, scriptedPeers{"l1": {out: lie1, deterministic: true}},
+			false, console.Verification{Sampled: 1, Inconclusive: 1}, nil, nil},
+		{"three different outputs", Config{VerifySample: 1}, truth, scriptedPeers{"l1": {out: lie1, deterministic: true}, "l2": {out: lie2, deterministic: true}},
+			false, console.Verification{Sampled: 1, Inconclusive: 1}, nil, nil},
+		{"the verifier was lost", Config{VerifySample: 1}, truth, scriptedPeers{"x": lost},
+			false, console.Verification{Sampled: 1, Inconclusive: 1}, nil, nil},
+		{"no other peer", Config{VerifySample: 1}, truth, scriptedPeers{},
+			false, console.Verification{Sampled: 1, Skipped: 1}, nil, nil},
+		{"the other peer is not deterministic", Config{VerifySample: 1}, truth, scriptedPeers{"n": {out: truth}},
+			false, console.Verification{Sampled: 1, Skipped: 1}, nil, nil},
+		{"a resumed stream is not verified", Config{VerifySample: 1}, truth, scriptedPeers{"h1": honest},
+			true, console.Verification{}, nil, nil},
+		{"verification off", Config{VerifySample: VerifyOff, VerifyProbationSample: 1}, truth, scriptedPeers{"h1": honest},
+			false, console.Verification{}, nil, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			peers := maps.Clone(tt.others)
+			peers["served"] = peerScript{out: tt.sent, deterministic: true}
+			got, rep := verifyOnce(t, 1, tt.cfg, tt.sent, peers, tt.resumed)
+			if got != tt.want {
+				t.Fatalf("counters %+v, want %+v", got, tt.want)
+			}
+			now := time.Now()
+			for p := range peers {
+				score, excluded := rep.Score(p.String(), now), rep.Excluded(p.String(), now)
+				switch {
+				case slices.Contains(tt.failed, p):
+					if !excluded {
+						t.Errorf("%s: score %v, want excluded", p, score)
+					}
+				case slices.Contains(tt.passed, p):
+					if score <= reputation.NeutralScore {
+						t.Errorf("%s: score %v, want a passed verification's credit", p, score)
+					}
+				case excluded || p != "x" && score != reputation.NeutralScore:
+					// The lost peer's failure is an availability debit, which never reaches
+					// below the floor of 40: only an integrity penalty excludes.
+					t.Errorf("%s: score %v, want no verification event", p, score)
+				}
+			}
+		})
+	}
+}
+
+// A lying verifier is outvoted just like a lying server. Which peer verifies first is the
+// router's weighted draw, so over seeds both orders occur: the honest peer first (the
+// outputs match and the liar is never asked) or the liar first (a third execution on the
+// honest peer outvotes it).
+func TestVerifyLyingVerifier(t *testing.T) {
+	truth := []inference.Token{{Index: 0, Text: "a", ID: 1}, {Index: 1, Text: " mesh", ID: 2}}
+	lie := []inference.Token{{Index: 0, Text: "a", ID: 1}, {Index: 1, Text: " node", ID: 3}}
+	peers := scriptedPeers{
+		"served": {out: truth, deterministic: true},
+		"h1":     {out: truth, deterministic: true},
+		"l1":     {out: lie, deterministic: true},
+	}
+	var sawMatch, sawOutvoted bool
+	for seed := uint64(1); seed <= 32; seed++ {
+		got, rep := verifyOnce(t, seed, Config{VerifySample: 1}, truth, peers, false)
+		now := time.Now()
+		switch got {
+		case console.Verification{Sampled: 1, Passed: 1}:
+			sawMatch = true
+			if s := rep.Score(peer.ID("l1").String(), now); s != reputation.NeutralScore {
+				t.Fatalf("seed %d: the liar was never asked but scored %v", seed, s)
+			}
+		case console.Verification{Sampled: 1, Failed: 1}:
+			sawOutvoted = true
+			if !rep.Excluded(peer.ID("l1").String(), now) {
+				t.Fatalf("seed %d: the lying verifier was outvoted but not excluded", seed)
+			}
+		default:
+			t.Fatalf("seed %d: counters %+v", seed, got)
+		}
+		for _, p := range []peer.ID{"served", "h1"} {
+			if s := rep.Score(p.String(), now); s <= reputation.NeutralScore {
+				t.Fatalf("seed %d: honest %s scored %v", seed, p, s)
+			}
+		}
+	}
+	if !sawMatch || !sawOutvoted {
+		t.Fatalf("over 32 seeds: honest verifier first %v, liar first %v; want both", sawMatch, sawOutvoted)
+	}
+}

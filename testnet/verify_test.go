@@ -1,0 +1,218 @@
+package testnet
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/inference/synth"
+	"github.com/meshinfer/meshinfer/node"
+	"github.com/meshinfer/meshinfer/reputation"
+)
+
+// verifyEverything makes node 0 verify every mesh task it routes.
+func verifyEverything(i int, cfg *node.Config) {
+	if i == 0 {
+		cfg.VerifySample = 1
+	}
+}
+
+// verificationsInFlight is how many of n's sampled tasks have no verdict yet.
+func verificationsInFlight(n *node.Node) uint64 {
+	v := n.Status().Routing.Verification
+	return v.Sampled - (v.Passed + v.Failed + v.Inconclusive + v.Skipped)
+}
+
+// peerScore is router's view of p: its score and whether it is excluded.
+func peerScore(t *testing.T, router, p *node.Node) (float64, bool) {
+	t.Helper()
+	for _, e := range router.Peers() {
+		if e.PeerID == p.ID().String() {
+			return e.Score, e.Excluded
+		}
+	}
+	t.Fatalf("router does not know peer %s", p.ID())
+	return 0, false
+}
+
+// An always-lying peer among honest ones, every mesh task verified (VerifySample 1): the
+// liar is excluded after its first verified task and gets no traffic after that.
+//
+// The figure. One failed verification excludes any peer: before it, a liar scores at most
+// max(50 + 20 (SuccessCap) + 15 (PerformanceWeight) + 0 (it never passes), 40) = 85, and
+// VerifyFailedWeight (-70) takes that to 15 < 40. A liar's first verified task — one it
+// served, or another peer's task it re-ran as verifier — is compared with two honest
+// executions and outvoted two to one: that is its one failed verification. So with sample
+// rate s the liar serves clients about 1/q tasks before it is out, q = max(s, 0.25) while its
+// score is below 60 (probation: where it starts, and which it leaves only on credit for
+// unverified successes and speed) and s after: 4 tasks on average at the defaults (within
+// 17 with 99 % probability while on probation), exactly 1 here with s = 1, none when it is
+// first caught as a verifier. This test waits for each verdict before the next request, so the
+// bound is exact: the liar serves at most one client task, and the router records exactly
+// one failed verification.
+func TestLiarIsExcludedAfterOneVerifiedTask(t *testing.T) {
+	// Three runs, each on a fresh testnet (an exclusion lasts a day), with different request
+	// seeds and the router's own draws: the liar is caught serving or verifying.
+	for run := range 3 {
+		t.Run(fmt.Sprintf("run %d", run), func(t *testing.T) { liarExcluded(t, int64(1000*run)) })
+	}
+}
+
+func liarExcluded(t *testing.T, seed int64) {
+	// Node 0 routes and serves nothing; nodes 1-3 are honest; node 4, the last, lies.
+	tn := start(t, Options{Nodes: 5, NoConsole: true, Heartbeat: time.Second, ModelsFor: serveNothing,
+		Faults: Faults{Liars: 1}, Configure: verifyEverything})
+	within(t, 15*time.Second, "converge", tn.Converged)
+	router, liar := tn.Node(0), tn.Node(4)
+	liarRoute := "peer:" + liar.ID().String()
+	excluded := func() bool { _, ex := peerScore(t, router, liar); return ex }
+
+	// Until the liar is caught: bounded, since with every task verified it is caught the
+	// first time it serves or verifies (each request involves it with probability about a
+	// half, so 40 requests miss it with probability about 2^-40).
+	const bound = 40
+	lies := 0 // client answers that came from the liar
+	for i := 0; !excluded(); i++ {
+		if i == bound {
+			t.Fatalf("liar not excluded after %d requests; verification %+v", bound, router.Status().Routing.Verification)
+		}
+		body := routedBody("synth-tiny", 8, seed+int64(i), nil)
+		r := stream(t, router.APIAddr(), body, nil, nil)
+		if r.errCode != "" || !r.done {
+			t.Fatalf("request %d: %+v", i, r)
+		}
+		if honest := r.text() == reference(t, body); honest == (r.final.Route == liarRoute) {
+			t.Fatalf("request %d served by %s: honest answer %v", i, r.final.Route, honest)
+		}
+		if r.final.Route == liarRoute {
+			lies++
+		}
+		within(t, 10*time.Second, "verdict", func() bool { return verificationsInFlight(router) == 0 })
+	}
+	v := router.Status().Routing.Verification
+	score, _ := peerScore(t, router, liar)
+	t.Logf("liar excluded (score %.1f) after serving %d client tasks; verification %+v", score, lies, v)
+	if lies > 1 || v.Failed != 1 || score >= reputation.ExcludeBelow {
+		t.Fatalf("liar served %d client tasks, %d failed verifications, score %v; want at most 1, exactly 1, below %v",
+			lies, v.Failed, score, reputation.ExcludeBelow)
+	}
+
+	// Excluded, the liar gets no more work: neither client tasks nor verifications.
+	before := liar.Status().Inference
+	for i := range 20 {
+		body := routedBody("synth-tiny", 8, seed+int64(100+i), nil)
+		r := stream(t, router.APIAddr(), body, nil, nil)
+		if r.errCode != "" || !r.done || r.final.Route == liarRoute || r.text() != reference(t, body) {
+			t.Fatalf("request %d after the exclusion: %+v", i, r)
+		}
+		within(t, 10*time.Second, "verdict", func() bool { return verificationsInFlight(router) == 0 })
+	}
+	if after := liar.Status().Inference; after.Served+after.Failed != before.Served+before.Failed {
+		t.Fatalf("the excluded liar was given %d tasks", after.Served+after.Failed-before.Served-before.Failed)
+	}
+	if v := router.Status().Routing.Verification; v.Failed != 1 || v.Inconclusive != 0 {
+		t.Fatalf("verification %+v: want the one failure only", v)
+	}
+	for i := 1; i < 4; i++ {
+		if score, ex := peerScore(t, router, tn.Node(i)); ex || score < reputation.NeutralScore {
+			t.Fatalf("honest node %d scored %v (excluded %v)", i, score, ex)
+		}
+	}
+}
+
+// Honest peers are never penalized for integrity: over hundreds of verified tasks with
+// varied seeds, temperatures, top_p, lengths and stop strings, every verification passes.
+func TestHonestPeersPassEveryVerification(t *testing.T) {
+	tn := start(t, Options{Nodes: 4, NoConsole: true, Heartbeat: time.Second, ModelsFor: serveNothing,
+		Configure: verifyEverything})
+	within(t, 15*time.Second, "converge", tn.Converged)
+	router := tn.Node(0)
+	const requests = 200
+	for i := range requests {
+		streaming := i%2 == 0
+		m := map[string]any{
+			"model": "synth-tiny", "max_tokens": 2 + i%11, "seed": i, "stream": streaming,
+			"temperature": []float64{0, 0.7, 1.3}[i%3], "top_p": []float64{1, 0.9}[i/2%2],
+			"messages": []map[string]string{{"role": "user", "content": "request " + string(rune('a'+i%26))}},
+		}
+		if i%5 == 0 {
+			m["stop"] = []string{"e"}
+		}
+		body, _ := json.Marshal(m)
+		if streaming {
+			if r := stream(t, router.APIAddr(), string(body), nil, nil); r.errCode != "" || !r.done {
+				t.Fatalf("request %d: %+v", i, r)
+			}
+		} else if resp, _ := post(t, router.APIAddr(), string(body)); resp.StatusCode != 200 {
+			t.Fatalf("request %d: status %d", i, resp.StatusCode)
+		}
+		// At most three in flight: the router's bound (4) is never reached, so no sampled
+		// task is skipped and every one is verified.
+		within(t, 10*time.Second, "verdicts", func() bool { return verificationsInFlight(router) < 3 })
+	}
+	within(t, 10*time.Second, "last verdicts", func() bool { return verificationsInFlight(router) == 0 })
+	v := router.Status().Routing.Verification
+	t.Logf("verification after %d requests: %+v", requests, v)
+	if v.Sampled != requests || v.Passed != requests || v.Failed != 0 || v.Inconclusive != 0 || v.Skipped != 0 {
+		t.Fatalf("verification %+v: want all %d sampled and passed", v, requests)
+	}
+	for i := 1; i < 4; i++ {
+		if score, ex := peerScore(t, router, tn.Node(i)); ex || score < reputation.NeutralScore {
+			t.Fatalf("honest node %d scored %v (excluded %v)", i, score, ex)
+		}
+	}
+}
+
+// A liar's stream is a well-formed answer with false content: as many tokens, the same
+// indices, non-empty UTF-8 texts, every id changed, the same terminal result, the same
+// lie every time, and a different lie from another liar.
+func TestLiarBackend(t *testing.T) {
+	sb, err := synth.New("synth-tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed := int64(9)
+	req := &inference.Request{Model: "synth-tiny", Seed: &seed,
+		Messages: []inference.Message{{Role: inference.RoleUser, Content: "what is a mesh?"}}}
+	run := func(b inference.Backend) ([]inference.Token, inference.Result) {
+		var toks []inference.Token
+		res, err := b.Generate(context.Background(), req, func(tok inference.Token) error {
+			toks = append(toks, tok)
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return toks, res
+	}
+	truth, want := run(sb)
+	l1, l2 := newLiar(sb, 1), newLiar(sb, 2)
+	lie, res := run(l1)
+	again, _ := run(l1)
+	other, _ := run(l2)
+	if res != want || len(lie) != len(truth) || len(truth) == 0 {
+		t.Fatalf("liar gave %d tokens and %+v, the model %d and %+v", len(lie), res, len(truth), want)
+	}
+	for i, tok := range lie {
+		if tok.Index != i || tok.Text == "" || !utf8.ValidString(tok.Text) || tok.ID == truth[i].ID {
+			t.Fatalf("token %d: %+v (the model's: %+v)", i, tok, truth[i])
+		}
+	}
+	if !slices.Equal(lie, again) || slices.Equal(lie, other) {
+		t.Fatalf("a liar must repeat its own lie and differ from another liar's")
+	}
+	models, err := l1.Models(context.Background())
+	if err != nil || len(models) != 1 || !models[0].Deterministic {
+		t.Fatalf("liar announces %+v, %v: want its model, still deterministic", models, err)
+	}
+	if _, ok := l1.(interface {
+		Load(context.Context, string) error
+	}); !ok {
+		t.Fatalf("a liar over a loader must load too")
+	}
+}
