@@ -98,6 +98,9 @@ func renderStatus(w io.Writer, st console.Status, peers []console.Peer) {
 		r.Requests.Local, r.Requests.Mesh, r.Requests.Cloud, r.Requests.NoTarget, r.LocalOnly.Served, r.LocalOnly.Refused)
 	fmt.Fprintf(w, "          %d failovers, %d resumed streams; speculative cloud %d started, %d cancelled (local ready first), %d kept\n",
 		r.Failovers, r.Resumptions, r.Speculative.Started, r.Speculative.Cancelled, r.Speculative.Kept)
+	v := r.Verification
+	fmt.Fprintf(w, "          verified %d sampled: %d passed, %d failed (a liar penalized), %d inconclusive, %d skipped\n",
+		v.Sampled, v.Passed, v.Failed, v.Inconclusive, v.Skipped)
 	for _, addr := range st.ListenAddrs {
 		fmt.Fprintf(w, "listen    %s\n", addr)
 	}

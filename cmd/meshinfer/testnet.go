@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -41,6 +42,7 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	cloud := fs.Bool("cloud", true, "run a stand-in cloud API as every node's cloud tier")
 	cloudLatency := fs.Duration("cloud-latency", testnet.DefaultCloudLatency, "latency the stand-in cloud adds before each response")
 	coldStart := fs.Duration("cold-start", 0, "added to every synthetic model's load on the nodes, to show real-length cold starts (e.g. 3s)")
+	faults := fs.String("faults", "", "comma-separated faulty nodes to start, e.g. liar=1 (the last N nodes alter every token they generate; sampled verification finds them). slow and flaky are not built yet")
 	scenario := fs.String("scenario", scenarioNone, "what to play after the demo: none, or battery-drain (node 1's simulated battery drains below the floor, then charges: it pauses, is skipped, comes back)")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -49,6 +51,11 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	case scenarioNone, scenarioBatteryDrain:
 	default:
 		fmt.Fprintf(stderr, "meshinfer testnet: --scenario %q: known scenarios are %s and %s\n", *scenario, scenarioNone, scenarioBatteryDrain)
+		return errUsage
+	}
+	fl, err := parseFaults(*faults)
+	if err != nil {
+		fmt.Fprintf(stderr, "meshinfer testnet: --faults %q: %v\n", *faults, err)
 		return errUsage
 	}
 	heartbeatSet := false
@@ -73,7 +80,7 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	tn, err := testnet.New(testnet.Options{
 		Nodes: *nodes, Mesh: *mesh, ConsoleBase: *consoleBase, APIBase: *apiBase, Heartbeat: *heartbeat,
 		Version: version, Seed: *seed, Cloud: *cloud, CloudLatency: *cloudLatency, ColdStart: *coldStart,
-		Sensors: *scenario != scenarioNone,
+		Sensors: *scenario != scenarioNone, Faults: fl,
 	})
 	if err != nil {
 		return fmt.Errorf("%w\nif a port is taken, pick others with --console-base and --api-base", err)
@@ -84,6 +91,9 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stdout, "stopped.")
 	}()
 	printNodes(stdout, tn)
+	if fl.Liars > 0 {
+		fmt.Fprintf(stdout, "faults: the last %d node(s) lie (alter every token); sampled verification penalizes them, watch 'meshinfer status'\n", fl.Liars)
+	}
 	if c := tn.Cloud(); c != nil {
 		fmt.Fprintf(stdout, "cloud: %s/v1 (stand-in, +%v per response; serves %s)\n", c.URL(), *cloudLatency, strings.Join(c.Models(), ", "))
 	}
@@ -117,6 +127,30 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 		case <-tick.C:
 		}
 	}
+}
+
+// parseFaults reads --faults: "liar=N" entries, comma-separated.
+func parseFaults(s string) (testnet.Faults, error) {
+	var f testnet.Faults
+	if s == "" {
+		return f, nil
+	}
+	for _, part := range strings.Split(s, ",") {
+		name, val, ok := strings.Cut(strings.TrimSpace(part), "=")
+		n, err := strconv.Atoi(val)
+		if !ok || err != nil || n < 0 {
+			return f, fmt.Errorf("%q: want name=count, e.g. liar=1", part)
+		}
+		switch name {
+		case "liar":
+			f.Liars = n
+		case "slow", "flaky":
+			return f, fmt.Errorf("%s nodes are not built yet; only liar is", name)
+		default:
+			return f, fmt.Errorf("unknown fault %q; known: liar", name)
+		}
+	}
+	return f, nil
 }
 
 func printNodes(w io.Writer, tn *testnet.Testnet) {
