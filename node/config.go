@@ -12,6 +12,7 @@ import (
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/mesh/participation"
 	"github.com/meshinfer/meshinfer/node/console"
+	"github.com/meshinfer/meshinfer/transport"
 	"github.com/meshinfer/meshinfer/transport/openai"
 )
 
@@ -24,6 +25,10 @@ const (
 	// RoleBootstrap also helps others join: DHT server mode, circuit relay v2 service and the
 	// AutoNAT service.
 	RoleBootstrap Role = "bootstrap"
+	// RoleCoordinator also serves thin clients: its API asks every request for an API key
+	// (transport/gateway), meters each key's usage, answers GET /v1/usage, and may listen on
+	// a public address, with TLS.
+	RoleCoordinator Role = "coordinator"
 )
 
 // Defaults, each the value a Config field takes when left zero.
@@ -141,6 +146,11 @@ type Config struct {
 	// CloudUSDPerMTok is the cloud's price per million tokens, for cost and balanced
 	// routing. Default: DefaultCloudUSDPerMTok.
 	CloudUSDPerMTok float64
+	// TLSCert and TLSKey are PEM files: with both, the API serves HTTPS.
+	TLSCert, TLSKey string
+	// InsecureGateway lets a coordinator's API listen on a non-loopback address without
+	// TLS (a TLS proxy in front of it).
+	InsecureGateway bool
 	// APIAddr is the OpenAI-compatible API's listen address; APIOff disables it. Default:
 	// DefaultAPIAddr. A non-loopback address is refused unless APIPublic is set.
 	APIAddr   string
@@ -189,9 +199,24 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	for _, r := range cfg.Roles {
 		switch r {
-		case RoleContributor, RoleBootstrap:
+		case RoleContributor, RoleBootstrap, RoleCoordinator:
 		default:
-			return cfg, fmt.Errorf("role %q: known roles are %s and %s", r, RoleContributor, RoleBootstrap)
+			return cfg, fmt.Errorf("role %q: known roles are %s, %s and %s", r, RoleContributor, RoleBootstrap, RoleCoordinator)
+		}
+	}
+	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
+		return cfg, fmt.Errorf("TLS needs both a certificate and a key (--tls-cert and --tls-key)")
+	}
+	if cfg.HasRole(RoleCoordinator) {
+		if cfg.DataDir == "" && cfg.Identity != nil {
+			return cfg, fmt.Errorf("a coordinator keeps its API keys and usage in a data dir: give one (--data-dir)")
+		}
+		// A coordinator serves clients over the network: its API may listen publicly, but
+		// not in clear text, which would carry API keys and prompts readable on the wire.
+		cfg.APIPublic = true
+		if cfg.APIAddr != APIOff && cfg.TLSCert == "" && !cfg.InsecureGateway && transport.CheckLoopback(cfg.apiAddrOrDefault()) != nil {
+			return cfg, fmt.Errorf("the gateway on %s would carry API keys and prompts in clear text: give --tls-cert and --tls-key, "+
+				"or --insecure-gateway if a TLS proxy in front of it terminates TLS", cfg.apiAddrOrDefault())
 		}
 	}
 	if len(cfg.ListenAddrs) == 0 {
@@ -299,6 +324,13 @@ func (cfg Config) withDefaults() (Config, error) {
 		cfg.DataDir = dir
 	}
 	return cfg, nil
+}
+
+func (cfg Config) apiAddrOrDefault() string {
+	if cfg.APIAddr == "" {
+		return DefaultAPIAddr
+	}
+	return cfg.APIAddr
 }
 
 // HasRole reports whether the node has role r.

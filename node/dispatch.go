@@ -200,7 +200,9 @@ func (d *dispatcher) Generate(ctx context.Context, req *inference.Request, emit 
 	}
 	r := &run{d: d, snap: snap, emit: emit, req: *req}
 	r.req.Model = dec.Model
+	start := time.Now()
 	res, err := r.serve(ctx, dec)
+	defer func() { d.n.tasks.record(ctx, r.req.Model, r.served(), res, err, time.Since(start)) }()
 	switch r.last.Tier {
 	case route.TierLocal:
 		d.stats.local.Add(1)

@@ -45,6 +45,7 @@ import (
 	"github.com/meshinfer/meshinfer/node/console"
 	"github.com/meshinfer/meshinfer/reputation"
 	"github.com/meshinfer/meshinfer/transport"
+	"github.com/meshinfer/meshinfer/transport/gateway"
 	"github.com/meshinfer/meshinfer/transport/infer"
 	"github.com/meshinfer/meshinfer/transport/openai"
 )
@@ -73,10 +74,13 @@ type Node struct {
 	rep       *reputation.Store
 	backend   inference.Backend // nil when the node serves no model itself
 	infer     *infer.Server
-	part      *partGate       // participation: consent, policy, live conditions
-	receipts  *receipts.Log   // tasks served for peers; nil without a data dir
-	router    *dispatcher     // routes API requests that may leave this device
-	gate      *localonly.Gate // serves local-only API requests; holds no network handle
+	part      *partGate         // participation: consent, policy, live conditions
+	receipts  *receipts.Log     // tasks served for peers; nil without a data dir
+	keys      *gateway.KeyStore // coordinator: the API keys of thin clients
+	meter     *gateway.Meter    // coordinator: usage per key
+	tasks     taskMeter         // meters API requests (a no-op but on a coordinator)
+	router    *dispatcher       // routes API requests that may leave this device
+	gate      *localonly.Gate   // serves local-only API requests; holds no network handle
 	api       *openai.Server
 
 	closers   []func() error // in start order; Close runs them backwards
@@ -246,8 +250,20 @@ func (n *Node) start() error {
 		n.router = newDispatcher(n, infer.NewClient(h), cloud, cfg.CloudModels, uint64(cfg.Now().UnixNano()))
 		n.closers = append(n.closers, n.router.Close) // after the API's close: no request left
 		n.gate = localonly.New(n.onDevice())
-		n.api, err = openai.New(cfg.APIAddr, n.router, openai.WithPublic(cfg.APIPublic),
-			openai.WithLocal(n.gate), openai.WithDefaultPrefs(cfg.Prefs))
+		opts := []openai.Option{openai.WithPublic(cfg.APIPublic), openai.WithDefaultPrefs(cfg.Prefs)}
+		if cfg.TLSCert != "" {
+			opts = append(opts, openai.WithTLS(cfg.TLSCert, cfg.TLSKey))
+		}
+		if cfg.HasRole(RoleCoordinator) {
+			wrap, err := n.startGateway()
+			if err != nil {
+				return err
+			}
+			opts = append(opts, openai.WithWrap(wrap), openai.WithLocal(meteredLocal{n.gate, n.tasks}))
+		} else {
+			opts = append(opts, openai.WithLocal(n.gate))
+		}
+		n.api, err = openai.New(cfg.APIAddr, n.router, opts...)
 		if err != nil {
 			return err
 		}

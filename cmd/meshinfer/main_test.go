@@ -50,7 +50,8 @@ func TestRunExitCodes(t *testing.T) {
 		{name: "node --bogus", args: []string{"node", "--bogus"}, wantCode: 2, wantStderr: []string{"bogus"}},
 		{name: "node stray argument", args: []string{"node", "extra"}, wantCode: 2, wantStderr: []string{`unexpected argument "extra"`}},
 		{name: "node --heartbeat not a duration", args: []string{"node", "--heartbeat", "soon"}, wantCode: 2, wantStderr: []string{"heartbeat"}},
-		{name: "node --role coordinator", args: []string{"node", "--role", "coordinator"}, wantCode: 1, wantStderr: []string{"coordinator", "not built"}},
+		{name: "node --role coordinator public without TLS", args: []string{"node", "--role", "coordinator", "--api", "0.0.0.0:9999"},
+			wantCode: 1, wantStderr: []string{"clear text", "--tls-cert", "--insecure-gateway"}},
 		{name: "node --role unknown", args: []string{"node", "--role", "oracle"}, wantCode: 1, wantStderr: []string{"oracle", "contributor", "bootstrap"}},
 		{name: "node --bootstrap not a multiaddr", args: []string{"node", "--bootstrap", "not-a-multiaddr"}, wantCode: 1, wantStderr: []string{"not-a-multiaddr", "/p2p/"}},
 		{name: "node --bootstrap without /p2p", args: []string{"node", "--bootstrap", "/ip4/127.0.0.1/tcp/4001"}, wantCode: 1, wantStderr: []string{"/p2p/"}},
@@ -136,6 +137,9 @@ func TestNodeHelpListsEveryFlagWithItsDefault(t *testing.T) {
 		{"cloud-model", "required with --cloud-url"},
 		{"cloud-cost", "(default 1)"},
 		{"profile", "default standard"},
+		{"tls-cert", "HTTPS"},
+		{"tls-key", ""},
+		{"insecure-gateway", ""},
 		{"config", "require_charging"},
 	}
 	for _, tc := range tests {

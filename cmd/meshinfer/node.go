@@ -56,7 +56,7 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	var listen, boots, models, cloudModels listFlag
 	dataDir := fs.String("data-dir", "", "where the identity key lives (default $XDG_DATA_HOME/meshinfer, else ~/.local/share/meshinfer)")
 	mesh := fs.String("mesh", node.DefaultMesh, "mesh to join; nodes of different meshes never see each other")
-	role := fs.String("role", string(node.RoleContributor), "contributor, or bootstrap (DHT server, relay and AutoNAT service for others)")
+	role := fs.String("role", string(node.RoleContributor), "contributor; bootstrap (DHT server, relay and AutoNAT service for others); coordinator (serves thin clients with API keys, metering; see meshinfer keys); comma-separated")
 	fs.Var(&listen, "listen", "libp2p listen multiaddr, repeatable (default TCP and QUIC on port 4001, IPv4 and IPv6)")
 	fs.Var(&boots, "bootstrap", "bootstrap peer multiaddr ending in /p2p/<peer ID>, repeatable")
 	noMDNS := fs.Bool("no-mdns", false, "do not discover or answer peers on the local network (mDNS)")
@@ -78,6 +78,9 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	cloudKeyEnv := fs.String("cloud-key-env", node.DefaultCloudKeyEnv, "environment variable holding the cloud's API key, sent as a bearer token (unset: none)")
 	fs.Var(&cloudModels, "cloud-model", "model the cloud serves, repeatable (required with --cloud-url)")
 	cloudCost := fs.Float64("cloud-cost", node.DefaultCloudUSDPerMTok, "the cloud's price in USD per million tokens, for cost and balanced routing")
+	tlsCert := fs.String("tls-cert", "", "PEM certificate chain: serve the API over HTTPS (with --tls-key)")
+	tlsKey := fs.String("tls-key", "", "PEM private key for --tls-cert")
+	insecureGateway := fs.Bool("insecure-gateway", false, "let a coordinator's API listen on a non-loopback address without TLS (a TLS proxy in front of it)")
 	profile := fs.String("profile", "", "participation profile set by whoever deploys the node: eco, standard, power or off (default standard, or the --config file's)")
 	configFile := fs.String("config", "", "JSON file of per-field overrides of the profile: require_charging, battery_min_level, thermal_max_state, max_tasks_per_min, pause_on_metered")
 	if err := parse(fs, args); err != nil {
@@ -109,6 +112,7 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	}
 	cfg.CloudURL, cfg.CloudKeyEnv, cfg.CloudModels, cfg.CloudUSDPerMTok = *cloudURL, *cloudKeyEnv, cloudModels, *cloudCost
 	cfg.Profile = *profile
+	cfg.TLSCert, cfg.TLSKey, cfg.InsecureGateway = *tlsCert, *tlsKey, *insecureGateway
 	if *configFile != "" {
 		ov, err := participation.LoadOverrides(*configFile)
 		if err != nil {
@@ -202,10 +206,10 @@ func parseRoles(s string) ([]node.Role, error) {
 		case node.RoleContributor:
 		case node.RoleBootstrap:
 			roles = append(roles, node.RoleBootstrap)
-		case "coordinator":
-			return nil, fmt.Errorf("--role coordinator is not built yet; run as contributor or bootstrap")
+		case node.RoleCoordinator:
+			roles = append(roles, node.RoleCoordinator)
 		default:
-			return nil, fmt.Errorf("--role %q: known roles are contributor and bootstrap", r)
+			return nil, fmt.Errorf("--role %q: known roles are contributor, bootstrap and coordinator (comma-separated)", r)
 		}
 	}
 	return roles, nil

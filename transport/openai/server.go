@@ -2,6 +2,7 @@ package openai
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -52,6 +53,9 @@ type config struct {
 	limits   inference.Limits
 	local    Local
 	defaults inference.Prefs
+	wrap     func(http.Handler) http.Handler
+	tlsCert  string
+	tlsKey   string
 }
 
 // WithPublic allows a non-loopback listen address. The API serves anyone who can reach it,
@@ -70,6 +74,16 @@ func WithLocal(l Local) Option { return func(c *config) { c.local = l } }
 // (node passes its flags'). Empty fields fall back to inference.DefaultPrefs. New refuses an
 // unknown value; Handler, which cannot fail, logs it and drops p.
 func WithDefaultPrefs(p inference.Prefs) Option { return func(c *config) { c.defaults = p } }
+
+// WithWrap puts wrap around the API's handler, outermost: the coordinator's key check and
+// extra routes (transport/gateway). Handler ignores it.
+func WithWrap(wrap func(http.Handler) http.Handler) Option { return func(c *config) { c.wrap = wrap } }
+
+// WithTLS serves HTTPS with the PEM certificate chain and key in these files (TLS 1.2 or
+// newer). Handler ignores it.
+func WithTLS(certFile, keyFile string) Option {
+	return func(c *config) { c.tlsCert, c.tlsKey = certFile, keyFile }
+}
 
 // Server is the node's OpenAI-compatible HTTP server.
 type Server struct {
@@ -103,14 +117,29 @@ func New(addr string, d Dispatcher, opts ...Option) (*Server, error) {
 	if err := cfg.defaults.Validate(); err != nil {
 		return nil, fmt.Errorf("api default preferences: %w", err)
 	}
+	var tlsConf *tls.Config
+	if cfg.tlsCert != "" || cfg.tlsKey != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.tlsCert, cfg.tlsKey)
+		if err != nil {
+			return nil, fmt.Errorf("api TLS certificate %s and key %s: %w", cfg.tlsCert, cfg.tlsKey, err)
+		}
+		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("api listen on %s: %w", addr, err)
 	}
+	if tlsConf != nil {
+		ln = tls.NewListener(ln, tlsConf)
+	}
+	var h http.Handler = newHandler(d, cfg)
+	if cfg.wrap != nil {
+		h = cfg.wrap(h)
+	}
 	base, cancel := context.WithCancelCause(context.Background())
 	s := &Server{ln: ln, cancel: cancel, shutdownGrace: shutdownGrace, terminalGrace: terminalGrace}
 	s.srv = &http.Server{
-		Handler:           s.track(newHandler(d, cfg)),
+		Handler:           s.track(h),
 		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       readTimeout,
 		IdleTimeout:       idleTimeout,

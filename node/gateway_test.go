@@ -1,0 +1,149 @@
+package node
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshinfer/meshinfer/mesh/participation"
+	"github.com/meshinfer/meshinfer/transport/gateway"
+)
+
+// A coordinator's API asks every request for a live key, meters what each key used, and
+// answers /v1/usage; a revoked key is refused from its next request.
+func TestCoordinatorKeysAndUsage(t *testing.T) {
+	dir := t.TempDir()
+	ks, err := gateway.OpenKeys(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, k, err := ks.Create("laptop", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	consent := participation.Consent{Version: participation.ConsentVersion, RunLocal: true, Contribute: true}
+	n := startTestNode(t, Config{Models: []string{"synth-tiny"}, DataDir: dir, Consent: &consent,
+		Roles: []Role{RoleCoordinator}})
+	api := "http://" + n.APIAddr()
+	call := func(method, path, key, body string) (*http.Response, string) {
+		req, _ := http.NewRequest(method, api+path, strings.NewReader(body))
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var b strings.Builder
+		buf := make([]byte, 4096)
+		for {
+			m, err := resp.Body.Read(buf)
+			b.Write(buf[:m])
+			if err != nil {
+				break
+			}
+		}
+		return resp, b.String()
+	}
+	chat := `{"model":"synth-tiny","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`
+
+	for _, bad := range []string{"", "msk_live_nope", "sk-something"} {
+		resp, body := call(http.MethodPost, "/v1/chat/completions", bad, chat)
+		if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "invalid_api_key") || !strings.Contains(body, "meshinfer keys create") {
+			t.Fatalf("key %q: status %d body %s", bad, resp.StatusCode, body)
+		}
+	}
+	for range 3 {
+		if resp, body := call(http.MethodPost, "/v1/chat/completions", key, chat); resp.StatusCode != http.StatusOK {
+			t.Fatalf("good key: status %d body %s", resp.StatusCode, body)
+		}
+	}
+	resp, body := call(http.MethodGet, "/v1/usage", key, "")
+	var u struct {
+		Key   struct{ ID string }
+		Usage gateway.Usage
+	}
+	if resp.StatusCode != http.StatusOK || json.Unmarshal([]byte(body), &u) != nil {
+		t.Fatalf("usage: status %d body %s", resp.StatusCode, body)
+	}
+	if u.Key.ID != k.ID || u.Usage.Requests != 3 || u.Usage.Completed != 3 || u.Usage.TokensOut == 0 {
+		t.Fatalf("usage %+v", u)
+	}
+	if _, err := ks.Revoke("laptop", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if resp, body := call(http.MethodPost, "/v1/chat/completions", key, chat); resp.StatusCode != http.StatusUnauthorized || !strings.Contains(body, "revoked") {
+		t.Fatalf("revoked key: status %d body %s", resp.StatusCode, body)
+	}
+	usage, err := gateway.ReadUsage(filepath.Join(dir, "usage.jsonl"))
+	if err != nil || usage[k.ID].Completed != 3 {
+		t.Fatalf("usage.jsonl: %+v, %v", usage, err)
+	}
+}
+
+// A coordinator refuses to listen publicly in clear text, and serves HTTPS with a
+// certificate.
+func TestCoordinatorTLS(t *testing.T) {
+	dir := t.TempDir()
+	_, err := New(Config{Roles: []Role{RoleCoordinator}, DataDir: dir, APIAddr: "0.0.0.0:0",
+		ConsoleAddr: ConsoleOff, Loopback: true, ListenAddrs: []string{"/ip4/127.0.0.1/tcp/0"}})
+	if err == nil || !strings.Contains(err.Error(), "clear text") {
+		t.Fatalf("public coordinator without TLS: %v", err)
+	}
+	cert, keyFile := selfSigned(t, dir)
+	n := startTestNode(t, Config{DataDir: dir, Roles: []Role{RoleCoordinator}, TLSCert: cert, TLSKey: keyFile})
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	resp, err := client.Get("https://" + n.APIAddr() + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized || resp.TLS == nil {
+		t.Fatalf("https without key: status %d, TLS %v", resp.StatusCode, resp.TLS != nil)
+	}
+}
+
+// selfSigned writes a certificate for 127.0.0.1 and its key into dir.
+func selfSigned(t *testing.T, dir string) (certFile, keyFile string) {
+	t.Helper()
+	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "meshinfer test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		KeyUsage:    x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &priv.PublicKey, priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalPKCS8PrivateKey(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certFile, keyFile
+}
