@@ -18,6 +18,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
+	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
+
 	"github.com/meshinfer/meshinfer/mesh/participation"
 	"github.com/meshinfer/meshinfer/transport/gateway"
 )
@@ -146,4 +149,22 @@ func selfSigned(t *testing.T, dir string) (certFile, keyFile string) {
 		t.Fatal(err)
 	}
 	return certFile, keyFile
+}
+
+// Nodes prefer TLS 1.3 over Noise for their libp2p connections.
+func TestConnectionsPreferTLS(t *testing.T) {
+	b := startTestNode(t, Config{})
+	a := startTestNode(t, Config{Bootstrap: []peer.AddrInfo{b.AddrInfo()}})
+	deadline := time.Now().Add(10 * time.Second)
+	for len(a.Host().Network().ConnsToPeer(b.ID())) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("A never connected to B")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, c := range a.Host().Network().ConnsToPeer(b.ID()) {
+		if sec := c.ConnState().Security; sec != libp2ptls.ID {
+			t.Fatalf("connection %s secured by %q, want %q", c.RemoteMultiaddr(), sec, libp2ptls.ID)
+		}
+	}
 }
