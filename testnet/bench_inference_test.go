@@ -56,7 +56,7 @@ import (
 // bench-ttft: 25 ms, then the same 8 tokens; bench-stream: 100 tokens 2 ms apart, each
 // carrying its send time). node has no hook to plug a backend, so the mesh path is assembled
 // here from the parts node assembles, minus route.Plan and the reputation bookkeeping; the
-// hosts use node's transport choices (Noise first, then TLS; yamux; libp2p's default
+// hosts use node's transport choices (TLS first, then Noise; yamux; libp2p's default
 // resource manager, which like node's keeps its metrics reporter on).
 //
 // Rules of §7.1: all paths interleaved in one run (the order rotates every iteration),
@@ -355,8 +355,8 @@ func newBenchTransport(dials *atomic.Int64) *http.Transport {
 func benchHost(b *testing.B, quicOnly bool) host.Host {
 	b.Helper()
 	opts := []libp2p.Option{
-		libp2p.Security(noise.ID, noise.New),
 		libp2p.Security(libp2ptls.ID, libp2ptls.New),
+		libp2p.Security(noise.ID, noise.New),
 		libp2p.Muxer(yamux.ID, yamux.DefaultTransport),
 		libp2p.DisableRelay(),
 		libp2p.DisableMetrics(),
