@@ -255,7 +255,7 @@ func (r *run) served() openai.Served {
 	if r.attempts == 0 {
 		return openai.Served{}
 	}
-	return openai.Served{Route: r.last.String(), Attempts: r.attempts}
+	return openai.Served{Route: r.last.String(), Attempts: r.attempts, Model: r.req.Model}
 }
 
 // serve runs the decision's attempts until one completes or no target is left.
@@ -315,7 +315,7 @@ var errResumeMismatch = errors.New("resumed stream differs from the tokens alrea
 func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, err error, final bool) {
 	r.attempts++
 	r.last = t
-	at := openai.Served{Route: t.String(), Attempts: r.attempts}
+	at := openai.Served{Route: t.String(), Attempts: r.attempts, Model: r.req.Model}
 	skip := len(r.sent)
 	det := r.deterministic(t)
 	if skip == 0 {
@@ -469,7 +469,7 @@ func (r *run) speculate(ctx context.Context, ld loader, local, cloud route.Targe
 	cloudAttempt := r.attempts
 	r.last = cloud
 	go func() {
-		at := openai.Served{Route: cloud.String(), Attempts: cloudAttempt}
+		at := openai.Served{Route: cloud.String(), Attempts: cloudAttempt, Model: r.req.Model}
 		start := time.Now()
 		var first, lastTok time.Time
 		got := 0

@@ -433,3 +433,35 @@ func TestCloudFailureRerunsProbe(t *testing.T) {
 		t.Fatalf("while cooling: %+v", r)
 	}
 }
+
+// With route auto and no model named, the router picks one and the response names it.
+func TestRouteAutoNamesTheModel(t *testing.T) {
+	tn := start(t, Options{Nodes: 2, NoConsole: true, Heartbeat: 15 * time.Second})
+	within(t, 10*time.Second, "converge", tn.Converged)
+	body := `{"meshinfer":{"route":"auto"},"max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`
+	resp, err := http.Post("http://"+tn.Node(0).APIAddr()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var c struct {
+		Model     string
+		Meshinfer struct{ Route string }
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&c); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d, %v", resp.StatusCode, err)
+	}
+	if c.Model != "synth-tiny" && c.Model != "synth-small" {
+		t.Fatalf("model %q, want the model the router chose", c.Model)
+	}
+	// Without a model and without route auto, the request is refused saying what to do.
+	resp2, err := http.Post("http://"+tn.Node(0).APIAddr()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp2.Body.Close()
+	if resp2.StatusCode != http.StatusBadRequest {
+		t.Fatalf("no model, explicit route: status %d", resp2.StatusCode)
+	}
+}

@@ -151,8 +151,8 @@ func (h *handler) chat(w http.ResponseWriter, r *http.Request) {
 	}
 	gen := h.gate(&req.Request)
 	id, created := newID(), time.Now().Unix()
-	// The response names the model asked for; with route auto and none named, "auto" (the
-	// Dispatcher and the Local do not report which model the router chose).
+	// The response names the model that served it: the router's choice with route auto
+	// (Served.Model), else the one asked for; "auto" when the Local chose one (it does not say).
 	model := req.Model
 	if model == "" {
 		model = inference.AutoModel
@@ -290,6 +290,9 @@ func (h *handler) complete(w http.ResponseWriter, r *http.Request, req *chatRequ
 	if err != nil {
 		writeError(w, terminalError(r.Context(), err))
 		return
+	}
+	if at.Model != "" {
+		model = at.Model // the router chose the model (route auto)
 	}
 	writeJSON(w, http.StatusOK, completion{
 		ID: id, Object: objectCompletion, Created: created, Model: model,

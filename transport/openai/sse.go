@@ -106,18 +106,20 @@ type stream struct {
 const tokenSuffix = `},"finish_reason":null}]}` + "\n\n"
 
 func newStream(w http.ResponseWriter, id string, created int64, model string, includeUsage bool) *stream {
-	head, _ := json.Marshal(chunk{ID: id, Object: objectChunk, Created: created, Model: model})
+	s := &stream{w: w, rc: http.NewResponseController(w), id: id, created: created, includeUsage: includeUsage}
+	s.setModel(model)
+	return s
+}
+
+// setModel names the model in the events from now on and precomputes their prefixes.
+func (s *stream) setModel(model string) {
+	head, _ := json.Marshal(chunk{ID: s.id, Object: objectChunk, Created: s.created, Model: model})
 	// head is {"id":…,"model":…,"choices":null}; cut before "null}" to append the choice.
 	head = head[:len(head)-len("null}")]
 	open := func(d string) []byte {
 		return fmt.Appendf(nil, `data: %s[{"index":0,"delta":{%s"content":`, head, d)
 	}
-	return &stream{
-		w: w, rc: http.NewResponseController(w),
-		id: id, created: created, model: model, includeUsage: includeUsage,
-		firstPrefix: open(`"role":"assistant",`),
-		prefix:      open(""),
-	}
+	s.model, s.firstPrefix, s.prefix = model, open(`"role":"assistant",`), open("")
 }
 
 // emit writes one token event and flushes it. It is the emit of the Dispatcher (or of the
@@ -133,6 +135,9 @@ func (s *stream) emit(at Served, t inference.Token) error {
 		return err
 	}
 	first := !s.started
+	if first && at.Model != "" && at.Model != s.model {
+		s.setModel(at.Model) // the router chose the model (route auto)
+	}
 	if first {
 		s.start(at)
 	}

@@ -32,6 +32,9 @@ type Served struct {
 	// Attempts counts the targets tried so far, this one included (a resumption is an
 	// attempt).
 	Attempts int
+	// Model is the model serving the request when the router chose it (route auto); ""
+	// means the request's own. Responses name it.
+	Model string
 }
 
 // Tier is the route's tier: "local", "mesh" or "cloud" ("" for no route).
