@@ -12,9 +12,10 @@ import (
 )
 
 // startGateway opens the coordinator's key store and usage meter in the data dir and returns
-// what wraps its API: every request needs a live API key (401 otherwise), and GET /v1/usage
-// answers the calling key's usage. The WebSocket endpoint and the Go client of the gateway
-// are not built yet; thin clients use the REST API.
+// what wraps its API: every request needs a live API key (401 otherwise), GET /v1/usage
+// answers the calling key's usage, and GET /v1/gateway is the WebSocket endpoint of thin
+// clients (transport/gateway/client), which runs each request through the same API handler,
+// so metering and the privacy gate apply as over REST.
 func (n *Node) startGateway() (func(http.Handler) http.Handler, error) {
 	var err error
 	if n.keys, err = gateway.OpenKeys(n.cfg.DataDir); err != nil {
@@ -30,10 +31,22 @@ func (n *Node) startGateway() (func(http.Handler) http.Handler, error) {
 			"create", "meshinfer keys create --name NAME --data-dir "+n.cfg.DataDir)
 	}
 	usage := gateway.UsageHandler(n.meter)
-	return func(api http.Handler) http.Handler {
+	// api is the OpenAI handler, set when openai.New wraps it, before it serves anything.
+	var api http.Handler
+	ws, err := gateway.NewWebSocket(n.keys, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		api.ServeHTTP(w, r)
+	}))
+	if err != nil {
+		return nil, fmt.Errorf("coordinator gateway: %w", err)
+	}
+	// Closed after the API server (appended before it), before the meter its runs record in.
+	n.closers = append(n.closers, ws.Close)
+	return func(h http.Handler) http.Handler {
+		api = h
 		mux := http.NewServeMux()
 		mux.Handle("/v1/usage", usage)
-		mux.Handle("/", api)
+		mux.Handle(gateway.WebSocketPath, ws)
+		mux.Handle("/", h)
 		return gateway.RequireKey(n.keys, mux)
 	}, nil
 }

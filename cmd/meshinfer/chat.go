@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/meshinfer/meshinfer/transport/gateway/client"
 )
 
 const chatSynopsis = `Send one chat message to a node's OpenAI-compatible API and stream the answer.
@@ -23,11 +25,21 @@ const chatSynopsis = `Send one chat message to a node's OpenAI-compatible API an
   meshinfer chat --model synth-small --max-tokens 64 "tell me something"
   meshinfer chat --privacy local-only "this prompt never leaves this machine"
 
+Through a coordinator's gateway, as a thin client with an API key (WebSocket, falling back to
+REST; a lost connection is resumed without repeating or losing tokens):
+
+  meshinfer chat --gateway https://coordinator:9337 --key msk_live_... "hello there"
+  MESHINFER_API_KEY=msk_live_... meshinfer chat --gateway https://coordinator:9337 "hi"
+
 The built-in synthetic models produce meaningless text: they exist to exercise the mesh
 (real compute, real streaming, deterministic output), not to answer.`
 
 // maxSSELine bounds one server-sent event line (a chunk is a few hundred bytes).
 const maxSSELine = 1 << 20
+
+// apiKeyEnv holds the API key for --gateway when --key is not given: a key in a flag shows in
+// the process list and the shell's history.
+const apiKeyEnv = "MESHINFER_API_KEY"
 
 func runChat(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("chat [flags] PROMPT", chatSynopsis, stderr)
@@ -37,6 +49,9 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 	seed := fs.Int64("seed", 0, "sampling seed (same seed, same prompt: same answer)")
 	privacy := fs.String("privacy", "", "local-only, mesh or any (default: the node's --privacy)")
 	priority := fs.String("priority", "", "cost, latency or balanced (default: the node's --priority)")
+	gatewayURL := fs.String("gateway", "", "a coordinator's API base URL: chat through its gateway as a thin client, with --key (instead of --api)")
+	key := fs.String("key", "", "API key for --gateway (default $"+apiKeyEnv+")")
+	device := fs.String("device", "", "this device's id for --gateway, e.g. a UUID (optional)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -48,25 +63,75 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "meshinfer chat: give a prompt, e.g. meshinfer chat \"hello\"")
 		return errUsage
 	}
+	if *gatewayURL == "" && (*key != "" || *device != "") {
+		fmt.Fprintln(stderr, "meshinfer chat: --key and --device go with --gateway URL")
+		return errUsage
+	}
+	if *gatewayURL != "" && *key == "" {
+		if *key = os.Getenv(apiKeyEnv); *key == "" {
+			fmt.Fprintf(stderr, "meshinfer chat: --gateway needs an API key: --key KEY or $%s (the coordinator's operator creates one with 'meshinfer keys create')\n", apiKeyEnv)
+			return errUsage
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	out, err := chat(ctx, *api, chatRequest{model: *model, prompt: prompt, maxTokens: *maxTokens, seed: *seed,
-		privacy: *privacy, priority: *priority}, func(s string) { fmt.Fprint(stdout, s) })
+	cr := chatRequest{model: *model, prompt: prompt, maxTokens: *maxTokens, seed: *seed, privacy: *privacy, priority: *priority}
+	onText := func(s string) { fmt.Fprint(stdout, s) }
+	var (
+		out chatOutcome
+		err error
+	)
+	if *gatewayURL != "" {
+		out, err = chatGateway(ctx, *gatewayURL, *key, *device, cr, onText)
+	} else {
+		out, err = chat(ctx, *api, cr, onText)
+	}
 	fmt.Fprintln(stdout)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stderr, "[%s, %d tokens, finish %s, served by %s (%s tier, %d attempt(s))]\n",
-		*model, out.tokens, out.finish, out.route, out.tier, out.attempts)
+	var via string
+	if out.transport != "" {
+		via = " via the gateway (" + out.transport + ")"
+	}
+	fmt.Fprintf(stderr, "[%s, %d tokens, finish %s, served by %s (%s tier, %d attempt(s))%s]\n",
+		*model, out.tokens, out.finish, out.route, out.tier, out.attempts, via)
 	return nil
 }
 
+// chatGateway streams one completion through a coordinator's gateway with the Go thin
+// client: WebSocket, or REST when the coordinator has no WebSocket endpoint.
+func chatGateway(ctx context.Context, base, key, device string, cr chatRequest, onText func(string)) (chatOutcome, error) {
+	c := client.New(base, key, client.WithDevice(device))
+	defer c.Close()
+	body := map[string]any{
+		"model":      cr.model,
+		"messages":   []map[string]string{{"role": "user", "content": cr.prompt}},
+		"max_tokens": cr.maxTokens,
+		"seed":       cr.seed,
+	}
+	if cr.privacy != "" || cr.priority != "" {
+		body["meshinfer"] = map[string]string{"privacy": cr.privacy, "priority": cr.priority}
+	}
+	res, err := c.Chat(ctx, body, func(t client.Token) { onText(t.Text) })
+	if err != nil {
+		_, refused := errors.AsType[*client.Error](err)
+		if !refused && !errors.Is(err, context.Canceled) && !errors.Is(err, client.ErrReplayMismatch) && !errors.Is(err, client.ErrProtocol) {
+			return chatOutcome{}, fmt.Errorf("gateway %s: %w\nis the coordinator running, and is --gateway its API's URL?", base, err)
+		}
+		return chatOutcome{}, fmt.Errorf("gateway %s: %w", base, err)
+	}
+	return chatOutcome{route: res.Route, tier: res.Tier, attempts: res.Attempts, finish: res.FinishReason,
+		tokens: res.Tokens, transport: res.Transport}, nil
+}
+
 type chatOutcome struct {
-	route    string // the final route (a resumed stream may end elsewhere than it began)
-	tier     string
-	attempts int
-	finish   string
-	tokens   int
+	route     string // the final route (a resumed stream may end elsewhere than it began)
+	tier      string
+	attempts  int
+	finish    string
+	tokens    int
+	transport string // through a gateway: websocket or rest; "" otherwise
 }
 
 // chatRequest is one chat completion to send; empty privacy and priority leave the node's

@@ -1,7 +1,8 @@
 // Package gateway is the coordinator's door for thin clients (issue 7): the API keys that
-// admit them, the middleware that checks a key on every request, and the meter that records
-// what each key used. Not built yet: the WebSocket endpoint, dispatch and verification; node
-// mounts these pieces in front of the coordinator's API.
+// admit them, the middleware that checks a key on every request, the meter that records
+// what each key used, and the WebSocket endpoint that multiplexes a client's requests over
+// one connection. node mounts these pieces in front of the coordinator's API; the Go client
+// of the endpoint is package gateway/client. Dispatch and verification are node's.
 //
 // # API keys
 //
@@ -84,8 +85,91 @@
 //	{"object":"meshinfer.usage","key":{"id":"key_3fa09c12","name":"alice-laptop"},
 //	 "usage":{"requests":3,"completed":2,"failed":1,"tokens_in":22,"tokens_out":96,"duration_ns":1500000000}}
 //
+// # WebSocket endpoint
+//
+// GET /v1/gateway (WebSocketPath) on the coordinator's API listener, behind RequireKey: the
+// upgrade request carries the key ("Authorization: Bearer <key>") and optionally
+// X-Meshinfer-Device; a missing, unknown or revoked key gets the 401 above and no upgrade.
+// A plain GET gets 426, a browser page of another origin 403 (the upgrade must be
+// same-origin). A coordinator without the endpoint answers 404: clients then fall back to
+// POST /v1/chat/completions. Each request on a connection is run through the coordinator's
+// OpenAI handler in-process, exactly as POST /v1/chat/completions with "stream": true would
+// be (transport/openai documents the request object, limits and errors), under the
+// connection's session: the same decoding, limits, privacy gate, routing and metering.
+//
+// Messages are JSON objects in text frames, each at most MaxMessageBytes (320 KiB: the API's
+// 256 KiB body cap plus the envelope). Unknown fields are ignored. Client to server:
+//
+//	{"type":"request","id":"r1","idempotency_key":"4f1c…","body":{…},"headers":{"X-Meshinfer-Privacy":"mesh"}}
+//	{"type":"cancel","id":"r1"}
+//	{"type":"ping","ts":17}
+//
+// id is 1 to MaxRequestID (64) bytes, unique among the connection's requests in flight; it
+// is free again once its done or error arrived. idempotency_key (optional, at most
+// MaxIdempotencyKey, 128 bytes) names the request across connections of one session (key
+// and device). body is the chat completion request object as POST /v1/chat/completions
+// takes it; "stream" and "stream_options.include_usage" are forced on. headers (optional, at
+// most 8) may set X-Meshinfer-* request headers other than X-Meshinfer-Device, each at most
+// 256 printable ASCII characters. ts is any integer. Server to client:
+//
+//	{"type":"token","id":"r1","index":0,"text":"Hello"}
+//	{"type":"done","id":"r1","finish_reason":"stop","usage":{"prompt_tokens":9,"completion_tokens":12,"total_tokens":21},
+//	 "meshinfer":{"route":"peer:12D3KooW…","tier":"mesh","attempts":1}}
+//	{"type":"error","id":"r1","error":{"code":"overloaded","message":"…"}}
+//	{"type":"pong","ts":17}
+//
+// (done shown wrapped.) A request gets its tokens, indices 0, 1, … in order, then exactly
+// one done or error; code is a typed inference code (inference.Codes), invalid_request for a
+// request refused before it ran. Messages of different requests interleave. A ping is
+// answered by a pong with its ts.
+//
+// Errors that concern one request are error messages for its id and leave the connection
+// and its other requests alone: a body or headers the API or the rules above refuse
+// (invalid_request, the API's own code otherwise), an idempotency key already used for
+// another request (invalid_request), more than MaxInFlight (32) requests in flight
+// (overloaded, at once), a key store that cannot be read (unavailable), a coordinator
+// shutting down (shutting_down). Errors of the connection itself close it, and with it
+// every request on it:
+//
+//	1009 message too big       a message over MaxMessageBytes
+//	1007 invalid payload       not a JSON object; an unknown type; a request or cancel
+//	                           without an id or with one over 64 bytes; an idempotency key
+//	                           over 128 bytes; a ping without an integer ts
+//	1003 text messages only    a binary message
+//	1008 request id already in flight
+//	1008 API key revoked       a request after the connection's key was revoked (every
+//	                           request checks it, as RequireKey does over REST; a new
+//	                           upgrade then gets 401)
+//	1001 shutting down         the coordinator is stopping
+//
+// A connection from which nothing arrived for IdleTimeout (60 s) is closed without a close
+// frame; clients ping more often than that. A client's cancel ends its request with an
+// error message (unavailable, "cancelled by the client") unless the outcome came first.
+//
+// # Idempotency and resubmission
+//
+// A request with an idempotency key is a run of its session: resubmitting the key, on this
+// connection or another of the same key and device, never runs it twice.
+//
+//   - Completed: the result (every token, then done) is kept for 10 minutes (at most 1,024
+//     results and 32 MiB); a resubmission is answered by replaying it, without running or
+//     metering it again.
+//   - Running: the resubmission attaches to the run, which replays the tokens so far from
+//     index 0 and continues live. The client skips the indices it has already delivered.
+//   - Failed (an error outcome), or never seen: it runs afresh.
+//
+// The key names one request: its body (with "stream" forced) and headers. The same key with
+// another request is refused with invalid_request rather than answered with the first
+// one's result.
+//
+// A run whose connection died (or whose forwarders all ended) keeps running for DetachGrace
+// (10 s) with nobody attached, waiting for a resubmission; then it is cancelled, like a
+// request without an idempotency key at once. A run a client cancelled is cancelled at once
+// when no other connection is attached to it.
+//
 // # Imports
 //
-// Standard library and package inference only: no libp2p, no mesh, no node. node wires the
-// store, the middleware and the meter to the coordinator's listener and dispatcher.
+// Standard library, package inference and github.com/coder/websocket (no dependencies of its
+// own) only: no libp2p, no mesh, no node. node wires the store, the middleware, the meter
+// and the WebSocket endpoint to the coordinator's listener and dispatcher.
 package gateway

@@ -1,0 +1,108 @@
+package client_test
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"net/http"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+
+	"github.com/meshinfer/meshinfer/mesh/participation"
+	"github.com/meshinfer/meshinfer/node"
+	"github.com/meshinfer/meshinfer/transport/gateway"
+	"github.com/meshinfer/meshinfer/transport/gateway/client"
+)
+
+// startCoordinatorNode starts a real coordinator node on loopback, serving synth-tiny
+// itself, with one API key; it is closed when the test ends.
+func startCoordinatorNode(t *testing.T) (n *node.Node, dir, key string, ks *gateway.KeyStore) {
+	t.Helper()
+	dir = t.TempDir()
+	ks, err := gateway.OpenKeys(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key, _, err = ks.Create("laptop", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	id, _, err := crypto.GenerateEd25519Key(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	consent := participation.Consent{Version: participation.ConsentVersion, RunLocal: true, Contribute: true}
+	n, err = node.New(node.Config{Identity: id, DataDir: dir, Consent: &consent, Models: []string{testModel},
+		Roles: []node.Role{node.RoleCoordinator}, Loopback: true, ListenAddrs: []string{"/ip4/127.0.0.1/tcp/0"},
+		ConsoleAddr: node.ConsoleOff, APIAddr: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := n.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return n, dir, key, ks
+}
+
+// A real coordinator node serves thin clients over WebSocket and REST alike, meters each
+// request once under its key, and refuses bad keys, a revoked one from its next request.
+func TestCoordinatorNodeGateway(t *testing.T) {
+	n, dir, key, ks := startCoordinatorNode(t)
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	hc := &http.Client{Transport: tr}
+	base := "http://" + n.APIAddr()
+	want, ref := reference(t, 21, 24)
+
+	ws := client.New(base, key, client.WithHTTPClient(hc), client.WithDevice("laptop-1"))
+	defer ws.Close()
+	rest := client.New(base, key, client.WithHTTPClient(hc), client.WithForceREST())
+	defer rest.Close()
+	for _, tc := range []struct {
+		c         *client.Client
+		transport string
+	}{{ws, client.TransportWebSocket}, {rest, client.TransportREST}, {ws, client.TransportWebSocket}} {
+		col := &collector{t: t}
+		res, err := tc.c.Chat(context.Background(), chatBody(21, 24), col.on)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.transport, err)
+		}
+		col.check(res, want, ref, tc.transport)
+	}
+
+	bad := client.New(base, gateway.KeyPrefix+"nope", client.WithHTTPClient(hc))
+	defer bad.Close()
+	var e *client.Error
+	if _, err := bad.Chat(context.Background(), chatBody(1, 4), nil); !errors.As(err, &e) || e.Status != http.StatusUnauthorized {
+		t.Fatalf("bad key: %v", err)
+	}
+	if _, err := ks.Revoke("laptop", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	// Refused from the next request, on the live connection as on a new one.
+	for _, c := range []*client.Client{ws, rest, client.New(base, key, client.WithHTTPClient(hc))} {
+		defer c.Close()
+		if _, err := c.Chat(context.Background(), chatBody(1, 4), nil); !errors.As(err, &e) || e.Status != http.StatusUnauthorized || e.Code != "invalid_api_key" {
+			t.Fatalf("revoked key: %v", err)
+		}
+	}
+	ws.Close()
+	rest.Close()
+	usage, err := gateway.ReadUsage(filepath.Join(dir, gateway.UsageFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total gateway.Usage
+	for _, u := range usage {
+		total.Requests += u.Requests
+		total.Completed += u.Completed
+		total.TokensOut += u.TokensOut
+	}
+	if total.Requests != 3 || total.Completed != 3 || total.TokensOut != int64(3*ref.Usage.CompletionTokens) {
+		t.Fatalf("usage %+v: want 3 requests of %d tokens, each metered once", total, ref.Usage.CompletionTokens)
+	}
+}
