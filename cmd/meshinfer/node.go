@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -160,13 +161,26 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "  cloud    %s (%s) for requests with privacy any\n", cfg.CloudURL, strings.Join(cfg.CloudModels, ", "))
 	}
 	if a := n.APIAddr(); a != "" {
-		fmt.Fprintf(stdout, "  api      http://%s/v1   (try: meshinfer chat --api http://%s \"hello\")\n", a, a)
+		scheme := "http"
+		if cfg.TLSCert != "" {
+			scheme = "https"
+		}
+		if slices.Contains(cfg.Roles, node.RoleCoordinator) {
+			fmt.Fprintf(stdout, "  gateway  %s://%s/v1   (clients need a key: meshinfer keys create --name NAME; then meshinfer chat --gateway %s://%s --key KEY \"hello\")\n",
+				scheme, a, scheme, a)
+		} else {
+			fmt.Fprintf(stdout, "  api      %s://%s/v1   (try: meshinfer chat --api %s://%s \"hello\")\n", scheme, a, scheme, a)
+		}
 	}
 	if a := n.ConsoleAddr(); a != "" {
 		fmt.Fprintf(stdout, "  console  http://%s/api/status\n", a)
 	}
-	if len(cfg.Bootstrap) == 0 && *role != string(node.RoleBootstrap) {
-		fmt.Fprintln(stdout, "  no --bootstrap peers: finding peers through mDNS on this network only")
+	if len(cfg.Bootstrap) == 0 && !slices.Contains(cfg.Roles, node.RoleBootstrap) {
+		if cfg.MDNS {
+			fmt.Fprintln(stdout, "  no --bootstrap peers: finding peers through mDNS on this network only")
+		} else {
+			fmt.Fprintln(stdout, "  no --bootstrap peers and --no-mdns: this node finds no peers until others dial it")
+		}
 	}
 	fmt.Fprintln(stdout, "Ctrl-C stops the node.")
 	<-ctx.Done()
