@@ -37,7 +37,8 @@ import (
 //
 // Every attempt's outcome goes to the reputation store, and a degraded route (a peer timing
 // out, the cloud failing) makes the capability probe re-run. A sample of the requests one
-// peer served deterministically is verified afterwards on other peers (verify.go).
+// peer served deterministically is verified afterwards on other peers (verify.go). On a
+// coordinator each finished request is metered against its client's API key (gateway.go).
 type dispatcher struct {
 	n     *Node
 	local inference.Backend // the node's backend as the owner's consent allows; nil: none

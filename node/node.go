@@ -1,8 +1,11 @@
 // Package node assembles one meshinfer node from its parts and owns their lifecycle:
 // identity, libp2p host, Kademlia DHT (protocol prefix /meshinfer), GossipSub, the peer
 // registry, the capability probe and announcer, discovery, the reputation store, the
-// backend (synthetic, or an OpenAI-compatible upstream) with its peer inference server, the
-// OpenAI-compatible API, and the local console.
+// participation gate (consent, policy, live conditions: participation.go), the backend
+// (synthetic, or an OpenAI-compatible upstream) with its peer inference server and receipts
+// log, the router's executor (dispatch.go, verify.go) and the privacy gate in front of it,
+// the OpenAI-compatible API (behind the coordinator's key check and gateway with
+// RoleCoordinator: gateway.go), and the local console.
 //
 // New starts the parts in dependency order; if one fails, New closes what it started and
 // returns the error. Close stops them in reverse order, waits for every goroutine, and is
