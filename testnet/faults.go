@@ -3,6 +3,7 @@ package testnet
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/meshinfer/meshinfer/inference"
 )
@@ -10,31 +11,69 @@ import (
 // Faults makes some of a testnet's nodes misbehave, so that anyone can watch the mesh
 // route around them. Each fault is injected as a misbehaving backend under an otherwise
 // ordinary node (node.Config.WrapBackend): the node announces, admits and streams as usual.
-// Slow nodes and flaky nodes (connections dropped mid-stream) are not built yet.
+// Flaky nodes (connections dropped mid-stream) are not built yet.
 type Faults struct {
 	// Liars is how many nodes lie: the last Liars nodes by index that New starts (not
 	// those added later). A liar alters every token it generates (see liar), for its peers
 	// and for its own API alike, and still announces its models as deterministic, so its
 	// answers look like answers and only verification can tell.
 	Liars int
+	// Slow is how many nodes answer slowly: the Slow nodes just before the liars. A slow
+	// node waits SlowFirstToken before its first token and SlowPerToken before each next
+	// one, as an overloaded or underpowered machine would; the router's performance
+	// weighting sends it less work.
+	Slow int
 }
+
+// The slow fault's delays.
+const (
+	SlowFirstToken = 500 * time.Millisecond
+	SlowPerToken   = 30 * time.Millisecond
+)
 
 // validate reports a fault set that cannot apply to a testnet of n nodes.
 func (f Faults) validate(n int) error {
-	if f.Liars < 0 || f.Liars > n {
-		return fmt.Errorf("faults: %d liars in a testnet of %d nodes", f.Liars, n)
+	if f.Liars < 0 || f.Slow < 0 || f.Liars+f.Slow > n {
+		return fmt.Errorf("faults: %d liars and %d slow nodes in a testnet of %d nodes", f.Liars, f.Slow, n)
 	}
 	return nil
 }
 
 // wrapFor returns the backend wrapper of node idx of a testnet started with n nodes, or
-// nil when that node is honest.
+// nil when that node is honest and quick.
 func (f Faults) wrapFor(idx, n int) func(inference.Backend) inference.Backend {
-	if idx < n-f.Liars || idx >= n {
+	switch {
+	case idx >= n:
 		return nil
+	case idx >= n-f.Liars:
+		salt := uint64(idx)
+		return func(b inference.Backend) inference.Backend { return newLiar(b, salt) }
+	case idx >= n-f.Liars-f.Slow:
+		return func(b inference.Backend) inference.Backend { return slow{b} }
 	}
-	salt := uint64(idx)
-	return func(b inference.Backend) inference.Backend { return newLiar(b, salt) }
+	return nil
+}
+
+// slow wraps a backend and delays its tokens (SlowFirstToken, SlowPerToken). It keeps the
+// inner backend's Load, if any, only through Backend (speculative dispatch then finds no
+// loader on a slow node and does not race its cloud: fine for a fault).
+type slow struct{ inference.Backend }
+
+func (s slow) Generate(ctx context.Context, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
+	return s.Backend.Generate(ctx, req, func(t inference.Token) error {
+		d := SlowPerToken
+		if t.Index == 0 {
+			d = SlowFirstToken
+		}
+		timer := time.NewTimer(d)
+		defer timer.Stop()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-timer.C:
+		}
+		return emit(t)
+	})
 }
 
 // liar wraps a backend and replaces every token it emits with a made-up one: the text is a

@@ -8,7 +8,7 @@
 // 127.0.0.1 TCP and QUIC with OS-chosen ports; consoles listen on ConsoleBase+i (or
 // OS-chosen ports when ConsoleBase is 0), and OpenAI APIs on APIBase+i likewise. Nodes
 // serve different synthetic models (DefaultModels), so some requests must cross the mesh.
-// Options.Faults makes the last nodes misbehave (liars only, so far: see Faults).
+// Options.Faults makes the last nodes misbehave (liars and slow nodes; see Faults).
 //
 // Loopback pitfalls, handled here on purpose:
 //   - go-libp2p's resource manager exempts 127.0.0.0/8 from its per-IP connection limits, so

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"slices"
 	"testing"
 	"time"
@@ -214,5 +215,26 @@ func TestLiarBackend(t *testing.T) {
 		Load(context.Context, string) error
 	}); !ok {
 		t.Fatalf("a liar over a loader must load too")
+	}
+}
+
+// A slow peer keeps serving correct answers, but the router's performance weighting sends
+// it less work than its quick peers once it has been measured.
+func TestSlowPeerGetsLessWork(t *testing.T) {
+	tn := start(t, Options{Nodes: 4, NoConsole: true, Heartbeat: time.Second, ModelsFor: serveNothing,
+		Faults: Faults{Slow: 1}})
+	within(t, 15*time.Second, "converge", tn.Converged)
+	const requests = 40
+	for i := range requests {
+		resp, _ := post(t, tn.Node(0).APIAddr(), chatBody("synth-tiny", 3, false))
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: status %d", i, resp.StatusCode)
+		}
+	}
+	slow := tn.Node(3).Status().Inference.Served
+	quick := min(tn.Node(1).Status().Inference.Served, tn.Node(2).Status().Inference.Served)
+	t.Logf("served: slow %d, quick peers %d and %d", slow, tn.Node(1).Status().Inference.Served, tn.Node(2).Status().Inference.Served)
+	if slow >= quick {
+		t.Fatalf("slow peer served %d, a quick one %d", slow, quick)
 	}
 }
