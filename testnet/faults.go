@@ -11,7 +11,6 @@ import (
 // Faults makes some of a testnet's nodes misbehave, so that anyone can watch the mesh
 // route around them. Each fault is injected as a misbehaving backend under an otherwise
 // ordinary node (node.Config.WrapBackend): the node announces, admits and streams as usual.
-// Flaky nodes (connections dropped mid-stream) are not built yet.
 type Faults struct {
 	// Liars is how many nodes lie: the last Liars nodes by index that New starts (not
 	// those added later). A liar alters every token it generates (see liar), for its peers
@@ -23,7 +22,14 @@ type Faults struct {
 	// one, as an overloaded or underpowered machine would; the router's performance
 	// weighting sends it less work.
 	Slow int
+	// Flaky is how many nodes drop their connections: the Flaky nodes just before the slow
+	// ones. Every FlakyPeriod a flaky node closes all its connections at once, cutting the
+	// streams in flight, as a machine on a bad link would; discovery reconnects it.
+	Flaky int
 }
+
+// FlakyPeriod is how often a flaky node drops its connections.
+const FlakyPeriod = 2 * time.Second
 
 // The slow fault's delays.
 const (
@@ -33,8 +39,8 @@ const (
 
 // validate reports a fault set that cannot apply to a testnet of n nodes.
 func (f Faults) validate(n int) error {
-	if f.Liars < 0 || f.Slow < 0 || f.Liars+f.Slow > n {
-		return fmt.Errorf("faults: %d liars and %d slow nodes in a testnet of %d nodes", f.Liars, f.Slow, n)
+	if f.Liars < 0 || f.Slow < 0 || f.Flaky < 0 || f.Liars+f.Slow+f.Flaky > n {
+		return fmt.Errorf("faults: %d liars, %d slow and %d flaky nodes in a testnet of %d nodes", f.Liars, f.Slow, f.Flaky, n)
 	}
 	return nil
 }
@@ -52,6 +58,12 @@ func (f Faults) wrapFor(idx, n int) func(inference.Backend) inference.Backend {
 		return func(b inference.Backend) inference.Backend { return slow{b} }
 	}
 	return nil
+}
+
+// flaky reports whether node idx of a testnet started with n nodes drops its connections.
+func (f Faults) flaky(idx, n int) bool {
+	first := n - f.Liars - f.Slow - f.Flaky
+	return idx >= first && idx < n-f.Liars-f.Slow
 }
 
 // slow wraps a backend and delays its tokens (SlowFirstToken, SlowPerToken). It keeps the

@@ -98,6 +98,10 @@ type Testnet struct {
 	opts Options
 
 	cloud *Cloud // nil without Options.Cloud
+	// stop ends the flaky nodes' connection droppers (faultWG), at Close.
+	stop      chan struct{}
+	faultWG   sync.WaitGroup
+	closeOnce sync.Once
 	// tmp holds the testnet's files: each node's data dir (receipts) and simulated sensor
 	// tree; removed by Close.
 	tmp string
@@ -129,7 +133,7 @@ func New(opts Options) (*Testnet, error) {
 	if opts.ModelsFor == nil {
 		opts.ModelsFor = DefaultModels
 	}
-	t := &Testnet{opts: opts, rng: mrand.New(mrand.NewPCG(opts.Seed, 0x6d657368))}
+	t := &Testnet{opts: opts, rng: mrand.New(mrand.NewPCG(opts.Seed, 0x6d657368)), stop: make(chan struct{})}
 	dir, err := os.MkdirTemp("", "meshinfer-testnet-")
 	if err != nil {
 		return nil, err
@@ -248,6 +252,9 @@ func (t *Testnet) add() (int, error) {
 	t.mu.Lock()
 	t.nodes[idx] = n
 	t.mu.Unlock()
+	if t.opts.Faults.flaky(idx, t.opts.Nodes) {
+		t.faultWG.Go(func() { t.dropConnections(n) })
+	}
 	return idx, nil
 }
 
@@ -370,6 +377,22 @@ func (t *Testnet) Sensors(i int) *Sensors {
 	return t.sensors[i]
 }
 
+// dropConnections closes all of a flaky node's connections every FlakyPeriod, until Close.
+func (t *Testnet) dropConnections(n *node.Node) {
+	tick := time.NewTicker(FlakyPeriod)
+	defer tick.Stop()
+	for {
+		select {
+		case <-t.stop:
+			return
+		case <-tick.C:
+		}
+		for _, c := range n.Host().Network().Conns() {
+			c.Close()
+		}
+	}
+}
+
 // Cloud is the stand-in cloud, or nil when Options.Cloud is off.
 func (t *Testnet) Cloud() *Cloud { return t.cloud }
 
@@ -416,6 +439,8 @@ func WaitFor(ctx context.Context, interval time.Duration, cond func() bool) erro
 
 // Close stops every running node, in reverse index order.
 func (t *Testnet) Close() error {
+	t.closeOnce.Do(func() { close(t.stop) })
+	t.faultWG.Wait()
 	t.mu.Lock()
 	nodes := t.nodes
 	t.nodes = make([]*node.Node, len(nodes))

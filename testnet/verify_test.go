@@ -238,3 +238,32 @@ func TestSlowPeerGetsLessWork(t *testing.T) {
 		t.Fatalf("slow peer served %d, a quick one %d", slow, quick)
 	}
 }
+
+// A flaky peer (node 3) drops all its connections every FlakyPeriod; streams cut that way
+// resume on another peer (or fail over), and every client stream still completes identical
+// to the reference. Requests go on until at least one was cut.
+func TestFlakyPeerStreamsStillComplete(t *testing.T) {
+	tn := start(t, Options{Nodes: 4, NoConsole: true, Heartbeat: time.Second, ModelsFor: serveNothing,
+		Faults: Faults{Flaky: 1}})
+	within(t, 15*time.Second, "converge", tn.Converged)
+	router := tn.Node(0)
+	cut := func() uint64 { rt := router.Status().Routing; return rt.Failovers + rt.Resumptions }
+	deadline := time.Now().Add(40 * time.Second)
+	n := 0
+	for ; cut() == 0; n++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("no stream was cut by the flaky peer in %d requests", n)
+		}
+		body := routedBody("synth-tiny", 300, int64(n), nil)
+		r := stream(t, router.APIAddr(), body, nil, nil)
+		if r.errCode != "" || !r.done {
+			t.Fatalf("request %d: %+v", n, r)
+		}
+		if want := reference(t, body); r.text() != want {
+			t.Fatalf("request %d differs from the reference", n)
+		}
+	}
+	rt := router.Status().Routing
+	t.Logf("%d streams; failovers %d, resumptions %d; flaky node served %d", n, rt.Failovers, rt.Resumptions,
+		tn.Node(3).Status().Inference.Served)
+}

@@ -42,7 +42,7 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	cloud := fs.Bool("cloud", true, "run a stand-in cloud API as every node's cloud tier")
 	cloudLatency := fs.Duration("cloud-latency", testnet.DefaultCloudLatency, "latency the stand-in cloud adds before each response")
 	coldStart := fs.Duration("cold-start", 0, "added to every synthetic model's load on the nodes, to show real-length cold starts (e.g. 3s)")
-	faults := fs.String("faults", "", "comma-separated faulty nodes to start, e.g. liar=1,slow=1: liars (the last nodes) alter every token they generate, and sampled verification finds them; slow nodes (just before them) wait 500ms before their first token and 30ms before each next; flaky is not built yet")
+	faults := fs.String("faults", "", "comma-separated faulty nodes to start, e.g. liar=1,slow=1: liars (the last nodes) alter every token they generate, and sampled verification finds them; slow nodes (just before them) wait 500ms before their first token and 30ms before each next; flaky nodes (before those) drop all their connections every 2s")
 	scenario := fs.String("scenario", scenarioNone, "what to play after the demo: none, or battery-drain (node 1's simulated battery drains below the floor, then charges: it pauses, is skipped, comes back)")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -93,6 +93,9 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	printNodes(stdout, tn)
 	if fl.Liars > 0 {
 		fmt.Fprintf(stdout, "faults: the last %d node(s) lie (alter every token); sampled verification penalizes them, watch 'meshinfer status'\n", fl.Liars)
+	}
+	if fl.Flaky > 0 {
+		fmt.Fprintf(stdout, "faults: %d node(s) before those drop all their connections every %v; cut streams resume elsewhere\n", fl.Flaky, testnet.FlakyPeriod)
 	}
 	if fl.Slow > 0 {
 		fmt.Fprintf(stdout, "faults: %d node(s) before them answer slowly; the router's performance weighting sends them less\n", fl.Slow)
@@ -150,9 +153,9 @@ func parseFaults(s string) (testnet.Faults, error) {
 		case "slow":
 			f.Slow = n
 		case "flaky":
-			return f, fmt.Errorf("flaky nodes are not built yet; liar and slow are")
+			f.Flaky = n
 		default:
-			return f, fmt.Errorf("unknown fault %q; known: liar, slow", name)
+			return f, fmt.Errorf("unknown fault %q; known: liar, slow, flaky", name)
 		}
 	}
 	return f, nil
