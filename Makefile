@@ -22,6 +22,7 @@ test:
 bench:
 	$(GO) test -run='^$$' -bench=. -benchtime=1x ./testnet/
 	$(GO) test -run='^$$' -bench=. ./mesh/... ./reputation/
+	$(GO) test -run='^$$' -bench=Coordinator -benchtime=300x ./transport/gateway/client/
 
 # Each fuzz target for 60 s (T3: not part of CI; seeds run in `make test`).
 FUZZTIME ?= 60s
