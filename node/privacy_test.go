@@ -254,7 +254,10 @@ func TestLocalOnlyNeverTouchesTheNetwork(t *testing.T) {
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 200 || peers.calls.Load() != 1 || b.infer.Stats().Served != bServed.Served+1 {
-		t.Fatalf("mesh request: status %d, peer calls %d, B served %d", resp.StatusCode, peers.calls.Load(), b.infer.Stats().Served)
+	if resp.StatusCode != 200 || peers.calls.Load() != 1 {
+		t.Fatalf("mesh request: status %d, peer calls %d", resp.StatusCode, peers.calls.Load())
 	}
+	// B counts the request served just after its terminal frame leaves, which may be after
+	// the client has its answer.
+	within(t, 5*time.Second, func() bool { return b.infer.Stats().Served == bServed.Served+1 })
 }
