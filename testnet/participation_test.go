@@ -148,6 +148,17 @@ func TestReceiptsMatchServedTasks(t *testing.T) {
 			t.Fatalf("request %d: status %d", i, resp.StatusCode)
 		}
 	}
+	// A node counts a task and receipts it just after its last frame leaves, which may be
+	// after the client has its answer: wait for the receipts of all of them.
+	within(t, 10*time.Second, "every task receipted", func() bool {
+		n := 0
+		for i := 1; i < 3; i++ {
+			if tot, _, err := receipts.Total(filepath.Join(tn.DataDir(i), receipts.File)); err == nil {
+				n += tot.Tasks
+			}
+		}
+		return n == requests
+	})
 	total := 0
 	for i := 1; i < 3; i++ {
 		served := tn.Node(i).Status().Inference.Served
