@@ -81,10 +81,10 @@ type loader interface {
 
 // routingStats are the counters under /api/status "routing".
 type routingStats struct {
-	local, mesh, cloud, none              atomic.Uint64
-	specStarted, specCancelled, specKept  atomic.Uint64
-	failovers, resumptions, probeReruns   atomic.Uint64
-	resumeMismatches, speculationFallback atomic.Uint64
+	local, mesh, cloud, none             atomic.Uint64
+	specStarted, specCancelled, specKept atomic.Uint64
+	failovers, resumptions, probeReruns  atomic.Uint64
+	resumeMismatches                     atomic.Uint64
 }
 
 func newDispatcher(n *Node, peers peerGenerator, cloud inference.Backend, cloudModels []string, seed uint64) *dispatcher {
@@ -278,9 +278,8 @@ func (r *run) serve(ctx context.Context, dec route.Decision) (inference.Result, 
 			} else {
 				attempts = attempts[2:]
 			}
-		} else {
-			r.d.stats.speculationFallback.Add(1)
 		}
+		// A backend that cannot load ahead (an upstream server) just runs the plan in order.
 	}
 	for _, t := range attempts {
 		if len(r.sent) > 0 && !(r.sentDet && r.deterministic(t)) {

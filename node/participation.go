@@ -35,10 +35,8 @@ type partGate struct {
 	rate        participation.RateLimiter
 	consent     participation.Consent
 	haveConsent bool
-	consentErr  error     // a consent file that cannot be read: treated as no consent
 	consentStat fileStamp // the consent file as last read
 	state       participation.State
-	conditions  participation.Conditions
 }
 
 // fileStamp identifies a version of a file cheaply (a stat per check, no read).
@@ -65,9 +63,10 @@ func newPartGate(cfg Config) (*partGate, error) {
 		now: cfg.Now,
 		gov: participation.NewGovernor(participation.DefaultParams(cfg.Heartbeat)),
 	}
-	g.mu.Lock()
-	g.reloadConsentLocked()
-	g.mu.Unlock()
+	if cfg.Consent != nil {
+		g.consent, g.haveConsent = *cfg.Consent, true
+	}
+	g.refreshConsent()
 	return g, nil
 }
 
@@ -79,32 +78,35 @@ func (g *partGate) onChange(f func()) {
 	g.changed = f
 }
 
-// reloadConsentLocked re-reads the consent when its file changed since the last read.
-func (g *partGate) reloadConsentLocked() {
-	if g.fixed != nil {
-		g.consent, g.haveConsent, g.consentErr = *g.fixed, true, nil
+// refreshConsent re-reads the consent when its file changed since the last read. The stat
+// (one per call) and the read happen outside the lock; only the swap is under it. A fixed
+// consent (Config.Consent) was set by newPartGate and never changes.
+func (g *partGate) refreshConsent() {
+	if g.fixed != nil || g.dir == "" {
 		return
 	}
-	if g.dir == "" {
-		return
-	}
-	path := filepath.Join(g.dir, participation.ConsentFile)
 	var st fileStamp
-	if fi, err := os.Stat(path); err == nil {
+	if fi, err := os.Stat(filepath.Join(g.dir, participation.ConsentFile)); err == nil {
 		st = fileStamp{exists: true, mod: fi.ModTime(), size: fi.Size()}
 	}
-	if st == g.consentStat && (st.exists || !g.haveConsent) {
+	g.mu.Lock()
+	same := st == g.consentStat && (st.exists || !g.haveConsent)
+	g.mu.Unlock()
+	if same {
 		return
 	}
-	g.consentStat = st
-	was := g.contributingLocked()
-	g.consent, g.haveConsent, g.consentErr = participation.LoadConsent(g.dir)
-	if g.consentErr != nil {
-		log.Warnw("consent file unreadable: contributing nothing until it is fixed", "err", g.consentErr)
-		g.haveConsent = false
+	c, have, err := participation.LoadConsent(g.dir)
+	if err != nil {
+		log.Warnw("consent file unreadable: contributing nothing until it is fixed", "err", err)
+		have = false
 	}
-	if g.contributingLocked() != was && g.changed != nil {
-		g.changed() // a withdrawal (or a new yes) reaches peers now, not at the next heartbeat
+	g.mu.Lock()
+	was := g.contributingLocked()
+	g.consentStat, g.consent, g.haveConsent = st, c, have
+	now, changed := g.contributingLocked(), g.changed
+	g.mu.Unlock()
+	if now != was && changed != nil {
+		changed() // a withdrawal (or a new yes) reaches peers now, not at the next heartbeat
 	}
 }
 
@@ -118,10 +120,9 @@ func (g *partGate) observe(hw probe.Hardware, now time.Time) participation.State
 		BatteryPresent: hw.Battery.Present, BatteryLevel: hw.Battery.Level, Charging: hw.Battery.Charging,
 		Thermal: hw.Thermal, Metered: hw.Metered, SensorsOK: hw.SensorsOK,
 	}
+	g.refreshConsent()
 	g.mu.Lock()
-	g.reloadConsentLocked()
 	was := g.state.Accepting
-	g.conditions = c
 	g.state = g.gov.Observe(g.effectiveLocked(), c, g.contributingLocked(), now)
 	st, changed := g.state, g.changed
 	g.mu.Unlock()
@@ -140,9 +141,9 @@ func (g *partGate) effectiveLocked() participation.Policy {
 
 // accepting reports whether the node takes work from peers (its announcement's flag).
 func (g *partGate) accepting() bool {
+	g.refreshConsent()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.reloadConsentLocked()
 	return g.state.Accepting && g.contributingLocked()
 }
 
@@ -150,9 +151,9 @@ func (g *partGate) accepting() bool {
 // stops new work at once), the governor's state, then the rate limit. A refusal is
 // policy_paused, which the requester's reputation store does not count against this node.
 func (g *partGate) admit(peer.ID) error {
+	g.refreshConsent()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.reloadConsentLocked()
 	switch {
 	case !g.contributingLocked():
 		return inference.Errorf(inference.CodePolicyPaused, "this node's owner has not agreed to contribute (%s)", participation.ReasonNoConsent)
@@ -169,25 +170,25 @@ func (g *partGate) admit(peer.ID) error {
 // yes without recorded consent (the owner started the node to use it; only contributing and
 // the cloud need a yes), else as consented.
 func (g *partGate) runLocal() bool {
+	g.refreshConsent()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.reloadConsentLocked()
 	return !g.haveConsent || g.consent.RunLocal
 }
 
 // cloudAllowed reports whether the owner agreed to cloud fallback.
 func (g *partGate) cloudAllowed() bool {
+	g.refreshConsent()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.reloadConsentLocked()
 	return g.haveConsent && g.consent.CloudFallback
 }
 
 // status is the "participation" object of /api/status.
 func (g *partGate) status() console.Participation {
+	g.refreshConsent()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.reloadConsentLocked()
 	p := g.effectiveLocked()
 	out := console.Participation{
 		Consent:    console.Consent{Given: g.haveConsent},
