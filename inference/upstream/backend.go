@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/meshinfer/meshinfer/inference"
@@ -25,9 +26,12 @@ const (
 	// DefaultIdleTimeout bounds the gap between two tokens: the peer protocol's idle timeout
 	// (transport/infer), since a peer served through this backend waits no longer anyway.
 	DefaultIdleTimeout = 30 * time.Second
-	// modelsTimeout bounds GET /v1/models. The node asks on every capability announcement
-	// and for every /v1/models of its API; a listing is quick or the upstream is in trouble.
+	// modelsTimeout bounds GET /v1/models; a listing is quick or the upstream is in trouble.
 	modelsTimeout = 2 * time.Second
+	// listingTTL is how long a listing (or the failure to get one) answers Models: the node
+	// asks on every routed request, every announcement and every /v1/models of its API, and
+	// a model's warm state may lag by this much.
+	listingTTL = 3 * time.Second
 	// maxLine bounds one line of the event stream, in bytes. A chunk is a few hundred bytes;
 	// 1 MiB leaves room for servers that attach log probabilities or long usage details.
 	maxLine = 1 << 20
@@ -78,6 +82,12 @@ type Backend struct {
 	client           *http.Client
 	ownClient        bool // client was made by New: Close closes its idle connections
 	firstToken, idle time.Duration
+
+	// The upstream's latest model listing and when it was taken: Models reuses it for
+	// listingTTL, since the router asks on every request.
+	listMu   sync.Mutex
+	listing  map[string]struct{}
+	listedAt time.Time
 }
 
 var _ inference.Backend = (*Backend)(nil)
@@ -153,13 +163,25 @@ func (b *Backend) Close() error {
 // lists. It never fails: an upstream that does not answer leaves every model cold (see the
 // package documentation).
 func (b *Backend) Models(ctx context.Context) ([]inference.ModelInfo, error) {
-	listed := b.listed(ctx)
+	listed := b.cachedListing(ctx)
 	infos := make([]inference.ModelInfo, 0, len(b.names))
 	for _, name := range b.names {
 		_, warm := listed[name]
 		infos = append(infos, inference.ModelInfo{Name: name, Warm: warm})
 	}
 	return infos, nil
+}
+
+// cachedListing returns the upstream's listing, asking again once it is listingTTL old.
+// Concurrent callers with a stale listing wait for one request, not one each.
+func (b *Backend) cachedListing(ctx context.Context) map[string]struct{} {
+	b.listMu.Lock()
+	defer b.listMu.Unlock()
+	if !b.listedAt.IsZero() && time.Since(b.listedAt) < listingTTL {
+		return b.listing
+	}
+	b.listing, b.listedAt = b.listed(ctx), time.Now()
+	return b.listing
 }
 
 // listed returns the ids the upstream lists, or nil when it cannot tell.

@@ -87,7 +87,8 @@
 //
 // Models answers with the configured names, in their order, and never fails: it asks
 // GET {base}/v1/models (bounded by modelsTimeout, 2 s, and a 4 MiB body) and marks a model
-// warm when the upstream lists it. An upstream that does not answer, or whose answer does not
+// warm when the upstream lists it. A listing (or the failure to get one) is reused for 3 s
+// (listingTTL): the node's router asks on every request. An upstream that does not answer, or whose answer does not
 // parse, leaves every model cold rather than absent: the node keeps announcing what it is
 // configured to serve, requests then fail with unavailable, and reputation cools the node
 // down on its peers, which is the mechanism built for exactly that. (Ollama lists every
