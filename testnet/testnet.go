@@ -24,6 +24,11 @@
 //     starves 2 cores (BENCHMARKS.md B6). Bootstrap peers reach every node here. Production
 //     nodes keep all three; how they behave at 100 real nodes is not measured yet.
 //
+// Options can add a stand-in cloud API as every node's cloud tier (Cloud), simulated
+// battery/thermal/network sensors per node (Sensors), and misbehaving nodes: liars, slow
+// and flaky ones (Faults). Each node keeps its data dir (receipts) under a temporary
+// directory that Close removes.
+//
 // Nothing in production imports this package.
 package testnet
 
