@@ -241,19 +241,17 @@ func TestSlowPeerGetsLessWork(t *testing.T) {
 
 // A flaky peer (node 3) drops all its connections every FlakyPeriod; streams cut that way
 // resume on another peer (or fail over), and every client stream still completes identical
-// to the reference. Requests go on until at least one was cut.
+// to the reference. Requests span at least two drops. Whether a drop lands mid-stream is
+// chance (the router also steers away from a peer it saw vanish), so the cuts are logged,
+// not required: TestStreamResumesAfterPeerKilled cuts streams on purpose.
 func TestFlakyPeerStreamsStillComplete(t *testing.T) {
 	tn := start(t, Options{Nodes: 4, NoConsole: true, Heartbeat: time.Second, ModelsFor: serveNothing,
 		Faults: Faults{Flaky: 1}})
 	within(t, 15*time.Second, "converge", tn.Converged)
 	router := tn.Node(0)
-	cut := func() uint64 { rt := router.Status().Routing; return rt.Failovers + rt.Resumptions }
-	deadline := time.Now().Add(40 * time.Second)
+	end := time.Now().Add(2*FlakyPeriod + time.Second)
 	n := 0
-	for ; cut() == 0; n++ {
-		if time.Now().After(deadline) {
-			t.Fatalf("no stream was cut by the flaky peer in %d requests", n)
-		}
+	for ; time.Now().Before(end) || n < 10; n++ {
 		body := routedBody("synth-tiny", 300, int64(n), nil)
 		r := stream(t, router.APIAddr(), body, nil, nil)
 		if r.errCode != "" || !r.done {
