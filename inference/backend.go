@@ -41,6 +41,9 @@ type Usage struct {
 type Result struct {
 	FinishReason FinishReason `json:"finish_reason"`
 	Usage        Usage        `json:"usage"`
+	// Receipt is the serving peer's signed record of the task (mesh/receipts defines it),
+	// present only when the requester asked the peer for one; opaque at this level.
+	Receipt string `json:"receipt,omitempty"`
 }
 
 // ModelInfo describes a model a backend serves.

@@ -17,6 +17,7 @@ import (
 	"github.com/meshinfer/meshinfer/mesh/route"
 	"github.com/meshinfer/meshinfer/node/console"
 	"github.com/meshinfer/meshinfer/reputation"
+	"github.com/meshinfer/meshinfer/transport/gateway"
 	"github.com/meshinfer/meshinfer/transport/openai"
 )
 
@@ -84,7 +85,7 @@ type routingStats struct {
 	local, mesh, cloud, none             atomic.Uint64
 	specStarted, specCancelled, specKept atomic.Uint64
 	failovers, resumptions, probeReruns  atomic.Uint64
-	resumeMismatches                     atomic.Uint64
+	resumeMismatches, receiptsRefused    atomic.Uint64
 }
 
 func newDispatcher(n *Node, peers peerGenerator, cloud inference.Backend, cloudModels []string, seed uint64) *dispatcher {
@@ -203,7 +204,6 @@ func (d *dispatcher) Generate(ctx context.Context, req *inference.Request, emit 
 	r.req.Model = dec.Model
 	start := time.Now()
 	res, err := r.serve(ctx, dec)
-	defer func() { d.n.tasks.record(ctx, r.req.Model, r.served(), res, err, time.Since(start)) }()
 	switch r.last.Tier {
 	case route.TierLocal:
 		d.stats.local.Add(1)
@@ -212,9 +212,21 @@ func (d *dispatcher) Generate(ctx context.Context, req *inference.Request, emit 
 	case route.TierCloud:
 		d.stats.cloud.Add(1)
 	}
-	if err == nil {
-		d.maybeVerify(r) // in the background: the client's response does not wait
+	// On a coordinator the task is metered, with the serving peer's receipt when it holds;
+	// a verified task is metered once the verification has its verdict.
+	ev, metered := d.n.tasks.event(ctx, r.req.Model, r.served(), res, err, time.Since(start))
+	if metered && err == nil && r.last.Tier == route.TierMesh {
+		ev.Receipt = d.checkedReceipt(r, res)
 	}
+	var owned *gateway.MeterEvent
+	if metered {
+		owned = &ev
+	}
+	// In the background: the client's response does not wait.
+	if !(err == nil && d.maybeVerify(r, owned)) && metered {
+		d.n.tasks.write(ev)
+	}
+	res.Receipt = "" // the peer's record, not the client's
 	return res, r.served(), err
 }
 
@@ -622,5 +634,6 @@ func (d *dispatcher) routing() console.Routing {
 		Resumptions:      s.resumptions.Load(),
 		ResumeMismatches: s.resumeMismatches.Load(),
 		ProbeReruns:      s.probeReruns.Load(),
+		ReceiptsRefused:  s.receiptsRefused.Load(),
 	}
 }

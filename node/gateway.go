@@ -6,12 +6,15 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/crypto"
+
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/mesh/receipts"
 	"github.com/meshinfer/meshinfer/transport/gateway"
 	"github.com/meshinfer/meshinfer/transport/openai"
 )
 
-// startGateway opens the coordinator's key store and usage meter in the data dir and returns
+// startGateway opens the coordinator's key store in the data dir and returns
 // what wraps its API: every request needs a live API key (401 otherwise), GET /v1/usage
 // answers the calling key's usage, and GET /v1/gateway is the WebSocket endpoint of thin
 // clients (transport/gateway/client), which runs each request through the same API handler,
@@ -21,11 +24,6 @@ func (n *Node) startGateway() (func(http.Handler) http.Handler, error) {
 	if n.keys, err = gateway.OpenKeys(n.cfg.DataDir); err != nil {
 		return nil, fmt.Errorf("coordinator API keys: %w", err)
 	}
-	if n.meter, err = gateway.OpenMeter(n.cfg.DataDir); err != nil {
-		return nil, fmt.Errorf("coordinator usage meter: %w", err)
-	}
-	n.closers = append(n.closers, n.meter.Close)
-	n.tasks = taskMeter{m: n.meter, now: n.cfg.Now}
 	if len(n.keys.List()) == 0 {
 		log.Warnw("coordinator has no API keys yet: every request is refused until one is created",
 			"create", "meshinfer keys create --name NAME --data-dir "+n.cfg.DataDir)
@@ -51,34 +49,104 @@ func (n *Node) startGateway() (func(http.Handler) http.Handler, error) {
 	}, nil
 }
 
-// taskMeter meters the finished API requests of a coordinator's clients. It holds the meter
-// and a clock, no network handle: it also wraps the local-only path.
-type taskMeter struct {
-	m   *gateway.Meter // nil: not a coordinator, nothing is metered
-	now func() time.Time
+// openMeter opens the coordinator's usage meter in the data dir. It closes after whatever
+// is started later (the dispatcher and its verifications, the gateway, the API).
+func (n *Node) openMeter() error {
+	var err error
+	if n.meter, err = gateway.OpenMeter(n.cfg.DataDir); err != nil {
+		return fmt.Errorf("coordinator usage meter: %w", err)
+	}
+	n.closers = append(n.closers, n.meter.Close)
+	n.tasks = taskMeter{m: n.meter, now: n.cfg.Now, key: n.key, self: n.host.ID().String()}
+	return nil
 }
 
-// record records one finished request: its key (from the session RequireKey put in ctx),
-// model, where it was served, tokens and time. No session: nothing.
-func (tm taskMeter) record(ctx context.Context, model string, at openai.Served, res inference.Result, err error, took time.Duration) {
+// taskMeter meters the finished API requests of a coordinator's clients. It holds the meter,
+// a clock and the identity key that countersigns receipts, no network handle: it also wraps
+// the local-only path.
+type taskMeter struct {
+	m    *gateway.Meter // nil: not a coordinator, nothing is metered
+	now  func() time.Time
+	key  crypto.PrivKey // countersigns the serving peers' receipts
+	self string         // this node's peer ID, the countersigner
+}
+
+// event returns the meter event of one finished request: its key (from the session
+// RequireKey put in ctx), model, where it was served, tokens and time. ok is false when
+// nothing is metered: not a coordinator, or no session.
+func (tm taskMeter) event(ctx context.Context, model string, at openai.Served, res inference.Result, err error, took time.Duration) (e gateway.MeterEvent, ok bool) {
 	if tm.m == nil {
-		return
+		return e, false
 	}
 	s, ok := gateway.SessionFrom(ctx)
 	if !ok {
-		return
+		return e, false
 	}
 	outcome := gateway.OutcomeCompleted
 	if err != nil {
 		outcome = string(inference.CodeOf(err))
 	}
-	if merr := tm.m.Record(gateway.MeterEvent{
+	return gateway.MeterEvent{
 		Time: tm.now(), KeyID: s.KeyID, Model: model, Peer: at.Route,
 		TokensIn: res.Usage.PromptTokens, TokensOut: res.Usage.CompletionTokens,
 		DurationMS: took.Milliseconds(), Outcome: outcome,
-	}); merr != nil {
-		log.Errorw("usage not metered", "key", s.KeyID, "err", merr)
+	}, true
+}
+
+// write records e, countersigning its receipt first. A failure is logged: the client was
+// served either way.
+func (tm taskMeter) write(e gateway.MeterEvent) {
+	if e.Receipt != "" {
+		sig, err := receipts.Countersign(tm.key, e.Receipt)
+		if err != nil {
+			log.Errorw("receipt not countersigned; metered without it", "key", e.KeyID, "err", err)
+			e.Receipt = ""
+		} else {
+			e.Countersig, e.Coordinator = sig, tm.self
+		}
 	}
+	if err := tm.m.Record(e); err != nil {
+		log.Errorw("usage not metered", "key", e.KeyID, "err", err)
+	}
+}
+
+// record meters one finished request at once (see event and write).
+func (tm taskMeter) record(ctx context.Context, model string, at openai.Served, res inference.Result, err error, took time.Duration) {
+	if e, ok := tm.event(ctx, model, at, res, err, took); ok {
+		tm.write(e)
+	}
+}
+
+// checkedReceipt returns the task receipt the serving peer sent with res if it holds for
+// what r's client received: signed by the peer of r's last attempt, for this node, for r's
+// model, over the digest of the tokens sent and with the usage's token counts. Otherwise it
+// returns "" and counts the receipt as refused: a missing or forged receipt changes nothing
+// else (the client has its tokens; verification judges the output).
+func (d *dispatcher) checkedReceipt(r *run, res inference.Result) string {
+	why := ""
+	rc, err := receipts.ParseTask(res.Receipt)
+	switch {
+	case res.Receipt == "":
+		why = "no receipt"
+	case err != nil:
+		why = err.Error()
+	case rc.Server != r.last.Peer.String():
+		why = "signed by " + rc.Server + ", not the serving peer"
+	case rc.Requester != d.n.host.ID().String():
+		why = "made out to " + rc.Requester
+	case rc.Model != r.req.Model || rc.Outcome != receipts.Completed:
+		why = "wrong model or outcome"
+	case rc.TokensIn != res.Usage.PromptTokens || rc.TokensOut != res.Usage.CompletionTokens:
+		why = "token counts differ from the usage"
+	case rc.Result != inference.DigestOf(r.sent).String():
+		why = "result differs from the tokens received"
+	}
+	if why != "" {
+		d.stats.receiptsRefused.Add(1)
+		log.Warnw("serving peer's receipt refused; the task is metered without one", "peer", r.last.Peer, "model", r.req.Model, "why", why)
+		return ""
+	}
+	return res.Receipt
 }
 
 // meteredLocal meters the local-only requests a coordinator's clients send.

@@ -195,7 +195,7 @@ func (n *Node) start() error {
 	// node accepts work; the loop started below observes every heartbeat after that.
 	n.part.observe(n.probe.Probe(cfg.Now()), cfg.Now())
 	if n.backend != nil {
-		opts := []infer.ServerOption{infer.WithAdmission(n.part.admit)}
+		opts := []infer.ServerOption{infer.WithAdmission(n.part.admit), infer.WithSigner(n.signTask)}
 		if cfg.DataDir != "" {
 			// Every task served for a peer is receipted; the log closes after the server.
 			if n.receipts, err = receipts.Open(cfg.DataDir, n.key); err != nil {
@@ -250,14 +250,25 @@ func (n *Node) start() error {
 			cloud = cb
 			n.closers = append(n.closers, cb.Close)
 		}
-		n.router = newDispatcher(n, infer.NewClient(h), cloud, cfg.CloudModels, uint64(cfg.Now().UnixNano()))
+		coordinator := cfg.HasRole(RoleCoordinator)
+		var clientOpts []infer.ClientOption
+		if coordinator {
+			// The meter opens first and closes last: the dispatcher's verifications record
+			// in it until the dispatcher has closed.
+			if err := n.openMeter(); err != nil {
+				return err
+			}
+			// Every task asks its peer for a receipt, verification runs included.
+			clientOpts = append(clientOpts, infer.WithReceipts())
+		}
+		n.router = newDispatcher(n, infer.NewClient(h, clientOpts...), cloud, cfg.CloudModels, uint64(cfg.Now().UnixNano()))
 		n.closers = append(n.closers, n.router.Close) // after the API's close: no request left
 		n.gate = localonly.New(n.onDevice())
 		opts := []openai.Option{openai.WithPublic(cfg.APIPublic), openai.WithDefaultPrefs(cfg.Prefs)}
 		if cfg.TLSCert != "" {
 			opts = append(opts, openai.WithTLS(cfg.TLSCert, cfg.TLSKey))
 		}
-		if cfg.HasRole(RoleCoordinator) {
+		if coordinator {
 			wrap, err := n.startGateway()
 			if err != nil {
 				return err
@@ -283,14 +294,29 @@ func (n *Node) start() error {
 	return nil
 }
 
+// servedReceipt is the receipt of one served task: for a task whose requester got a receipt,
+// the time and result it was signed with.
+func (n *Node) servedReceipt(t infer.ServedTask) receipts.Receipt {
+	r := receipts.Receipt{
+		Time: n.cfg.Now().UTC(), Requester: t.From.String(), Model: t.Model,
+		TokensIn: t.PromptTokens, TokensOut: t.CompletionTokens,
+		DurationMS: t.Duration.Milliseconds(), Outcome: t.Outcome,
+	}
+	if !t.End.IsZero() {
+		r.Time, r.Result = t.End.UTC(), t.Output.String()
+	}
+	return r
+}
+
+// signTask signs the task receipt a requester asked for (infer.Signer).
+func (n *Node) signTask(t infer.ServedTask) (string, error) {
+	return receipts.SignTask(n.key, n.servedReceipt(t))
+}
+
 // receipt appends one served task to the receipts log. A failed append is logged: the task
 // itself was served either way.
 func (n *Node) receipt(t infer.ServedTask) {
-	err := n.receipts.Append(receipts.Receipt{
-		Time: n.cfg.Now(), Requester: t.From.String(), Model: t.Model,
-		TokensIn: t.PromptTokens, TokensOut: t.CompletionTokens,
-		DurationMS: t.Duration.Milliseconds(), Outcome: t.Outcome,
-	})
+	err := n.receipts.Append(n.servedReceipt(t))
 	if err != nil {
 		log.Errorw("receipt not recorded", "peer", t.From, "model", t.Model, "err", err)
 	}

@@ -1,10 +1,6 @@
 package node
 
 import (
-	"crypto/sha256"
-	"encoding/binary"
-	"hash"
-	"io"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -14,6 +10,7 @@ import (
 	"github.com/meshinfer/meshinfer/mesh/route"
 	"github.com/meshinfer/meshinfer/node/console"
 	"github.com/meshinfer/meshinfer/reputation"
+	"github.com/meshinfer/meshinfer/transport/gateway"
 )
 
 // Sampled verification of mesh results.
@@ -59,17 +56,30 @@ type verification struct {
 	running atomic.Int32
 }
 
+// Verdicts of a verification, as a coordinator's meter event records them
+// (gateway.MeterEvent.Verification).
+const (
+	verdictPassed       = "passed"
+	verdictFailed       = "failed"
+	verdictInconclusive = "inconclusive"
+	verdictSkipped      = "skipped"
+)
+
 // maybeVerify draws whether to verify r's successful request and, if so, starts the
 // verification in the background. Nothing may use r afterwards but the verification.
-func (d *dispatcher) maybeVerify(r *run) {
+//
+// ev is the request's meter event on a coordinator (nil elsewhere). When maybeVerify
+// returns true, the verification owns ev and records it once it has a verdict (a task that
+// failed verification is metered as zero); otherwise the caller records it.
+func (d *dispatcher) maybeVerify(r *run, ev *gateway.MeterEvent) bool {
 	t := r.last
 	if t.Tier != route.TierMesh || r.resumed || !r.deterministic(t) {
-		return
+		return false
 	}
 	cfg := &d.n.cfg
 	rate := cfg.VerifySample
 	if rate == VerifyOff {
-		return
+		return false
 	}
 	if cfg.VerifyProbationSample > rate && d.n.rep.Score(t.RepKey(), cfg.Now()) < probationScore {
 		rate = cfg.VerifyProbationSample
@@ -83,56 +93,72 @@ func (d *dispatcher) maybeVerify(r *run) {
 	}
 	d.mu.Unlock()
 	if !sampled {
-		return
+		return false
 	}
 	d.ver.sampled.Add(1)
 	if !start {
 		d.ver.skipped.Add(1)
 		log.Debugw("verification skipped: too many running, or closing", "peer", t.Peer, "model", r.req.Model)
-		return
+		if ev != nil {
+			ev.Verification = verdictSkipped
+		}
+		return false
 	}
-	// Ends when verify returns: its executions run under d.bg, which Close cancels.
+	// Ends when verify returns: its executions run under d.bg, which Close cancels. The
+	// meter closes after the dispatcher, so the event is recorded before it does.
 	go func() {
 		defer d.bgWG.Done()
 		defer d.ver.running.Add(-1)
-		d.verify(r)
+		verdict := d.verify(r)
+		if ev != nil {
+			ev.Verification, ev.Verified = verdict, verdict == verdictPassed
+			if verdict == verdictFailed {
+				ev.Outcome = gateway.OutcomeVerificationFailed
+			}
+			d.n.tasks.write(*ev)
+		}
 	}()
+	return true
 }
 
 // verify checks the output r's client received against other peers' executions of the same
-// request, and gives the verdict to the reputation store.
-func (d *dispatcher) verify(r *run) {
+// request, gives the verdict to the reputation store and returns it: passed or failed for
+// the peer that served r, inconclusive, or skipped when no other peer could run it.
+func (d *dispatcher) verify(r *run) string {
 	model := r.req.Model
 	ran := []route.Target{r.last}
-	sums := []digest{digestOf(r.sent)}
+	sums := []inference.Digest{inference.DigestOf(r.sent)}
 	for {
 		t, ok := d.pickVerifier(r, ran)
 		if !ok {
 			if len(ran) == 1 {
 				d.ver.skipped.Add(1)
 				log.Debugw("verification skipped: no other peer serves the model deterministically", "peer", r.last.Peer, "model", model)
-			} else {
-				d.ver.inconclusive.Add(1)
-				log.Debugw("verification inconclusive: outputs differ and no third peer can decide", "peer", r.last.Peer, "model", model)
+				return verdictSkipped
 			}
-			return
+			d.ver.inconclusive.Add(1)
+			log.Debugw("verification inconclusive: outputs differ and no third peer can decide", "peer", r.last.Peer, "model", model)
+			return verdictInconclusive
 		}
 		sum, err := d.replay(t, r)
 		if err != nil {
 			d.ver.inconclusive.Add(1)
 			log.Debugw("verification inconclusive: an execution failed", "peer", t.Peer, "model", model, "err", err)
-			return
+			return verdictInconclusive
 		}
 		ran, sums = append(ran, t), append(sums, sum)
 		odd, settled := judge(sums)
 		switch {
 		case settled:
 			d.settle(model, ran, odd)
-			return
+			if odd == 0 {
+				return verdictFailed
+			}
+			return verdictPassed
 		case len(sums) == 3:
 			d.ver.inconclusive.Add(1)
 			log.Debugw("verification inconclusive: three different outputs", "peer", r.last.Peer, "model", model)
-			return
+			return verdictInconclusive
 		}
 	}
 }
@@ -141,7 +167,7 @@ func (d *dispatcher) verify(r *run) {
 // nobody is wrong (odd -1). Two that differ are not settled: a third execution must decide.
 // Of three, the one that differs from the two equal others is odd; three different ones
 // are not settled, and neither is fewer than two.
-func judge(sums []digest) (odd int, settled bool) {
+func judge(sums []inference.Digest) (odd int, settled bool) {
 	switch len(sums) {
 	case 2:
 		if sums[0] == sums[1] {
@@ -230,9 +256,9 @@ func deterministicIn(v *caps.Vector, model string) bool {
 
 // replay runs r's request on peer t as ordinary work and returns its output's digest. The
 // outcome feeds the reputation store like any attempt's.
-func (d *dispatcher) replay(t route.Target, r *run) (digest, error) {
+func (d *dispatcher) replay(t route.Target, r *run) (inference.Digest, error) {
 	var (
-		h           = newTokenHash()
+		h           = inference.NewDigester()
 		start       = time.Now()
 		first, last time.Time
 		got         int
@@ -244,45 +270,11 @@ func (d *dispatcher) replay(t route.Target, r *run) (digest, error) {
 		}
 		got++
 		last = now
-		h.add(tok)
+		h.Add(tok)
 		return nil
 	})
 	d.observe(t, r.req.Model, false, err, false, start, first, last, got)
-	return h.sum(), err
-}
-
-// digest is the SHA-256 of a complete output: for each token in order, its id (8 bytes,
-// big-endian two's complement), its text's length in bytes (8 bytes) and the text. The
-// lengths make the encoding unambiguous: different outputs never hash the same bytes.
-type digest [sha256.Size]byte
-
-// tokenHash computes a digest as tokens arrive.
-type tokenHash struct {
-	h   hash.Hash
-	buf [16]byte
-}
-
-func newTokenHash() *tokenHash { return &tokenHash{h: sha256.New()} }
-
-func (th *tokenHash) add(tok inference.Token) {
-	binary.BigEndian.PutUint64(th.buf[:8], uint64(int64(tok.ID)))
-	binary.BigEndian.PutUint64(th.buf[8:], uint64(len(tok.Text)))
-	th.h.Write(th.buf[:])
-	io.WriteString(th.h, tok.Text)
-}
-
-func (th *tokenHash) sum() (d digest) {
-	th.h.Sum(d[:0])
-	return d
-}
-
-// digestOf is the digest of a complete output.
-func digestOf(toks []inference.Token) digest {
-	h := newTokenHash()
-	for _, tok := range toks {
-		h.add(tok)
-	}
-	return h.sum()
+	return h.Sum(), err
 }
 
 // verificationStatus is the "routing.verification" object of /api/status. The outcomes are

@@ -20,23 +20,23 @@ import (
 
 // Two out of three decide; anything less is inconclusive and blames nobody.
 func TestJudge(t *testing.T) {
-	a := digestOf([]inference.Token{{Index: 0, Text: "mesh", ID: 7}})
-	b := digestOf([]inference.Token{{Index: 0, Text: "mesh", ID: 8}})
-	c := digestOf([]inference.Token{{Index: 0, Text: "node", ID: 7}})
+	a := inference.DigestOf([]inference.Token{{Index: 0, Text: "mesh", ID: 7}})
+	b := inference.DigestOf([]inference.Token{{Index: 0, Text: "mesh", ID: 8}})
+	c := inference.DigestOf([]inference.Token{{Index: 0, Text: "node", ID: 7}})
 	tests := []struct {
 		name        string
-		sums        []digest
+		sums        []inference.Digest
 		odd         int
 		wantSettled bool
 	}{
-		{"two agree", []digest{a, a}, -1, true},
-		{"two differ: a third must decide", []digest{a, b}, -1, false},
-		{"three agree", []digest{a, a, a}, -1, true},
-		{"the served peer lied", []digest{b, a, a}, 0, true},
-		{"the verifier lied", []digest{a, b, a}, 1, true},
-		{"the third lied", []digest{a, a, b}, 2, true},
-		{"three different outputs", []digest{a, b, c}, -1, false},
-		{"one output", []digest{a}, -1, false},
+		{"two agree", []inference.Digest{a, a}, -1, true},
+		{"two differ: a third must decide", []inference.Digest{a, b}, -1, false},
+		{"three agree", []inference.Digest{a, a, a}, -1, true},
+		{"the served peer lied", []inference.Digest{b, a, a}, 0, true},
+		{"the verifier lied", []inference.Digest{a, b, a}, 1, true},
+		{"the third lied", []inference.Digest{a, a, b}, 2, true},
+		{"three different outputs", []inference.Digest{a, b, c}, -1, false},
+		{"one output", []inference.Digest{a}, -1, false},
 		{"none", nil, -1, false},
 	}
 	for _, tt := range tests {
@@ -44,30 +44,6 @@ func TestJudge(t *testing.T) {
 		if odd != tt.odd || settled != tt.wantSettled {
 			t.Errorf("%s: judge = (%d, %v), want (%d, %v)", tt.name, odd, settled, tt.odd, tt.wantSettled)
 		}
-	}
-}
-
-// The digest covers ids, texts and token boundaries: outputs that differ in any of them
-// differ, and the same output hashes the same whether fed at once or token by token.
-func TestDigest(t *testing.T) {
-	out := []inference.Token{{Index: 0, Text: "ab", ID: 1}, {Index: 1, Text: "c", ID: 2}}
-	for name, other := range map[string][]inference.Token{
-		"boundary moved": {{Index: 0, Text: "a", ID: 1}, {Index: 1, Text: "bc", ID: 2}},
-		"id changed":     {{Index: 0, Text: "ab", ID: 1}, {Index: 1, Text: "c", ID: 3}},
-		"text changed":   {{Index: 0, Text: "ab", ID: 1}, {Index: 1, Text: "d", ID: 2}},
-		"token missing":  {{Index: 0, Text: "ab", ID: 1}},
-		"unknown id":     {{Index: 0, Text: "ab", ID: -1}, {Index: 1, Text: "c", ID: 2}},
-	} {
-		if digestOf(other) == digestOf(out) {
-			t.Errorf("%s: same digest as the original", name)
-		}
-	}
-	h := newTokenHash()
-	for _, tok := range out {
-		h.add(tok)
-	}
-	if h.sum() != digestOf(out) {
-		t.Errorf("streamed digest differs from the digest of the whole output")
 	}
 }
 
@@ -149,7 +125,7 @@ func verifyOnce(t *testing.T, seed uint64, cfg Config, sent []inference.Token, p
 	r := &run{d: d, snap: snap, sent: sent, resumed: resumed, attempts: 1,
 		req:  inference.Request{Model: model, Seed: &seed64, Messages: []inference.Message{{Role: inference.RoleUser, Content: "hi"}}},
 		last: route.Target{Tier: route.TierMesh, Peer: "served", Model: model}}
-	d.maybeVerify(r)
+	d.maybeVerify(r, nil)
 	d.Close() // waits for the verification
 	return d.verificationStatus(), rep
 }

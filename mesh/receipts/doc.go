@@ -11,7 +11,9 @@
 //	 "tokens_in":12,"tokens_out":64,"duration_ms":840,"outcome":"completed",
 //	 "server":"12D3KooW…","seq":7,"sig":"ed25519:…"}
 //
-// (shown wrapped; a line has no whitespace). time is when the task ended, RFC 3339 in UTC;
+// (shown wrapped; a line has no whitespace). A task whose requester asked for a receipt has
+// "result":"sha256:…" (the digest of the output sent, inference.Digest) after outcome. time
+// is when the task ended, RFC 3339 in UTC;
 // requester and server are peer IDs; outcome is "completed" or the task's error code
 // (peer_lost, timeout, client_disconnected, …); seq numbers the lines of one node's log 1, 2,
 // 3, … with no repeats and no gaps.
@@ -55,6 +57,13 @@
 // Append returned nil for survives a crash. A crash during a write can leave a torn last line;
 // Read reports it, Open ignores it when it continues the numbering, and the next Append starts
 // on a fresh line. The torn line is kept, not repaired: the log is append-only.
+//
+// # Task receipts
+//
+// The receipt a requester asked for travels with the task's result: the same fields with
+// result and without seq, signed the same way, one line without newline (SignTask,
+// ParseTask). The requester countersigns it (Countersign, VerifyCountersig), so both sides
+// hold a record the other signed. See task.go.
 //
 // This package may import the standard library and go-libp2p's core crypto and peer packages,
 // nothing else of the project (not transport, not node).

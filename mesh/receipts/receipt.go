@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
@@ -43,9 +44,13 @@ type Receipt struct {
 	TokensOut  int       `json:"tokens_out"`  // completion tokens
 	DurationMS int64     `json:"duration_ms"` // from admission to the end of the task
 	Outcome    string    `json:"outcome"`     // Completed or the error code
-	Server     string    `json:"server"`      // peer ID of the node that served and signed
-	Seq        uint64    `json:"seq"`         // 1, 2, … within the file
-	Sig        string    `json:"sig,omitempty"`
+	// Result is the digest of the output sent (inference.Digest's string form), present when
+	// the requester asked for a receipt: the same task's line in the log and the receipt the
+	// requester got carry the same time and result.
+	Result string `json:"result,omitempty"`
+	Server string `json:"server"`        // peer ID of the node that served and signed
+	Seq    uint64 `json:"seq,omitempty"` // 1, 2, … within the file; absent from a task receipt
+	Sig    string `json:"sig,omitempty"`
 }
 
 // Errors reported for a line by Read, inside a *LineError.
@@ -86,9 +91,29 @@ func validate(r *Receipt) error {
 		return errors.New("outcome is empty")
 	case r.TokensIn < 0 || r.TokensOut < 0 || r.DurationMS < 0:
 		return errors.New("negative count")
+	case r.Result != "" && !validResult(r.Result):
+		return errors.New("result is not sha256: and 64 lowercase hex digits")
 	}
 	return nil
 }
+
+// validResult reports whether s is the string form of an inference.Digest.
+func validResult(s string) bool {
+	hexPart, ok := strings.CutPrefix(s, resultPrefix)
+	if !ok || len(hexPart) != 64 {
+		return false
+	}
+	for i := 0; i < len(hexPart); i++ {
+		if c := hexPart[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// resultPrefix starts a result digest (inference.DigestPrefix; this package does not import
+// inference).
+const resultPrefix = "sha256:"
 
 // encodeLine returns the signed line for r (Server and Seq set), newline included.
 func encodeLine(key crypto.PrivKey, r Receipt) ([]byte, error) {
@@ -133,9 +158,19 @@ func (v *verifier) key(server string) (crypto.PubKey, error) {
 	return pub, nil
 }
 
-// parse decodes one line (without its newline) and verifies it: strict JSON, canonical form,
-// valid values, and a signature by the key inside the server ID over exactly the line's body.
+// parse decodes one line of a log (without its newline) and verifies it: strict JSON,
+// canonical form, valid values, a seq, and a signature by the key inside the server ID over
+// exactly the line's body.
 func (v *verifier) parse(line []byte) (Receipt, error) {
+	r, err := v.parseAny(line)
+	if err == nil && r.Seq == 0 {
+		return Receipt{}, fmt.Errorf("%w: seq missing", ErrMalformed)
+	}
+	return r, err
+}
+
+// parseAny is parse without the seq requirement: it accepts task receipts too.
+func (v *verifier) parseAny(line []byte) (Receipt, error) {
 	if len(line) >= MaxLineSize {
 		return Receipt{}, ErrTooLong
 	}
@@ -158,8 +193,8 @@ func (v *verifier) parse(line []byte) (Receipt, error) {
 	if err := validate(&r); err != nil {
 		return Receipt{}, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
-	if r.Server == "" || r.Seq == 0 {
-		return Receipt{}, fmt.Errorf("%w: server or seq missing", ErrMalformed)
+	if r.Server == "" {
+		return Receipt{}, fmt.Errorf("%w: server missing", ErrMalformed)
 	}
 	// The signature covers the bytes as written; requiring them to be canonical as well means
 	// a receipt has one form only (no duplicate keys, reordering or stray escapes).

@@ -71,6 +71,10 @@ type Routing struct {
 	// ProbeReruns counts capability probe re-runs after a degraded route (a peer timing
 	// out, the cloud failing).
 	ProbeReruns uint64 `json:"probe_reruns"`
+	// ReceiptsRefused counts, on a coordinator, task receipts from serving peers that were
+	// missing, forged or did not match what the client received; those tasks are metered
+	// without a receipt.
+	ReceiptsRefused uint64 `json:"receipts_refused"`
 	// Verification counts the mesh results checked against a second peer's execution.
 	Verification Verification `json:"verification"`
 }

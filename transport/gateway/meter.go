@@ -55,9 +55,30 @@ type MeterEvent struct {
 	TokensIn   int       `json:"tokens_in"`   // prompt tokens
 	TokensOut  int       `json:"tokens_out"`  // completion tokens
 	DurationMS int64     `json:"duration_ms"` // from admission to the end of the task
-	Verified   bool      `json:"verified"`    // checked against a second execution
+	Verified   bool      `json:"verified"`    // a second execution agreed (Verification passed)
 	Outcome    string    `json:"outcome"`     // OutcomeCompleted or the error code
+	// Verification is the verdict of a sampled verification: passed, failed (Outcome is then
+	// OutcomeVerificationFailed), inconclusive or skipped; absent when the task was not
+	// sampled.
+	Verification string `json:"verification,omitempty"`
+	// Receipt is the serving peer's signed task receipt (mesh/receipts), kept when it held
+	// for what the client received; Countersig is the coordinator's countersignature of it
+	// and Coordinator the coordinator's peer ID. All three are absent for a task served
+	// without a receipt (by the coordinator itself, the cloud, or a failed task).
+	Receipt     string `json:"receipt,omitempty"`
+	Countersig  string `json:"countersig,omitempty"`
+	Coordinator string `json:"coordinator,omitempty"`
 }
+
+// Bounds of an event's receipt fields, in bytes: a task receipt is under 2 KiB
+// (receipts.MaxTaskReceipt), a countersignature is 96 bytes.
+const (
+	maxReceipt    = 2 << 10
+	maxCountersig = 128
+)
+
+// verdicts are the values of MeterEvent.Verification.
+var verdicts = map[string]bool{"": true, "passed": true, "failed": true, "inconclusive": true, "skipped": true}
 
 // validate checks the values an event must have.
 func (e *MeterEvent) validate() error {
@@ -74,6 +95,10 @@ func (e *MeterEvent) validate() error {
 		return fmt.Errorf("outcome %q is not 1 to %d of a-z, 0-9 and _", e.Outcome, maxOutcome)
 	case e.TokensIn < 0 || e.TokensOut < 0 || e.DurationMS < 0:
 		return errors.New("negative count")
+	case !verdicts[e.Verification]:
+		return fmt.Errorf("verification %q is not passed, failed, inconclusive or skipped", e.Verification)
+	case len(e.Receipt) > maxReceipt || len(e.Countersig) > maxCountersig || len(e.Coordinator) > maxPeer:
+		return errors.New("receipt, countersig or coordinator too long")
 	}
 	return nil
 }
@@ -307,6 +332,26 @@ func ReadUsage(path string) (map[string]Usage, error) {
 		return totals, bad
 	}
 	return totals, nil
+}
+
+// ReadEvents streams the log at path, calling fn with each valid event in order. Lines that
+// cannot be read are skipped and reported in a *BadLinesError, returned after every valid
+// event was delivered; any other error is about the file itself.
+func ReadEvents(path string, fn func(MeterEvent)) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("read usage: %w", err)
+	}
+	defer f.Close()
+	bad, err := readEvents(f, fn)
+	if err != nil {
+		return fmt.Errorf("read usage %s: %w", path, err)
+	}
+	if bad != nil {
+		bad.Path = path
+		return bad
+	}
+	return nil
 }
 
 // readEvents streams a log, calling fn with each valid event. It returns the lines it left

@@ -16,8 +16,9 @@ import (
 
 // Client sends inference requests to peers.
 type Client struct {
-	h    host.Host
-	idle time.Duration
+	h        host.Host
+	idle     time.Duration
+	receipts bool
 }
 
 // ClientOption configures a Client.
@@ -25,6 +26,11 @@ type ClientOption func(*Client)
 
 // WithIdleTimeout sets the longest gap allowed between two frames (DefaultIdleTimeout).
 func WithIdleTimeout(d time.Duration) ClientOption { return func(c *Client) { c.idle = d } }
+
+// WithReceipts makes every request ask the serving peer for a signed receipt, returned in
+// inference.Result.Receipt (empty when the peer has no signer). A coordinator asks for one on
+// all its requests, so that a verification run looks like any other task.
+func WithReceipts() ClientOption { return func(c *Client) { c.receipts = true } }
 
 // NewClient returns a client that opens streams from h.
 func NewClient(h host.Host, opts ...ClientOption) *Client {
@@ -41,7 +47,7 @@ func NewClient(h host.Host, opts ...ClientOption) *Client {
 // timeout when the peer stays silent past the idle timeout, peer_lost when the stream ends or
 // breaks without a terminal frame, and the peer's own code from its error frame.
 func (c *Client) Generate(ctx context.Context, p peer.ID, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
-	body, err := encodeRequest(req)
+	body, err := encodeRequest(req, c.receipts)
 	if err != nil {
 		return inference.Result{}, err
 	}

@@ -7,11 +7,18 @@
 // first body byte is the frame type.
 //
 //	client → server   0x01 request   JSON of inference.Request          ≤ MaxRequestFrame
+//	                  0x05 request   the same, asking for a signed receipt
 //	                  then nothing: the client keeps its write side open until the
 //	                  terminal frame; closing or resetting it earlier cancels the request
 //	server → client   0x02 token     uvarint index, uvarint id+1, text  ≤ MaxTokenFrame
-//	                  0x03 done      JSON {"finish_reason", "usage"}    ≤ MaxTerminalFrame
+//	                  0x03 done      JSON {"finish_reason", "usage",     ≤ MaxTerminalFrame
+//	                                       "receipt" (0x05 only)}
 //	                  0x04 error     JSON {"code", "message"}           ≤ MaxTerminalFrame
+//
+// A receipt (0x05; a coordinator asks on every request) is the server's signed task receipt
+// (mesh/receipts: its peer ID, the requester's, the model, token counts, and the digest of
+// the token frames it wrote, inference.Digest), made by the server's Signer; a server without
+// one sends none. The requester checks it against what it received.
 //
 // A response is zero or more token frames with indices 0, 1, … n−1, then exactly one done or
 // error frame, then the server closes the stream. Anything else is a protocol violation: the

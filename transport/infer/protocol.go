@@ -46,7 +46,8 @@ const (
 
 // Frame types.
 const (
-	frameRequest byte = 0x01
+	frameRequest        byte = 0x01
+	frameRequestReceipt byte = 0x05 // a request whose client wants a signed receipt in the done frame
 	frameToken   byte = 0x02
 	frameDone    byte = 0x03
 	frameError   byte = 0x04
@@ -59,23 +60,28 @@ type wireError struct {
 	Message string `json:"message"`
 }
 
-func encodeRequest(req *inference.Request) ([]byte, error) {
+func encodeRequest(req *inference.Request, wantReceipt bool) ([]byte, error) {
 	b, err := json.Marshal(req)
 	if err != nil {
 		return nil, fmt.Errorf("encode request: %w", err)
 	}
-	return append([]byte{frameRequest}, b...), nil
+	typ := frameRequest
+	if wantReceipt {
+		typ = frameRequestReceipt
+	}
+	return append([]byte{typ}, b...), nil
 }
 
-func decodeRequest(body []byte) (*inference.Request, error) {
-	if len(body) == 0 || body[0] != frameRequest {
-		return nil, fmt.Errorf("%w: first frame is not a request", errProtocol)
+// decodeRequest decodes a request frame and reports whether its client wants a receipt.
+func decodeRequest(body []byte) (req *inference.Request, wantReceipt bool, err error) {
+	if len(body) == 0 || body[0] != frameRequest && body[0] != frameRequestReceipt {
+		return nil, false, fmt.Errorf("%w: first frame is not a request", errProtocol)
 	}
-	var req inference.Request
-	if err := json.Unmarshal(body[1:], &req); err != nil {
-		return nil, inference.Errorf(inference.CodeInvalidRequest, "request frame: %v", err)
+	req = new(inference.Request)
+	if err := json.Unmarshal(body[1:], req); err != nil {
+		return nil, false, inference.Errorf(inference.CodeInvalidRequest, "request frame: %v", err)
 	}
-	return &req, nil
+	return req, body[0] == frameRequestReceipt, nil
 }
 
 func encodeToken(dst []byte, t inference.Token) []byte {

@@ -168,3 +168,64 @@ func TestOnServedReportsShutdown(t *testing.T) {
 		t.Errorf("%+v, want shutting_down with 1 completion token", st)
 	}
 }
+
+// A client that asks for receipts gets the signer's receipt in the done frame, made over the
+// digest of exactly the tokens it received; the served task reports the same receipt. A
+// client that does not ask gets none, a failed task none, and a signer's error only drops
+// the receipt.
+func TestReceiptsOnRequest(t *testing.T) {
+	be, err := synth.New(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var failSign atomic.Bool
+	signed := make(chan ServedTask, 4)
+	sign := func(st ServedTask) (string, error) {
+		if failSign.Load() {
+			return "", errors.New("no key")
+		}
+		signed <- st
+		return "receipt:" + st.Output.String(), nil
+	}
+	tasks := make(chan ServedTask, 8)
+	ch, sh := newHost(t), newHost(t)
+	srv := NewServer(sh, scripted{synth: be}, WithSigner(sign), WithOnServed(func(st ServedTask) { tasks <- st }))
+	defer srv.Close()
+	connect(t, ch, sh)
+
+	var toks []inference.Token
+	res, err := NewClient(ch, WithReceipts()).Generate(context.Background(), sh.ID(), request(12), collect(&toks))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := <-signed
+	if want := "receipt:" + inference.DigestOf(toks).String(); res.Receipt != want {
+		t.Fatalf("receipt %q, want %q", res.Receipt, want)
+	}
+	if st.From != ch.ID() || st.Model != model || st.Outcome != OutcomeCompleted || st.End.IsZero() ||
+		st.CompletionTokens != res.Usage.CompletionTokens || st.PromptTokens != res.Usage.PromptTokens {
+		t.Fatalf("signer got %+v for %+v", st, res)
+	}
+	if served := <-tasks; served.Receipt != res.Receipt || served.End != st.End || served.Duration != st.Duration {
+		t.Fatalf("served task %+v, signed %+v", served, st)
+	}
+
+	// Not asked for: none, and the signer is not called.
+	if res, err := NewClient(ch).Generate(context.Background(), sh.ID(), request(4), collect(new([]inference.Token))); err != nil || res.Receipt != "" {
+		t.Fatalf("without asking: %+v, %v", res, err)
+	}
+	// A failed task: none.
+	req := request(4)
+	req.Model = "fails"
+	if _, err := NewClient(ch, WithReceipts()).Generate(context.Background(), sh.ID(), req, collect(new([]inference.Token))); inference.CodeOf(err) != inference.CodeUnavailable {
+		t.Fatalf("failing model: %v", err)
+	}
+	// A signer that fails: the result still arrives, without a receipt.
+	failSign.Store(true)
+	if res, err := NewClient(ch, WithReceipts()).Generate(context.Background(), sh.ID(), request(4), collect(new([]inference.Token))); err != nil || res.Receipt != "" {
+		t.Fatalf("failing signer: %+v, %v", res, err)
+	}
+	if len(signed) != 0 {
+		t.Fatalf("signer called %d more times", len(signed))
+	}
+}

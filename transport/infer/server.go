@@ -60,7 +60,19 @@ type ServedTask struct {
 	PromptTokens, CompletionTokens int
 	Duration                       time.Duration // from admission to the terminal frame or reset
 	Outcome                        string        // OutcomeCompleted, OutcomeClientDisconnected or an inference error code
+	// Receipt is the signed receipt sent in the done frame, when the client asked for one
+	// and the Signer made it; End and Output are the values it was signed over.
+	Receipt string
+	End     time.Time        // when the generation completed (set with a receipt)
+	Output  inference.Digest // digest of the tokens sent (set with a receipt)
 }
+
+// Signer makes the receipt of a completed task whose client asked for one (a request frame
+// of type 0x05): t has From, Model, the usage's tokens, Duration and End (both as of the
+// generation's end), Outcome OutcomeCompleted, and Output, the digest of the tokens written.
+// The string goes into the done frame as inference.Result.Receipt; it must stay well under
+// MaxTerminalFrame. An error sends the done frame without a receipt.
+type Signer func(t ServedTask) (string, error)
 
 // ServerOption configures a Server.
 type ServerOption func(*Server)
@@ -85,6 +97,10 @@ func WithLimits(l inference.Limits) ServerOption { return func(s *Server) { s.li
 // file append and sync is fine): the handler's goroutine waits for it.
 func WithOnServed(fn func(ServedTask)) ServerOption { return func(s *Server) { s.onServed = fn } }
 
+// WithSigner sets the Signer of receipts that clients ask for. Without one, no receipt is
+// sent.
+func WithSigner(fn Signer) ServerOption { return func(s *Server) { s.sign = fn } }
+
 // Server answers /meshinfer/infer/1.0.0 with a Generator.
 type Server struct {
 	h        host.Host
@@ -92,6 +108,7 @@ type Server struct {
 	admit    Admission
 	limits   inference.Limits
 	onServed func(ServedTask)
+	sign     Signer
 	maxTotal int
 	maxPeer  int
 
@@ -190,7 +207,7 @@ func (s *Server) handle(st network.Stream) {
 		st.Reset()
 		return
 	}
-	req, err := decodeRequest(body)
+	req, wantReceipt, err := decodeRequest(body)
 	if errors.Is(err, errProtocol) {
 		s.protoErrs.Add(1)
 		st.Reset()
@@ -212,8 +229,15 @@ func (s *Server) handle(st network.Stream) {
 		return
 	}
 	began := time.Now()
-	task := s.serve(st, req)
-	task.From, task.Model, task.Duration = from, req.Model, time.Since(began)
+	var signer Signer
+	if wantReceipt {
+		signer = s.sign
+	}
+	task := s.serve(st, from, req, began, signer)
+	task.From, task.Model = from, req.Model
+	if task.Receipt == "" {
+		task.Duration = time.Since(began)
+	}
 	s.release(from)
 	if s.onServed != nil {
 		s.onServed(task)
@@ -221,7 +245,8 @@ func (s *Server) handle(st network.Stream) {
 }
 
 // serve runs an admitted request to its terminal frame and reports its outcome and tokens.
-func (s *Server) serve(st network.Stream, req *inference.Request) ServedTask {
+// With a signer, a completed request's done frame carries the receipt it makes.
+func (s *Server) serve(st network.Stream, from peer.ID, req *inference.Request, began time.Time, sign Signer) ServedTask {
 	ctx, cancel := context.WithTimeout(s.ctx, maxGeneration)
 	defer cancel()
 	// The client sends nothing after the request and keeps its write side open until the
@@ -246,8 +271,15 @@ func (s *Server) serve(st network.Stream, req *inference.Request) ServedTask {
 	pending := make([]byte, 0, 256)
 	lastWrite := time.Now()
 	emitted := 0
+	var out *inference.Digester
+	if sign != nil {
+		out = inference.NewDigester()
+	}
 	res, err := s.gen.Generate(ctx, req, func(t inference.Token) error {
 		emitted++
+		if out != nil {
+			out.Add(t)
+		}
 		pending = frame.Append(pending, encodeToken(nil, t))
 		if !req.Stream && len(pending) < batchBytes && time.Since(lastWrite) < batchDelay {
 			return nil
@@ -260,7 +292,22 @@ func (s *Server) serve(st network.Stream, req *inference.Request) ServedTask {
 	if s.ctx.Err() != nil && err != nil {
 		err = inference.Errorf(inference.CodeShuttingDown, "node is shutting down")
 	}
-	task := ServedTask{Outcome: s.finish(st, pending, &res, err)}
+	res.Receipt = "" // only the signer below makes one
+	var task ServedTask
+	if err == nil && sign != nil {
+		task = ServedTask{
+			From: from, Model: req.Model, Outcome: OutcomeCompleted,
+			PromptTokens: res.Usage.PromptTokens, CompletionTokens: res.Usage.CompletionTokens,
+			End: time.Now(), Output: out.Sum(),
+		}
+		task.Duration = task.End.Sub(began)
+		if rcpt, serr := sign(task); serr != nil {
+			log.Warnw("receipt not signed; the done frame goes without it", "peer", from, "err", serr)
+		} else {
+			task.Receipt, res.Receipt = rcpt, rcpt
+		}
+	}
+	task.Outcome = s.finish(st, pending, &res, err)
 	if task.Outcome == OutcomeCompleted {
 		task.PromptTokens, task.CompletionTokens = res.Usage.PromptTokens, res.Usage.CompletionTokens
 	} else {
