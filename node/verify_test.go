@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/inference/synth"
 	"github.com/meshinfer/meshinfer/mesh/caps"
 	"github.com/meshinfer/meshinfer/mesh/registry"
 	"github.com/meshinfer/meshinfer/mesh/route"
@@ -235,5 +237,79 @@ func TestVerifyLyingVerifier(t *testing.T) {
 	}
 	if !sawMatch || !sawOutvoted {
 		t.Fatalf("over 32 seeds: honest verifier first %v, liar first %v; want both", sawMatch, sawOutvoted)
+	}
+}
+
+// synthPeers are peers that each run their own instance of the synthetic backend: honest
+// peers, computing for real.
+type synthPeers map[peer.ID]*synth.Backend
+
+func (s synthPeers) Generate(ctx context.Context, p peer.ID, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
+	return s[p].Generate(ctx, req, emit)
+}
+
+// Honest peers never get an integrity penalty: thousands of verified tasks over three
+// independently loaded copies of the model, with random seeds, temperatures, top_p, lengths,
+// prompts and stop strings, all pass, and every peer ends above neutral. Under -race the
+// model computes about 20 times slower, so that build runs 150 tasks; `make test` runs the
+// 3,000 again without the race detector (about 11 s).
+func TestHonestPeersPassThousandsOfVerifications(t *testing.T) {
+	const model = "synth-tiny"
+	tasks := 3000
+	if raceDetector {
+		tasks = 150
+	}
+	peers := synthPeers{}
+	snap := &route.Snapshot{Tune: route.DefaultTuning()}
+	for _, p := range []peer.ID{"p1", "p2", "p3"} {
+		b, err := synth.New(model)
+		if err != nil {
+			t.Fatal(err)
+		}
+		peers[p] = b
+		snap.Peers = append(snap.Peers, route.Peer{Entry: registry.Entry{Peer: p, Vector: &caps.Vector{
+			Models: []caps.Model{{Name: model, State: caps.ModelWarm, Deterministic: true}},
+			Load:   caps.Load{Accepting: true},
+		}}})
+	}
+	rep, err := reputation.New(reputation.DefaultParams())
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap.Rep = rep
+	n := &Node{cfg: Config{Now: time.Now, VerifySample: 1}, rep: rep}
+	d := newDispatcher(n, peers, nil, nil, 7)
+	defer d.Close()
+	rng := rand.New(rand.NewPCG(1, 2))
+	words := strings.Fields("the mesh routes each request to a peer that serves its model and checks a sample")
+	for i := range tasks {
+		seed, temp, topP := rng.Int64N(1<<40), []float64{0, 0.5, 1, 1.7}[rng.IntN(4)], []float64{1, 0.95, 0.5}[rng.IntN(3)]
+		maxTok := 1 + rng.IntN(16)
+		req := inference.Request{Model: model, Seed: &seed, Temperature: &temp, TopP: &topP, MaxTokens: &maxTok,
+			Messages: []inference.Message{{Role: inference.RoleUser, Content: strings.Join(words[rng.IntN(8):8+rng.IntN(8)], " ")}}}
+		if rng.IntN(4) == 0 {
+			req.Stop = []string{words[rng.IntN(len(words))][:1]}
+		}
+		served := snap.Peers[rng.IntN(3)].Entry.Peer
+		var sent []inference.Token
+		if _, err := peers.Generate(context.Background(), served, &req, func(tok inference.Token) error {
+			sent = append(sent, tok)
+			return nil
+		}); err != nil {
+			t.Fatalf("task %d: %v", i, err)
+		}
+		r := &run{d: d, snap: snap, sent: sent, attempts: 1, req: req,
+			last: route.Target{Tier: route.TierMesh, Peer: served, Model: model}}
+		if v := d.verify(r); v != verdictPassed {
+			t.Fatalf("task %d (%+v) served by %s: verdict %s", i, req, served, v)
+		}
+	}
+	if v := d.verificationStatus(); v.Passed != uint64(tasks) || v.Failed != 0 {
+		t.Fatalf("verification %+v, want %d passed", v, tasks)
+	}
+	for _, p := range snap.Peers {
+		if s := rep.Score((route.Target{Tier: route.TierMesh, Peer: p.Entry.Peer}).RepKey(), time.Now()); s <= reputation.NeutralScore {
+			t.Fatalf("honest peer %s scored %v", p.Entry.Peer, s)
+		}
 	}
 }

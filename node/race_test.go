@@ -1,0 +1,7 @@
+//go:build race
+
+package node
+
+// raceDetector is true in a -race build, where the synthetic model computes about 20 times
+// slower: long loops over it shrink (see TestHonestPeersPassThousandsOfVerifications).
+const raceDetector = true
