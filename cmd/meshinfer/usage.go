@@ -10,6 +10,7 @@ import (
 	"slices"
 	"text/tabwriter"
 
+	"github.com/meshinfer/meshinfer/mesh/receipts"
 	"github.com/meshinfer/meshinfer/transport/gateway"
 )
 
@@ -25,7 +26,42 @@ type keyUsage struct {
 type usageReport struct {
 	Keys         []keyUsage    `json:"keys"`
 	Total        gateway.Usage `json:"total"`
-	SkippedLines int           `json:"skipped_lines"` // lines of usage.jsonl that could not be read
+	SkippedLines int           `json:"skipped_lines"`      // lines of usage.jsonl that could not be read
+	Receipts     *receiptCheck `json:"receipts,omitempty"` // with --receipts
+}
+
+// receiptCheck is what `meshinfer usage --receipts` found in the meter's events.
+type receiptCheck struct {
+	// Verified events carry a task receipt signed by the serving peer named in the event,
+	// countersigned by the coordinator.
+	Verified int `json:"verified"`
+	// Missing events have no receipt: served by the coordinator itself or the cloud, or
+	// failed before completing.
+	Missing int `json:"missing"`
+	// Invalid events carry a receipt or countersignature that does not verify, or a receipt
+	// for another peer or model than the event's: the line was altered.
+	Invalid int `json:"invalid"`
+}
+
+// checkReceipts checks the receipt of every event in the meter log at path.
+func checkReceipts(path string) (*receiptCheck, error) {
+	var c receiptCheck
+	err := gateway.ReadEvents(path, func(e gateway.MeterEvent) {
+		if e.Receipt == "" {
+			c.Missing++
+			return
+		}
+		r, err := receipts.VerifyCountersig(e.Coordinator, e.Receipt, e.Countersig)
+		if err != nil || "peer:"+r.Server != e.Peer || r.Model != e.Model {
+			c.Invalid++
+			return
+		}
+		c.Verified++
+	})
+	if _, partial := errors.AsType[*gateway.BadLinesError](err); err != nil && !partial {
+		return nil, err
+	}
+	return &c, nil
 }
 
 func runUsage(args []string, stdout, stderr io.Writer) error {
@@ -33,6 +69,8 @@ func runUsage(args []string, stdout, stderr io.Writer) error {
 		"meter log, usage.jsonl in the data dir. Tasks that failed verification count no tokens.", stderr)
 	dataDir := flags.String("data-dir", "", dataDirHelp)
 	asJSON := flags.Bool("json", false, "print the totals as JSON, for scripts")
+	checkRcpt := flags.Bool("receipts", false, "also check each task's receipt: signed by the serving peer over the\n"+
+		"output's digest and countersigned by this coordinator")
 	if err := parse(flags, args); err != nil {
 		return err
 	}
@@ -65,6 +103,11 @@ func runUsage(args []string, stdout, stderr io.Writer) error {
 			report.Total.Duration += r.Duration
 		}
 	}
+	if *checkRcpt && len(totals) > 0 {
+		if report.Receipts, err = checkReceipts(path); err != nil {
+			return err
+		}
+	}
 	if partial { // after the totals, where it is seen
 		defer fmt.Fprintf(stderr, "meshinfer usage: %d lines of %s could not be read (first at lines %v): torn by a crash mid-write, or altered; the totals leave them out\n",
 			bad.Count, path, bad.Lines)
@@ -74,7 +117,13 @@ func runUsage(args []string, stdout, stderr io.Writer) error {
 		if len(report.Keys) == 0 {
 			fmt.Fprintf(stderr, "no usage recorded in %s: no request has been served through this coordinator yet\n", dir)
 		}
-		return printJSON(stdout, report)
+		if err := printJSON(stdout, report); err != nil {
+			return err
+		}
+		if c := report.Receipts; c != nil && c.Invalid > 0 {
+			return fmt.Errorf("%d receipts in %s do not verify: those lines were altered", c.Invalid, path)
+		}
+		return nil
 	}
 	if len(report.Keys) == 0 {
 		fmt.Fprintf(stdout, "no usage recorded in %s: no request has been served through this coordinator yet\n", dir)
@@ -95,7 +144,17 @@ func runUsage(args []string, stdout, stderr io.Writer) error {
 	}
 	t := report.Total
 	fmt.Fprintf(tw, "total\t\t%d\t%d\t%d\t%d\t%d\t%s\n", t.Requests, t.Completed, t.Failed, t.TokensIn, t.TokensOut, roundDuration(t.Duration))
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if c := report.Receipts; c != nil {
+		fmt.Fprintf(stdout, "\nreceipts: %d verified (signed by the serving peer, countersigned by this coordinator), %d tasks without one, %d invalid\n",
+			c.Verified, c.Missing, c.Invalid)
+		if c.Invalid > 0 {
+			return fmt.Errorf("%d receipts in %s do not verify: those lines were altered", c.Invalid, path)
+		}
+	}
+	return nil
 }
 
 // usageRows joins the totals with the key names of keys.json, sorted by name, then id (keys

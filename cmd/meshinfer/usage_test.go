@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/rand"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -8,6 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/meshinfer/meshinfer/mesh/receipts"
 	"github.com/meshinfer/meshinfer/transport/gateway"
 )
 
@@ -149,5 +154,60 @@ func TestUsageCommandErrors(t *testing.T) {
 	code, stdout, stderr := runCmd(t, "usage", "--data-dir", dir)
 	if code != 0 || !strings.Contains(stdout, aliceID) || !strings.Contains(stderr, "key names not shown") {
 		t.Errorf("usage with a broken keys.json: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+}
+
+// --receipts checks each event's receipt: a peer's receipt countersigned by the coordinator
+// verifies, an event without one is counted apart, and an altered one fails the command.
+func TestUsageReceipts(t *testing.T) {
+	dir := t.TempDir()
+	_, keyID := createKeyCmd(t, dir, "alice")
+	peerKey, _, _ := crypto.GenerateEd25519Key(rand.Reader)
+	coordKey, _, _ := crypto.GenerateEd25519Key(rand.Reader)
+	peerID, _ := peer.IDFromPrivateKey(peerKey)
+	coordID, _ := peer.IDFromPrivateKey(coordKey)
+	t0 := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	rcpt, err := receipts.SignTask(peerKey, receipts.Receipt{Time: t0, Requester: coordID.String(), Model: "synth-tiny",
+		TokensIn: 3, TokensOut: 8, DurationMS: 40, Outcome: receipts.Completed,
+		Result: "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, err := receipts.Countersign(coordKey, rcpt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(events ...gateway.MeterEvent) {
+		m, err := gateway.OpenMeter(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		for _, e := range events {
+			e.Time, e.KeyID, e.Model, e.Outcome = t0, keyID, "synth-tiny", gateway.OutcomeCompleted
+			if err := m.Record(e); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	good := gateway.MeterEvent{Peer: "peer:" + peerID.String(), TokensIn: 3, TokensOut: 8,
+		Receipt: rcpt, Countersig: sig, Coordinator: coordID.String()}
+	write(good, gateway.MeterEvent{Peer: "local", TokensIn: 1, TokensOut: 2})
+
+	code, stdout, stderr := runCmd(t, "usage", "--data-dir", dir, "--receipts")
+	if code != 0 || !strings.Contains(stdout, "receipts: 1 verified") || !strings.Contains(stdout, "1 tasks without one, 0 invalid") {
+		t.Fatalf("usage --receipts: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	// A receipt claimed for another peer, and one countersigned by someone else.
+	other := good
+	other.Peer = "peer:" + coordID.String()
+	forged := good
+	forged.Coordinator = peerID.String()
+	write(other, forged)
+	code, stdout, stderr = runCmd(t, "usage", "--data-dir", dir, "--receipts", "--json")
+	var rep usageReport
+	if code == 0 || json.Unmarshal([]byte(stdout), &rep) != nil || rep.Receipts == nil ||
+		*rep.Receipts != (receiptCheck{Verified: 1, Missing: 1, Invalid: 2}) || !strings.Contains(stderr, "2 receipts") {
+		t.Fatalf("usage --receipts --json with altered lines: exit %d, %+v\nstdout:\n%s\nstderr:\n%s", code, rep.Receipts, stdout, stderr)
 	}
 }
