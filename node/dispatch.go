@@ -14,10 +14,12 @@ import (
 
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/mesh/caps"
+	"github.com/meshinfer/meshinfer/mesh/registry"
 	"github.com/meshinfer/meshinfer/mesh/route"
 	"github.com/meshinfer/meshinfer/node/console"
 	"github.com/meshinfer/meshinfer/reputation"
 	"github.com/meshinfer/meshinfer/transport/gateway"
+	"github.com/meshinfer/meshinfer/transport/infer"
 	"github.com/meshinfer/meshinfer/transport/openai"
 )
 
@@ -58,6 +60,7 @@ type dispatcher struct {
 	cloudTTFT time.Duration            // measured cloud time to first token (EWMA)
 	cloudTPS  float64                  // measured cloud tokens/s (EWMA)
 	keys      map[peer.ID]string       // peer ID strings (encoding one costs ~1.5 µs)
+	inflight  map[peer.ID]int          // requests this node has running on each peer
 	scratch   route.Scratch            // Decide's working memory, used under mu
 	closed    bool                     // Close has begun: no more background work starts
 
@@ -86,6 +89,7 @@ type routingStats struct {
 	specStarted, specCancelled, specKept atomic.Uint64
 	failovers, resumptions, probeReruns  atomic.Uint64
 	resumeMismatches, receiptsRefused    atomic.Uint64
+	fullRefusals                         atomic.Uint64
 }
 
 func newDispatcher(n *Node, peers peerGenerator, cloud inference.Backend, cloudModels []string, seed uint64) *dispatcher {
@@ -94,7 +98,7 @@ func newDispatcher(n *Node, peers peerGenerator, cloud inference.Backend, cloudM
 		n: n, local: n.ownerBackend(), peers: peers, cloud: cloud, cloudModels: cloudModels,
 		rng:      rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		localTPS: map[string]float64{}, localCold: map[string]time.Duration{},
-		keys: map[peer.ID]string{}, bg: bg, bgCancel: cancel,
+		keys: map[peer.ID]string{}, inflight: map[peer.ID]int{}, bg: bg, bgCancel: cancel,
 	}
 }
 
@@ -148,9 +152,19 @@ func (d *dispatcher) Models(ctx context.Context) []openai.Model {
 	return out
 }
 
-// snapshot gathers what route.Decide needs, as of now.
-func (d *dispatcher) snapshot(ctx context.Context, now time.Time) *route.Snapshot {
-	s := &route.Snapshot{Rep: d.n.rep, Tune: route.DefaultTuning()}
+// perPeerLimit is how many requests from one requester a peer runs at once
+// (infer.DefaultMaxInFlightPerPeer; nodes do not change it). Past it the peer refuses at
+// once with overloaded, so the dispatcher does not try: a peer with that many of this node's
+// requests running is left out of the decision, and a request that only such peers could
+// serve is refused with overloaded here, without a round trip. That is what keeps a
+// coordinator's refusals fast under load. The count is this node's own, exact; two
+// decisions racing for a peer's last slot can still meet the peer's own refusal.
+const perPeerLimit = infer.DefaultMaxInFlightPerPeer
+
+// snapshot gathers what route.Decide needs, as of now. full are the peers left out for
+// having perPeerLimit of this node's requests running.
+func (d *dispatcher) snapshot(ctx context.Context, now time.Time) (s *route.Snapshot, full []registry.Entry) {
+	s = &route.Snapshot{Rep: d.n.rep, Tune: route.DefaultTuning()}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.local != nil {
@@ -171,6 +185,10 @@ func (d *dispatcher) snapshot(ctx context.Context, now time.Time) *route.Snapsho
 	}
 	s.Peers = make([]route.Peer, 0, len(entries))
 	for _, e := range entries {
+		if d.inflight[e.Peer] >= perPeerLimit {
+			full = append(full, e)
+			continue
+		}
 		key, ok := d.keys[e.Peer]
 		if !ok {
 			key = e.Peer.String()
@@ -184,13 +202,13 @@ func (d *dispatcher) snapshot(ctx context.Context, now time.Time) *route.Snapsho
 			TTFT: d.cloudTTFT, TokensPerSec: d.cloudTPS, USDPerMTok: d.n.cfg.CloudUSDPerMTok,
 		}
 	}
-	return s
+	return s, full
 }
 
 // Generate routes req and serves it; see the type's documentation.
 func (d *dispatcher) Generate(ctx context.Context, req *inference.Request, emit func(openai.Served, inference.Token) error) (inference.Result, openai.Served, error) {
 	now := d.n.cfg.Now()
-	snap := d.snapshot(ctx, now)
+	snap, full := d.snapshot(ctx, now)
 	d.mu.Lock()
 	snap.Scratch = &d.scratch
 	dec := route.Decide(req, snap, now, d.rng)
@@ -198,7 +216,7 @@ func (d *dispatcher) Generate(ctx context.Context, req *inference.Request, emit 
 	d.mu.Unlock()
 	if len(dec.Attempts) == 0 {
 		d.stats.none.Add(1)
-		return inference.Result{}, openai.Served{}, d.nothingServes(req, dec)
+		return inference.Result{}, openai.Served{}, d.nothingServes(req, dec, full)
 	}
 	r := &run{d: d, snap: snap, emit: emit, req: *req}
 	r.req.Model = dec.Model
@@ -230,8 +248,17 @@ func (d *dispatcher) Generate(ctx context.Context, req *inference.Request, emit 
 	return res, r.served(), err
 }
 
-// nothingServes is the error for a decision without targets, saying why per tier.
-func (d *dispatcher) nothingServes(req *inference.Request, dec route.Decision) error {
+// nothingServes is the error for a decision without targets, saying why per tier: overloaded
+// when a peer left out as full serves the model, model_not_found otherwise.
+func (d *dispatcher) nothingServes(req *inference.Request, dec route.Decision, full []registry.Entry) error {
+	for _, e := range full {
+		if !e.Stale && (req.Model == "" || servesModel(e.Vector, req.Model)) {
+			d.stats.fullRefusals.Add(1)
+			return inference.Errorf(inference.CodeOverloaded,
+				"every peer serving model %q that this node could use is busy with %d of its requests; retry shortly",
+				req.Model, perPeerLimit)
+		}
+	}
 	why := ""
 	for _, e := range dec.Estimates {
 		if !e.OK && e.Why != "" {
@@ -386,7 +413,35 @@ func (d *dispatcher) runOn(ctx context.Context, t route.Target, req *inference.R
 	case route.TierCloud:
 		return d.cloud.Generate(ctx, req, emit)
 	}
-	return d.peers.Generate(ctx, t.Peer, req, emit)
+	return d.peerGenerate(ctx, t.Peer, req, emit)
+}
+
+// peerGenerate runs req on peer p, counted in the peer's in-flight requests from this node.
+func (d *dispatcher) peerGenerate(ctx context.Context, p peer.ID, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
+	d.mu.Lock()
+	d.inflight[p]++
+	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		if d.inflight[p]--; d.inflight[p] <= 0 {
+			delete(d.inflight, p)
+		}
+		d.mu.Unlock()
+	}()
+	return d.peers.Generate(ctx, p, req, emit)
+}
+
+// servesModel reports whether v announces model.
+func servesModel(v *caps.Vector, model string) bool {
+	if v == nil {
+		return false
+	}
+	for _, m := range v.Models {
+		if m.Name == model {
+			return true
+		}
+	}
+	return false
 }
 
 // deterministic reports whether t serves the run's model deterministically.
@@ -635,5 +690,6 @@ func (d *dispatcher) routing() console.Routing {
 		ResumeMismatches: s.resumeMismatches.Load(),
 		ProbeReruns:      s.probeReruns.Load(),
 		ReceiptsRefused:  s.receiptsRefused.Load(),
+		BusyRefusals:     s.fullRefusals.Load(),
 	}
 }

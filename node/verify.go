@@ -263,7 +263,7 @@ func (d *dispatcher) replay(t route.Target, r *run) (inference.Digest, error) {
 		first, last time.Time
 		got         int
 	)
-	_, err := d.peers.Generate(d.bg, t.Peer, &r.req, func(tok inference.Token) error {
+	_, err := d.peerGenerate(d.bg, t.Peer, &r.req, func(tok inference.Token) error {
 		now := time.Now()
 		if got == 0 {
 			first = now

@@ -465,3 +465,43 @@ func TestRouteAutoNamesTheModel(t *testing.T) {
 		t.Fatalf("no model, explicit route: status %d", resp2.StatusCode)
 	}
 }
+
+// A node with as many requests running on a peer as the peer admits from one requester
+// leaves it out of the next decision: a request only that peer serves is refused with
+// overloaded at once, without a round trip (the peer counts no refusal), and is counted in
+// routing.busy_refusals. The running requests complete, and then the peer is used again.
+func TestBusyPeerRefusedWithoutRoundTrip(t *testing.T) {
+	// Node 1 serves synth-tiny, slowly (500 ms to its first token, 30 ms per token after).
+	tn := start(t, Options{Nodes: 2, NoConsole: true, Heartbeat: time.Second, ModelsFor: serveNothing,
+		Faults: Faults{Slow: 1}})
+	within(t, 15*time.Second, "converge", tn.Converged)
+	router, peerNode := tn.Node(0), tn.Node(1)
+	const limit = 8 // infer.DefaultMaxInFlightPerPeer
+	done := make(chan streamResult, limit)
+	for i := range limit {
+		go func() { done <- stream(t, router.APIAddr(), routedBody("synth-tiny", 20, int64(i), nil), nil, nil) }()
+	}
+	within(t, 10*time.Second, "the peer runs 8 requests", func() bool { return peerNode.Status().Inference.InFlight == limit })
+
+	start := time.Now()
+	r := stream(t, router.APIAddr(), routedBody("synth-tiny", 20, 99, nil), nil, nil)
+	took := time.Since(start)
+	if r.status != http.StatusTooManyRequests || r.errCode != "overloaded" {
+		t.Fatalf("ninth request: status %d, code %q; want 429 overloaded", r.status, r.errCode)
+	}
+	if st := peerNode.Status().Inference; st.Overloaded != 0 {
+		t.Fatalf("the peer refused %d requests itself: the router should not have asked", st.Overloaded)
+	}
+	if got := router.Status().Routing.BusyRefusals; got != 1 {
+		t.Fatalf("busy_refusals %d, want 1", got)
+	}
+	t.Logf("refused in %v while the peer ran %d requests", took, limit)
+	for range limit {
+		if r := <-done; r.errCode != "" || !r.done {
+			t.Fatalf("a running request: %+v", r)
+		}
+	}
+	if r := stream(t, router.APIAddr(), routedBody("synth-tiny", 4, 100, nil), nil, nil); r.errCode != "" || !r.done {
+		t.Fatalf("after the others completed: %+v", r)
+	}
+}

@@ -75,6 +75,10 @@ type Routing struct {
 	// missing, forged or did not match what the client received; those tasks are metered
 	// without a receipt.
 	ReceiptsRefused uint64 `json:"receipts_refused"`
+	// BusyRefusals counts requests refused at once with overloaded because every peer
+	// serving the model already ran as many of this node's requests as a peer admits from
+	// one requester (8): no round trip to a peer that would refuse.
+	BusyRefusals uint64 `json:"busy_refusals"`
 	// Verification counts the mesh results checked against a second peer's execution.
 	Verification Verification `json:"verification"`
 }

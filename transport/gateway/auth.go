@@ -70,9 +70,20 @@ func withSession(ctx context.Context, s Session) context.Context {
 // next sees the Session in the request's context (SessionFrom) and no longer sees the key:
 // both headers are removed from its copy of the request, so nothing downstream can log or
 // forward them. RequireKey itself logs nothing.
+//
+// A browser cannot set headers on a WebSocket: it offers the key as a subprotocol instead,
+// new WebSocket(url, ["meshinfer.v1", key]). RequireKey takes a key from
+// Sec-WebSocket-Protocol when neither header carries one, and removes it from next's copy of
+// that header too, so the gateway selects Subprotocol and never echoes the key.
 func RequireKey(ks *KeyStore, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		plaintext, err := keyFromHeader(r.Header)
+		fromProtocol := false
+		if errors.Is(err, ErrKeyMissing) {
+			if k, ok := keyFromSubprotocols(r.Header); ok {
+				plaintext, err, fromProtocol = k, nil, true
+			}
+		}
 		var k Key
 		if err == nil {
 			k, err = ks.Check(plaintext)
@@ -89,6 +100,12 @@ func RequireKey(ks *KeyStore, next http.Handler) http.Handler {
 		h := r.Header.Clone()
 		h.Del("Authorization")
 		h.Del(APIKeyHeader)
+		if fromProtocol {
+			h.Del(protocolHeader)
+			if rest := withoutKeys(r.Header); rest != "" {
+				h.Set(protocolHeader, rest)
+			}
+		}
 		r = r.WithContext(withSession(r.Context(), Session{KeyID: k.ID, KeyName: k.Name, DeviceID: device}))
 		r.Header = h
 		next.ServeHTTP(w, r)
@@ -124,6 +141,45 @@ func keyFromHeader(h http.Header) (string, error) {
 		return alt, nil
 	}
 	return "", ErrKeyMissing
+}
+
+// protocolHeader lists the subprotocols a WebSocket client offers.
+const protocolHeader = "Sec-WebSocket-Protocol"
+
+// subprotocols returns the subprotocols offered in h, in order.
+func subprotocols(h http.Header) []string {
+	var out []string
+	for _, v := range h.Values(protocolHeader) {
+		for p := range strings.SplitSeq(v, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+// keyFromSubprotocols returns the key a browser offered as a subprotocol: the one offered
+// subprotocol that starts with KeyPrefix. Two such are none.
+func keyFromSubprotocols(h http.Header) (string, bool) {
+	key, n := "", 0
+	for _, p := range subprotocols(h) {
+		if strings.HasPrefix(p, KeyPrefix) {
+			key, n = p, n+1
+		}
+	}
+	return key, n == 1
+}
+
+// withoutKeys is h's list of offered subprotocols without any key.
+func withoutKeys(h http.Header) string {
+	var rest []string
+	for _, p := range subprotocols(h) {
+		if !strings.HasPrefix(p, KeyPrefix) {
+			rest = append(rest, p)
+		}
+	}
+	return strings.Join(rest, ", ")
 }
 
 // headerError is keyFromHeader's error for a header that holds no usable key: it matches

@@ -23,6 +23,11 @@ import (
 // listener and behind RequireKey.
 const WebSocketPath = "/v1/gateway"
 
+// Subprotocol is the WebSocket subprotocol of the gateway. A client may offer it; a browser
+// offers it with its key, new WebSocket(url, [Subprotocol, key]), since it cannot set an
+// Authorization header, and the gateway selects it.
+const Subprotocol = "meshinfer.v1"
+
 // Bounds of the WebSocket endpoint. See the package documentation for the wire format.
 const (
 	// MaxMessageBytes bounds one WebSocket message, either way: the API's 256 KiB body cap
@@ -208,7 +213,9 @@ func (g *WebSocket) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.mu.Unlock()
 	defer g.wg.Done()
 
-	ws, err := websocket.Accept(w, r, nil) // same-origin only, no compression
+	// Same-origin only, no compression; Subprotocol when the client offers it (a browser
+	// must, having offered its key that way: RequireKey removed the key from the list).
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{Subprotocol}})
 	if err != nil {
 		return // Accept answered the request
 	}

@@ -711,3 +711,37 @@ func TestResultCacheBounds(t *testing.T) {
 		t.Errorf("byte budget: big %v a %v b %v, %d bytes", c.get("big", t0) != nil, c.get("a", t0) != nil, c.get("b", t0) != nil, c.bytes)
 	}
 }
+
+// A browser offers its key as a subprotocol next to Subprotocol: the connection is
+// authenticated, the gateway selects Subprotocol (never echoing the key), and requests run.
+// A bad key offered that way is refused like a bad header.
+func TestWSKeyAsSubprotocol(t *testing.T) {
+	f := startWS(t, newWSDispatcher(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, resp, err := websocket.Dial(ctx, f.base+WebSocketPath, &websocket.DialOptions{HTTPClient: f.hc,
+		Subprotocols: []string{Subprotocol, f.key}})
+	if err != nil {
+		t.Fatalf("dial with the key as a subprotocol: %v", err)
+	}
+	defer c.CloseNow()
+	if got := resp.Header.Get("Sec-WebSocket-Protocol"); got != Subprotocol || c.Subprotocol() != Subprotocol {
+		t.Fatalf("selected subprotocol %q (%q), want %q", got, c.Subprotocol(), Subprotocol)
+	}
+	c.SetReadLimit(MaxMessageBytes)
+	rc := &rawConn{t: t, c: c}
+	rc.request("r1", "idem-1", chatBody(3, 5), nil)
+	if r := rc.collect("r1")["r1"]; r.err != nil || r.done == nil || len(r.tokens) == 0 {
+		t.Fatalf("request over a subprotocol-authenticated connection: %+v", r)
+	}
+
+	for name, protos := range map[string][]string{
+		"unknown key": {Subprotocol, KeyPrefix + strings.Repeat("a", KeyLen-len(KeyPrefix))},
+		"two keys":    {Subprotocol, f.key, KeyPrefix + strings.Repeat("b", KeyLen-len(KeyPrefix))},
+	} {
+		_, resp, err := websocket.Dial(ctx, f.base+WebSocketPath, &websocket.DialOptions{HTTPClient: f.hc, Subprotocols: protos})
+		if err == nil || resp == nil || resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("%s: response %v, error %v", name, resp, err)
+		}
+	}
+}

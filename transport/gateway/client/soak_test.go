@@ -20,10 +20,11 @@ import (
 
 // Under 256 WebSocket clients at once, each with a few small requests, against one
 // coordinator and four peers: every admitted request completes once (and is metered
-// once), the excess is refused with a typed error (overloaded at the peers' per-peer
-// limit), and every goroutine the clients caused is gone after they close. How long a
-// refusal takes is logged, not asserted: under this load it is about as long as a
-// completion (seconds), not the prompt refusal issue 7 asks for.
+// once), the excess is refused with a typed error (overloaded), and every goroutine the
+// clients caused is gone after they close. The coordinator refuses at once, without asking a
+// peer, a request that only peers already running 8 of its requests could serve (their
+// per-requester limit), so refusals come back faster than completions: the test asserts it
+// at the median. What remains of a refusal's time is the burst itself queueing for 2 cores.
 func TestSoakLoad256Clients(t *testing.T) {
 	if testing.Short() {
 		t.Skip("load test")
@@ -140,5 +141,8 @@ func TestSoakLoad256Clients(t *testing.T) {
 	t.Logf("setup %v (coordinator + %d peers joined), load %v, %d clients × %d requests", setup.Round(time.Millisecond), npeers, loadDur.Round(time.Millisecond), clients, perClient)
 	t.Logf("completed %d, overloaded %d, other refusals %v, metered requests %d completed %d", ok, overloaded, refused, total.Requests, total.Completed)
 	t.Logf("completed latency p50 %.0f µs p99 %.0f µs; overloaded answered p50 %.0f µs p99 %.0f µs", quantile(okDur, .5), quantile(okDur, .99), quantile(olDur, .5), quantile(olDur, .99))
+	if olP50, okP50 := quantile(olDur, .5), quantile(okDur, .5); overloaded > 0 && olP50 >= okP50 {
+		t.Errorf("refusals took %.0f µs at the median, completions %.0f µs: refusals should be faster", olP50, okP50)
+	}
 	t.Logf("peak HeapInuse %.1f MiB; goroutines %d before, %d after", float64(peak)/(1<<20), baseG, runtime.NumGoroutine())
 }
