@@ -231,21 +231,47 @@ func (d *dispatcher) Generate(ctx context.Context, req *inference.Request, emit 
 		d.stats.cloud.Add(1)
 	}
 	// On a coordinator the task is metered, with the serving peer's receipt when it holds;
-	// a verified task is metered once the verification has its verdict.
-	ev, metered := d.n.tasks.event(ctx, r.req.Model, r.served(), res, err, time.Since(start))
-	if metered && err == nil && r.last.Tier == route.TierMesh {
-		ev.Receipt = d.checkedReceipt(r, res)
-	}
-	var owned *gateway.MeterEvent
-	if metered {
-		owned = &ev
-	}
-	// In the background: the client's response does not wait.
-	if !(err == nil && d.maybeVerify(r, owned)) && metered {
-		d.n.tasks.write(ev)
+	// a verified task is metered once the verification has its verdict. Checking the
+	// receipt, countersigning it and syncing the event take a few hundred microseconds,
+	// which the client's response does not wait for: they run in the background, or here
+	// when the dispatcher is closing.
+	if ev, metered := d.n.tasks.event(ctx, r.req.Model, r.served(), res, err, time.Since(start)); metered {
+		rr, rres := r, res
+		if !d.background(func() { d.meter(rr, rres, err, ev) }) {
+			d.meter(rr, rres, err, ev)
+		}
+	} else if err == nil {
+		d.maybeVerify(r, nil) // in the background: the client's response does not wait
 	}
 	res.Receipt = "" // the peer's record, not the client's
 	return res, r.served(), err
+}
+
+// meter records the meter event of r's request (result res, error err): with the serving
+// peer's receipt when it holds, after the verification's verdict when it is verified.
+func (d *dispatcher) meter(r *run, res inference.Result, err error, ev gateway.MeterEvent) {
+	if err == nil && r.last.Tier == route.TierMesh {
+		ev.Receipt = d.checkedReceipt(r, res)
+	}
+	if !(err == nil && d.maybeVerify(r, &ev)) {
+		d.n.tasks.write(ev)
+	}
+}
+
+// background runs fn on a goroutine Close waits for, and reports whether it did: false once
+// Close has begun.
+func (d *dispatcher) background(fn func()) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return false
+	}
+	d.bgWG.Add(1)
+	go func() {
+		defer d.bgWG.Done()
+		fn()
+	}()
+	return true
 }
 
 // nothingServes is the error for a decision without targets, saying why per tier: overloaded
@@ -487,22 +513,17 @@ func (r *run) speculate(ctx context.Context, ld loader, local, cloud route.Targe
 	// The load runs under the dispatcher's context: when the cloud wins, it goes on warming
 	// the model for the next request, owned by the dispatcher (Close waits for it).
 	ready := make(chan error, 1)
-	d.mu.Lock()
-	if d.closed { // Close has begun: start nothing it would not wait for
-		d.mu.Unlock()
-		return inference.Result{}, inference.Errorf(inference.CodeShuttingDown, "node is shutting down"), true, false
-	}
-	d.bgWG.Add(1)
-	d.mu.Unlock()
-	go func() {
-		defer d.bgWG.Done()
+	started := d.background(func() {
 		start := time.Now()
 		err := ld.Load(d.bg, r.req.Model)
 		if err == nil {
 			d.noteColdStart(r.req.Model, time.Since(start))
 		}
 		ready <- err
-	}()
+	})
+	if !started { // Close has begun: start nothing it would not wait for
+		return inference.Result{}, inference.Errorf(inference.CodeShuttingDown, "node is shutting down"), true, false
+	}
 
 	// The cloud stream runs on its own goroutine, which Generate waits for (cloudDone) on
 	// every path. It may emit to the client only once it has claimed the race with its first

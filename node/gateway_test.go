@@ -75,13 +75,19 @@ func TestCoordinatorKeysAndUsage(t *testing.T) {
 			t.Fatalf("good key: status %d body %s", resp.StatusCode, body)
 		}
 	}
-	resp, body := call(http.MethodGet, "/v1/usage", key, "")
+	// Metering runs just after each response: wait for the third event.
 	var u struct {
 		Key   struct{ ID string }
 		Usage gateway.Usage
 	}
-	if resp.StatusCode != http.StatusOK || json.Unmarshal([]byte(body), &u) != nil {
-		t.Fatalf("usage: status %d body %s", resp.StatusCode, body)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		resp, body := call(http.MethodGet, "/v1/usage", key, "")
+		if resp.StatusCode != http.StatusOK || json.Unmarshal([]byte(body), &u) != nil {
+			t.Fatalf("usage: status %d body %s", resp.StatusCode, body)
+		}
+		if u.Usage.Requests >= 3 || time.Now().After(deadline) {
+			break
+		}
 	}
 	if u.Key.ID != k.ID || u.Usage.Requests != 3 || u.Usage.Completed != 3 || u.Usage.TokensOut == 0 {
 		t.Fatalf("usage %+v", u)

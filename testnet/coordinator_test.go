@@ -144,8 +144,15 @@ func coordinatorRound(t *testing.T, tn *Testnet, idx int, key string, seed int64
 		ev gateway.MeterEvent
 		rc receipts.Receipt
 	}
+	usageFile := filepath.Join(tn.DataDir(idx), gateway.UsageFile)
+	// Each event is recorded just after its verdict: wait for the last.
+	within(t, 10*time.Second, "every task metered", func() bool {
+		n := 0
+		gateway.ReadEvents(usageFile, func(gateway.MeterEvent) { n++ })
+		return n >= requests
+	})
 	var recs []record
-	err := gateway.ReadEvents(filepath.Join(tn.DataDir(idx), gateway.UsageFile), func(e gateway.MeterEvent) {
+	err := gateway.ReadEvents(usageFile, func(e gateway.MeterEvent) {
 		rc, err := receipts.VerifyCountersig(coord.ID().String(), e.Receipt, e.Countersig)
 		if err != nil || e.Coordinator != coord.ID().String() {
 			t.Errorf("event for %s: receipt %q countersig %q by %q: %v", e.Peer, e.Receipt, e.Countersig, e.Coordinator, err)
@@ -180,7 +187,7 @@ func coordinatorRound(t *testing.T, tn *Testnet, idx int, key string, seed int64
 	if lies != served[liarRoute] {
 		t.Fatalf("%d liar events, the liar served %d requests", lies, served[liarRoute])
 	}
-	usage, err := gateway.ReadUsage(filepath.Join(tn.DataDir(idx), gateway.UsageFile))
+	usage, err := gateway.ReadUsage(usageFile)
 	if err != nil || len(usage) != 1 {
 		t.Fatalf("usage %v: %v", usage, err)
 	}

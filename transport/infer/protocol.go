@@ -48,9 +48,9 @@ const (
 const (
 	frameRequest        byte = 0x01
 	frameRequestReceipt byte = 0x05 // a request whose client wants a signed receipt in the done frame
-	frameToken   byte = 0x02
-	frameDone    byte = 0x03
-	frameError   byte = 0x04
+	frameToken          byte = 0x02
+	frameDone           byte = 0x03
+	frameError          byte = 0x04
 )
 
 var errProtocol = errors.New("infer protocol violation")

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"runtime"
 	"strings"
@@ -15,7 +16,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p"
+
+	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/transport/gateway/client"
+	"github.com/meshinfer/meshinfer/transport/infer"
 )
 
 // BenchmarkCoordinator measures what a coordinator adds, interleaved in one run
@@ -24,6 +29,12 @@ import (
 // and a ~200-token stream straight to the peer and through the coordinator. The
 // coordinator serves no model: (b) and (c) cross one libp2p hop to one of four peers, so
 // b−a and c−a are the coordinator's own cost plus that hop.
+//
+// The coordinator's own cost beyond the two network legs is measured too: (h) the HTTP leg
+// alone, the same request body posted over loopback to a handler that reads it and answers
+// a completion-sized JSON, and (d) the libp2p leg with the peer's work, the same request
+// sent by a bare libp2p host straight to a peer's inference protocol (asking for a receipt,
+// as a coordinator does). Per iteration, own = b − h − d.
 func BenchmarkCoordinator(b *testing.B) {
 	const (
 		npeers       = 4
@@ -40,6 +51,28 @@ func BenchmarkCoordinator(b *testing.B) {
 	defer ws.Close()
 
 	small, _ := json.Marshal(chatBody(7, 4))
+	var smallReq inference.Request
+	if err := json.Unmarshal(small, &smallReq); err != nil {
+		b.Fatal(err)
+	}
+	// (h): the HTTP leg alone.
+	answer := bytes.Repeat([]byte("x"), 420)
+	leg := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(answer)
+	}))
+	defer leg.Close()
+	// (d): the libp2p leg and the peer's work, from a bare host.
+	bare, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer bare.Close()
+	if err := bare.Connect(context.Background(), f.peers[0].AddrInfo()); err != nil {
+		b.Fatal(err)
+	}
+	peerClient := infer.NewClient(bare, infer.WithReceipts())
 	stream := chatBody(7, streamTokens)
 	stream["stream"] = true
 	streamBody, _ := json.Marshal(stream)
@@ -95,13 +128,21 @@ func BenchmarkCoordinator(b *testing.B) {
 				}
 			})
 		},
+		func() time.Duration { return timed(func() { post(leg.URL, "", small) }) },
+		func() time.Duration {
+			return timed(func() {
+				if _, err := peerClient.Generate(context.Background(), f.peers[0].ID(), &smallReq, func(inference.Token) error { return nil }); err != nil {
+					b.Fatal(err)
+				}
+			})
+		},
 	}
-	var dA, dB, dC, diffB, diffC, tpsD, tpsC, ratio []float64
+	var dA, dB, dC, dH, dD, diffB, diffC, own, tpsD, tpsC, ratio []float64
 	var tokD, tokC int
 	iter := func(i int, keep bool) {
-		var d [3]time.Duration
-		for k := range 3 { // rotate the order every iteration: no path always goes first
-			p := (i + k) % 3
+		var d [5]time.Duration
+		for k := range len(d) { // rotate the order every iteration: no path always goes first
+			p := (i + k) % len(d)
 			d[p] = paths[p]()
 		}
 		var sd, sc time.Duration
@@ -117,6 +158,7 @@ func BenchmarkCoordinator(b *testing.B) {
 		}
 		dA, dB, dC = append(dA, us(d[0])), append(dB, us(d[1])), append(dC, us(d[2]))
 		diffB, diffC = append(diffB, us(d[1]-d[0])), append(diffC, us(d[2]-d[0]))
+		dH, dD, own = append(dH, us(d[3])), append(dD, us(d[4])), append(own, us(d[1]-d[3]-d[4]))
 		td, tc := float64(tokD)/sd.Seconds(), float64(tokC)/sc.Seconds()
 		tpsD, tpsC, ratio = append(tpsD, td), append(tpsC, tc), append(ratio, tc/td)
 	}
@@ -139,17 +181,20 @@ func BenchmarkCoordinator(b *testing.B) {
 	lo, hi := bootstrapMedianCI(ratio, 1000)
 	b.ReportMetric(addB, "rest-added-µs/op")
 	b.ReportMetric(addC, "ws-added-µs/op")
+	b.ReportMetric(quantile(own, .5), "own-µs/op")
 	b.ReportMetric(r, "stream-tps-ratio")
-	b.ReportMetric(0, "ns/op") // one op is five requests: ns/op says nothing by itself
+	b.ReportMetric(0, "ns/op") // one op is seven requests: ns/op says nothing by itself
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "GOMAXPROCS=%d %s, %d iterations after %d warm-up, coordinator + %d peers on loopback, CPU %.0f µs/iteration (5 requests)\n",
+	fmt.Fprintf(&sb, "GOMAXPROCS=%d %s, %d iterations after %d warm-up, coordinator + %d peers on loopback, CPU %.0f µs/iteration (7 requests)\n",
 		runtime.GOMAXPROCS(0), runtime.Version(), len(dA), warmup, npeers, ru1.sub(ru0)/float64(max(len(dA), 1)))
 	fmt.Fprintf(&sb, "%-34s %10s %10s\n", "small request (max_tokens 4)", "p50 µs", "p99 µs")
 	for _, row := range []struct {
 		name string
 		xs   []float64
 	}{{"(a) direct to a peer's API", dA}, {"(b) coordinator REST + key", dB}, {"(c) coordinator WebSocket client", dC},
-		{"b − a (added by coordinator)", diffB}, {"c − a (added by coordinator)", diffC}} {
+		{"(h) HTTP leg alone", dH}, {"(d) libp2p leg + peer, bare host", dD},
+		{"b − a (added by coordinator)", diffB}, {"c − a (added by coordinator)", diffC},
+		{"b − h − d (coordinator's own)", own}} {
 		fmt.Fprintf(&sb, "%-34s %10.0f %10.0f\n", row.name, quantile(row.xs, .5), quantile(row.xs, .99))
 	}
 	fmt.Fprintf(&sb, "stream of %d tokens: direct p50 %.0f tok/s, through coordinator p50 %.0f tok/s, ratio p50 %.3f (95%% CI %.3f–%.3f; goal ≥ 0.99)\n",

@@ -92,15 +92,19 @@ func TestCoordinatorNodeGateway(t *testing.T) {
 	}
 	ws.Close()
 	rest.Close()
-	usage, err := gateway.ReadUsage(filepath.Join(dir, gateway.UsageFile))
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Metering runs just after each response: wait for the third event.
 	var total gateway.Usage
-	for _, u := range usage {
-		total.Requests += u.Requests
-		total.Completed += u.Completed
-		total.TokensOut += u.TokensOut
+	for deadline := time.Now().Add(10 * time.Second); total.Requests < 3 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		usage, err := gateway.ReadUsage(filepath.Join(dir, gateway.UsageFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		total = gateway.Usage{}
+		for _, u := range usage {
+			total.Requests += u.Requests
+			total.Completed += u.Completed
+			total.TokensOut += u.TokensOut
+		}
 	}
 	if total.Requests != 3 || total.Completed != 3 || total.TokensOut != int64(3*ref.Usage.CompletionTokens) {
 		t.Fatalf("usage %+v: want 3 requests of %d tokens, each metered once", total, ref.Usage.CompletionTokens)
