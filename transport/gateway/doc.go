@@ -70,11 +70,14 @@
 // 0600: JSON Lines, one event per line of at most MaxUsageLine bytes:
 //
 //	{"time":"2026-05-01T12:00:03.25Z","key_id":"key_3fa09c12","model":"synth-tiny",
-//	 "peer":"12D3KooW…","tokens_in":12,"tokens_out":64,"duration_ms":840,"verified":true,
-//	 "outcome":"completed"}
+//	 "peer":"peer:12D3KooW…","tokens_in":12,"tokens_out":64,"duration_ms":840,"verified":true,
+//	 "outcome":"completed","verification":"passed","receipt":"{…,\"sig\":\"ed25519:…\"}",
+//	 "countersig":"ed25519:…","coordinator":"12D3KooW…"}
 //
 // (shown wrapped). time is when the task ended, UTC; outcome is "completed" or the task's
-// error code. A task that failed verification is metered as zero: its caller records it
+// error code; verification is the verdict of a sampled verification (absent when not
+// sampled); receipt is the serving peer's signed task receipt (mesh/receipts, opaque here),
+// countersig the coordinator's countersignature of it, coordinator its peer ID. A task that failed verification is metered as zero: its caller records it
 // with outcome "verification_failed" (OutcomeVerificationFailed) and Record writes it with
 // zero tokens; sums (Usage.Add) count no tokens for such a line whatever it says. Each
 // Record writes its line with one write and syncs before returning. A crash mid-write can
