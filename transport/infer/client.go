@@ -47,12 +47,9 @@ func NewClient(h host.Host, opts ...ClientOption) *Client {
 // timeout when the peer stays silent past the idle timeout, peer_lost when the stream ends or
 // breaks without a terminal frame, and the peer's own code from its error frame.
 func (c *Client) Generate(ctx context.Context, p peer.ID, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
-	body, err := encodeRequest(req, c.receipts)
+	body, err := c.requestFrame(req)
 	if err != nil {
 		return inference.Result{}, err
-	}
-	if len(body) > MaxRequestFrame {
-		return inference.Result{}, inference.Errorf(inference.CodeInvalidRequest, "request of %d bytes over the %d byte limit", len(body), MaxRequestFrame)
 	}
 	st, err := c.h.NewStream(ctx, p, ID)
 	if err != nil {
@@ -61,6 +58,35 @@ func (c *Client) Generate(ctx context.Context, p peer.ID, req *inference.Request
 		}
 		return inference.Result{}, inference.Errorf(inference.CodeUnavailable, "open stream to %s: %v", p, err)
 	}
+	return c.exchange(ctx, st, p, body, emit)
+}
+
+// GenerateOn runs req on peer p over st, a stream to p opened over another transport than
+// libp2p (a WebRTC data channel), with Generate's contract. st is closed or reset when it
+// returns.
+func (c *Client) GenerateOn(ctx context.Context, st Stream, p peer.ID, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
+	body, err := c.requestFrame(req)
+	if err != nil {
+		st.Reset()
+		return inference.Result{}, err
+	}
+	return c.exchange(ctx, st, p, body, emit)
+}
+
+// requestFrame encodes req's request frame within MaxRequestFrame.
+func (c *Client) requestFrame(req *inference.Request) ([]byte, error) {
+	body, err := encodeRequest(req, c.receipts)
+	if err != nil {
+		return nil, err
+	}
+	if len(body) > MaxRequestFrame {
+		return nil, inference.Errorf(inference.CodeInvalidRequest, "request of %d bytes over the %d byte limit", len(body), MaxRequestFrame)
+	}
+	return body, nil
+}
+
+// exchange sends the request frame body on st and reads the answer.
+func (c *Client) exchange(ctx context.Context, st Stream, p peer.ID, body []byte, emit func(inference.Token) error) (inference.Result, error) {
 	stop := context.AfterFunc(ctx, func() { st.Reset() })
 	defer stop()
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 	"unicode/utf8"
 
@@ -54,6 +55,19 @@ const (
 )
 
 var errProtocol = errors.New("infer protocol violation")
+
+// Stream is what the protocol needs of a stream: a libp2p network.Stream, or a WebRTC data
+// channel (transport/webrtc). Close ends it after the data written (the other side reads
+// EOF); Reset aborts it (the other side reads an error); deadlines fail Read and Write with a
+// timeout error.
+type Stream interface {
+	io.Reader
+	io.Writer
+	Close() error
+	Reset() error
+	SetReadDeadline(time.Time) error
+	SetWriteDeadline(time.Time) error
+}
 
 type wireError struct {
 	Code    string `json:"code"`

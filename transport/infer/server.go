@@ -186,14 +186,19 @@ func (s *Server) release(p peer.ID) {
 // should send nothing, so a little slack is plenty.
 const maxTrailingBytes = 1 << 10
 
-func (s *Server) handle(st network.Stream) {
+// handle serves a libp2p stream.
+func (s *Server) handle(st network.Stream) { s.ServeStream(st.Conn().RemotePeer(), st) }
+
+// ServeStream answers one request on st, a stream from peer from opened over another
+// transport than libp2p (a WebRTC data channel), with the same rules, limits and admission
+// as a libp2p stream. It returns when the exchange has ended; st is closed or reset then.
+func (s *Server) ServeStream(from peer.ID, st Stream) {
 	if s.closed.Load() {
 		st.Reset()
 		return
 	}
 	s.wg.Add(1)
 	defer s.wg.Done()
-	from := st.Conn().RemotePeer()
 
 	// Deadline first: the request frame must arrive within RequestTimeout.
 	if err := st.SetReadDeadline(time.Now().Add(RequestTimeout)); err != nil {
@@ -246,7 +251,7 @@ func (s *Server) handle(st network.Stream) {
 
 // serve runs an admitted request to its terminal frame and reports its outcome and tokens.
 // With a signer, a completed request's done frame carries the receipt it makes.
-func (s *Server) serve(st network.Stream, from peer.ID, req *inference.Request, began time.Time, sign Signer) ServedTask {
+func (s *Server) serve(st Stream, from peer.ID, req *inference.Request, began time.Time, sign Signer) ServedTask {
 	ctx, cancel := context.WithTimeout(s.ctx, maxGeneration)
 	defer cancel()
 	// The client sends nothing after the request and keeps its write side open until the
@@ -325,7 +330,7 @@ const (
 // finish writes the token frames still pending and the terminal frame, and closes the
 // stream, or resets it when the client is gone. It returns the outcome: OutcomeCompleted, the
 // code of err, or OutcomeClientDisconnected.
-func (s *Server) finish(st network.Stream, pending []byte, res *inference.Result, err error) string {
+func (s *Server) finish(st Stream, pending []byte, res *inference.Result, err error) string {
 	var body []byte
 	switch {
 	case err == nil:
