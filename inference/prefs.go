@@ -40,6 +40,18 @@ const (
 	RouteExplicit RouteMode = "explicit"
 )
 
+// Transport says how this node reaches the peer that serves a request.
+type Transport string
+
+const (
+	// TransportLibp2p: a libp2p stream over the node's connection to the peer.
+	TransportLibp2p Transport = "libp2p"
+	// TransportWebRTC: a WebRTC data channel straight to the peer, set up over libp2p.
+	// When it cannot be set up in time, or breaks before the first token, the request
+	// continues over a libp2p stream.
+	TransportWebRTC Transport = "webrtc"
+)
+
 // AutoModel is the model name that asks the router to choose (with RouteAuto).
 const AutoModel = "auto"
 
@@ -47,15 +59,16 @@ const AutoModel = "auto"
 // "meshinfer" object, then the X-Meshinfer-* headers, then the node's defaults; an empty
 // field means "not given" until then.
 type Prefs struct {
-	Privacy  Privacy   `json:"privacy,omitempty"`
-	Priority Priority  `json:"priority,omitempty"`
-	Route    RouteMode `json:"route,omitempty"`
+	Privacy   Privacy   `json:"privacy,omitempty"`
+	Priority  Priority  `json:"priority,omitempty"`
+	Route     RouteMode `json:"route,omitempty"`
+	Transport Transport `json:"transport,omitempty"`
 }
 
 // DefaultPrefs are the defaults of a node that was given none: the mesh but not the cloud,
-// balanced, explicit model choice.
+// balanced, explicit model choice, libp2p streams.
 func DefaultPrefs() Prefs {
-	return Prefs{Privacy: PrivacyMesh, Priority: PriorityBalanced, Route: RouteExplicit}
+	return Prefs{Privacy: PrivacyMesh, Priority: PriorityBalanced, Route: RouteExplicit, Transport: TransportLibp2p}
 }
 
 // Or fills p's empty fields from d.
@@ -69,6 +82,9 @@ func (p Prefs) Or(d Prefs) Prefs {
 	if p.Route == "" {
 		p.Route = d.Route
 	}
+	if p.Transport == "" {
+		p.Transport = d.Transport
+	}
 	return p
 }
 
@@ -81,7 +97,10 @@ func (p Prefs) Validate() error {
 	if err := checkEnum("priority", string(p.Priority), PriorityCost, PriorityLatency, PriorityBalanced); err != nil {
 		return err
 	}
-	return checkEnum("route", string(p.Route), RouteAuto, RouteExplicit)
+	if err := checkEnum("route", string(p.Route), RouteAuto, RouteExplicit); err != nil {
+		return err
+	}
+	return checkEnum("transport", string(p.Transport), TransportLibp2p, TransportWebRTC)
 }
 
 func checkEnum[T ~string](field, v string, allowed ...T) error {

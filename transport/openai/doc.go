@@ -44,14 +44,19 @@
 //	                                           device or a peer; the cloud tier too
 //	priority  cost | latency | balanced        what the router optimises among the tiers
 //	route     auto | explicit                  whether the router may choose the model
+//	transport libp2p | webrtc                  how this node reaches a serving peer: a libp2p
+//	                                           stream, or a WebRTC data channel (falling back
+//	                                           to libp2p)
 //
 // They come from, field by field, the first source that gives the field:
 //
-//  1. the body's "meshinfer" object: {"privacy":…,"priority":…,"route":…}; unknown keys in it
-//     are ignored (later versions add some), and a missing, null or "" value is not given;
-//  2. the headers X-Meshinfer-Privacy and X-Meshinfer-Priority (route has no header);
+//  1. the body's "meshinfer" object: {"privacy":…,"priority":…,"route":…,"transport":…};
+//     unknown keys in it are ignored (later versions add some), and a missing, null or ""
+//     value is not given;
+//  2. the headers X-Meshinfer-Privacy, X-Meshinfer-Priority and X-Meshinfer-Transport
+//     (route has no header);
 //  3. the node's defaults (WithDefaultPrefs: node passes its flags');
-//  4. inference.DefaultPrefs: mesh, balanced, explicit.
+//  4. inference.DefaultPrefs: mesh, balanced, explicit, libp2p.
 //
 // So a body value beats a header, which beats the node's default. An unknown value in the
 // body or in a header is a 400 invalid_request whose message names the source and the

@@ -243,6 +243,7 @@ func (h *handler) prefs(header http.Header, body inference.Prefs) (inference.Pre
 	}{
 		{headerPrivacy, inference.Prefs{Privacy: inference.Privacy(header.Get(headerPrivacy))}},
 		{headerPriority, inference.Prefs{Priority: inference.Priority(header.Get(headerPriority))}},
+		{headerTransport, inference.Prefs{Transport: inference.Transport(header.Get(headerTransport))}},
 	} {
 		if err := f.p.Validate(); err != nil {
 			return inference.Prefs{}, invalidf("%s header: %s", f.name, message(err))

@@ -95,6 +95,13 @@ func TestPrefsPrecedence(t *testing.T) {
 		want     inference.Prefs
 	}{
 		{name: "built-in", want: inference.Prefs{Privacy: mesh, Priority: bal, Route: expl}},
+		{name: "transport by body", body: `{"transport":"webrtc"}`,
+			want: inference.Prefs{Privacy: mesh, Priority: bal, Route: expl, Transport: inference.TransportWebRTC}},
+		{name: "transport by header over node default", header: map[string]string{"X-Meshinfer-Transport": "libp2p"},
+			defaults: &inference.Prefs{Transport: inference.TransportWebRTC},
+			want:     inference.Prefs{Privacy: mesh, Priority: bal, Route: expl, Transport: inference.TransportLibp2p}},
+		{name: "transport by node default", defaults: &inference.Prefs{Transport: inference.TransportWebRTC},
+			want: inference.Prefs{Privacy: mesh, Priority: bal, Route: expl, Transport: inference.TransportWebRTC}},
 		{name: "node defaults", defaults: &inference.Prefs{Privacy: anyp, Priority: cost, Route: auto},
 			want: inference.Prefs{Privacy: anyp, Priority: cost, Route: auto}},
 		{name: "partial node defaults", defaults: &inference.Prefs{Priority: lat},
@@ -115,7 +122,7 @@ func TestPrefsPrecedence(t *testing.T) {
 		{name: "empty body value is not given", body: `{"privacy":"","priority":null}`,
 			header: map[string]string{"X-Meshinfer-Privacy": "any"}, defaults: &inference.Prefs{Priority: cost},
 			want: inference.Prefs{Privacy: anyp, Priority: cost, Route: expl}},
-		{name: "unknown keys ignored", body: `{"transport":"webrtc","privacy":"any","x":{"y":[1]}}`,
+		{name: "unknown keys ignored", body: `{"future":"webrtc","privacy":"any","x":{"y":[1]}}`,
 			want: inference.Prefs{Privacy: anyp, Priority: bal, Route: expl}},
 		{name: "null object", body: `null`, header: map[string]string{"X-Meshinfer-Priority": "latency"},
 			want: inference.Prefs{Privacy: mesh, Priority: lat, Route: expl}},
@@ -162,8 +169,12 @@ func TestPrefsPrecedence(t *testing.T) {
 					tt.name, stream, len(got), len(other), wantLocal)
 				continue
 			}
-			if got[0].Prefs != tt.want {
-				t.Errorf("%s (stream %v): prefs %+v, want %+v", tt.name, stream, got[0].Prefs, tt.want)
+			want := tt.want
+			if want.Transport == "" {
+				want.Transport = inference.TransportLibp2p
+			}
+			if got[0].Prefs != want {
+				t.Errorf("%s (stream %v): prefs %+v, want %+v", tt.name, stream, got[0].Prefs, want)
 			}
 		}
 	}
@@ -184,6 +195,10 @@ func TestPrefsInvalid(t *testing.T) {
 			want: []string{"meshinfer object", `priority "fast"`, "cost, latency, balanced"}},
 		{name: "body route", body: `{"route":"manual"}`,
 			want: []string{"meshinfer object", `route "manual"`, "auto, explicit"}},
+		{name: "body transport", body: `{"transport":"quic"}`,
+			want: []string{"meshinfer object", `transport "quic"`, "libp2p, webrtc"}},
+		{name: "header transport", header: map[string]string{"X-Meshinfer-Transport": "WebRTC"},
+			want: []string{"X-Meshinfer-Transport header", `transport "WebRTC"`, "libp2p, webrtc"}},
 		{name: "header privacy", header: map[string]string{"X-Meshinfer-Privacy": "Local-Only"},
 			want: []string{"X-Meshinfer-Privacy header", `privacy "Local-Only"`, "local-only, mesh, any"}},
 		{name: "header priority", header: map[string]string{"X-Meshinfer-Priority": "cheap"},

@@ -22,9 +22,11 @@ const writeTimeout = 30 * time.Second
 const (
 	headerPrivacy  = "X-Meshinfer-Privacy"
 	headerPriority = "X-Meshinfer-Priority"
-	headerRoute    = "X-Meshinfer-Route"
-	headerTier     = "X-Meshinfer-Tier"
-	headerAttempts = "X-Meshinfer-Attempts"
+	// headerTransport asks for a transport to the serving peer (inference.Transport).
+	headerTransport = "X-Meshinfer-Transport"
+	headerRoute     = "X-Meshinfer-Route"
+	headerTier      = "X-Meshinfer-Tier"
+	headerAttempts  = "X-Meshinfer-Attempts"
 )
 
 // routeLocal is the route of a request served on this device.
