@@ -8,6 +8,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
+	pionwebrtc "github.com/pion/webrtc/v4"
 
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/mesh/participation"
@@ -146,6 +147,16 @@ type Config struct {
 	// CloudUSDPerMTok is the cloud's price per million tokens, for cost and balanced
 	// routing. Default: DefaultCloudUSDPerMTok.
 	CloudUSDPerMTok float64
+	// ICEServers are the STUN and TURN servers of WebRTC direct paths (stun:host:port,
+	// turn:host:port; TURN credentials from EnvTURNUsername and EnvTURNCredential). None
+	// are needed on a LAN or loopback.
+	ICEServers []string
+	// WebRTCConnectTimeout bounds setting up a WebRTC path to a peer before the request
+	// goes over libp2p instead. Default: webrtc.DefaultConnectTimeout (5 s).
+	WebRTCConnectTimeout time.Duration
+	// WebRTCSettingEngine configures pion (tests: a virtual network, candidate filters);
+	// nil means webrtc.DefaultSettingEngine().
+	WebRTCSettingEngine *pionwebrtc.SettingEngine
 	// TLSCert and TLSKey are PEM files: with both, the API serves HTTPS.
 	TLSCert, TLSKey string
 	// InsecureGateway lets a coordinator's API listen on a non-loopback address without

@@ -53,6 +53,12 @@ type dispatcher struct {
 	stats routingStats
 	ver   verification
 
+	// rtc and direct carry mesh attempts over WebRTC data channels when a request asks for
+	// them (webrtc.go); nil: libp2p streams only.
+	rtc      directPaths
+	direct   streamGenerator
+	rtcStats struct{ dispatched, fallbacks atomic.Uint64 }
+
 	mu        sync.Mutex
 	rng       *rand.Rand
 	localTPS  map[string]float64       // measured tokens/s per local model (EWMA)
@@ -454,6 +460,9 @@ func (d *dispatcher) peerGenerate(ctx context.Context, p peer.ID, req *inference
 		}
 		d.mu.Unlock()
 	}()
+	if req.Prefs.Transport == inference.TransportWebRTC && d.rtc != nil {
+		return d.viaWebRTC(ctx, p, req, emit)
+	}
 	return d.peers.Generate(ctx, p, req, emit)
 }
 

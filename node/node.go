@@ -51,6 +51,7 @@ import (
 	"github.com/meshinfer/meshinfer/transport/gateway"
 	"github.com/meshinfer/meshinfer/transport/infer"
 	"github.com/meshinfer/meshinfer/transport/openai"
+	"github.com/meshinfer/meshinfer/transport/webrtc"
 )
 
 var log = logging.Logger("node")
@@ -79,6 +80,7 @@ type Node struct {
 	infer     *infer.Server
 	part      *partGate         // participation: consent, policy, live conditions
 	receipts  *receipts.Log     // tasks served for peers; nil without a data dir
+	rtc       *webrtc.Transport // WebRTC direct paths (webrtc.go)
 	keys      *gateway.KeyStore // coordinator: the API keys of thin clients
 	meter     *gateway.Meter    // coordinator: usage per key
 	tasks     taskMeter         // meters API requests (a no-op but on a coordinator)
@@ -207,6 +209,9 @@ func (n *Node) start() error {
 		n.infer = infer.NewServer(h, n.backend, opts...)
 		n.closers = append(n.closers, n.infer.Close)
 	}
+	if err := n.startWebRTC(); err != nil {
+		return err
+	}
 
 	n.reg = registry.New(registry.ParamsForHeartbeat(cfg.Heartbeat))
 	n.announcer, err = announce.New(h, n.ps, n.key, n.reg, vectorSource{n}, announce.Params{
@@ -261,7 +266,9 @@ func (n *Node) start() error {
 			// Every task asks its peer for a receipt, verification runs included.
 			clientOpts = append(clientOpts, infer.WithReceipts())
 		}
-		n.router = newDispatcher(n, infer.NewClient(h, clientOpts...), cloud, cfg.CloudModels, uint64(cfg.Now().UnixNano()))
+		peers := infer.NewClient(h, clientOpts...)
+		n.router = newDispatcher(n, peers, cloud, cfg.CloudModels, uint64(cfg.Now().UnixNano()))
+		n.router.rtc, n.router.direct = n.rtc, peers
 		n.closers = append(n.closers, n.router.Close) // after the API's close: no request left
 		n.gate = localonly.New(n.onDevice())
 		opts := []openai.Option{openai.WithPublic(cfg.APIPublic), openai.WithDefaultPrefs(cfg.Prefs)}

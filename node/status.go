@@ -51,6 +51,7 @@ func (n *Node) Status() console.Status {
 		Inference:     inf,
 		Routing:       routing,
 		Participation: n.part.status(),
+		WebRTC:        n.webrtcStatus(),
 		RoutingAffinity: console.RoutingAffinity{TargetReputation: console.TargetReputation{
 			PenalizedTargets: rs.PenalizedTargets, RoutesPenalized: rs.RoutesPenalized,
 			CoolingTargets: rs.CoolingTargets, ExcludedPeers: rs.ExcludedPeers,

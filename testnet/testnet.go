@@ -46,6 +46,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/inference/synth"
 	"github.com/meshinfer/meshinfer/mesh/participation"
 	"github.com/meshinfer/meshinfer/node"
@@ -84,6 +85,9 @@ type Options struct {
 	Sensors bool
 	// Faults makes some nodes misbehave (see Faults); none when zero.
 	Faults Faults
+	// WebRTC makes WebRTC data channels every node's transport to its peers (node's
+	// --webrtc), falling back to libp2p streams where no direct path sets up.
+	WebRTC bool
 	// Configure, when set, adjusts node i's configuration last (tests: another backend, a
 	// default privacy).
 	Configure func(i int, cfg *node.Config)
@@ -247,6 +251,9 @@ func (t *Testnet) add() (int, error) {
 		cfg.CloudURL, cfg.CloudModels = t.cloud.URL(), t.cloud.Models()
 	}
 	cfg.WrapBackend = t.opts.Faults.wrapFor(idx, t.opts.Nodes)
+	if t.opts.WebRTC {
+		cfg.Prefs.Transport = inference.TransportWebRTC
+	}
 	if t.opts.Configure != nil {
 		t.opts.Configure(idx, &cfg)
 	}

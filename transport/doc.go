@@ -3,10 +3,14 @@
 //	transport/frame    varint-length frames with hard size caps, shared by stream protocols
 //	transport/infer    the peer inference protocol /meshinfer/infer/1.0.0 (client and server)
 //	transport/openai   the OpenAI-compatible HTTP API a node serves on 127.0.0.1:9337
-//	transport/gateway  the coordinator's API keys, key authentication and usage metering
+//	transport/gateway  the coordinator's API keys, key authentication, usage metering and the
+//	                   WebSocket gateway of thin clients (transport/gateway/client: their Go
+//	                   client)
+//	transport/webrtc   WebRTC data channels straight to a peer, signaled over libp2p
+//	                   (/meshinfer/webrtc-signal/1.0.0), carrying the inference protocol
 //
 // This package itself holds what they share: the loopback check for local-only listeners.
-// Not built yet: WebRTC direct dispatch, the gateway's WebSocket endpoint and Go client.
+// Not built yet: WebRTC for thin clients through the coordinator's gateway.
 //
 // transport must never import mesh or node; node connects the two through small interfaces
 // declared by the consuming package (openai.Dispatcher, infer.Generator).

@@ -141,6 +141,8 @@ func TestNodeHelpListsEveryFlagWithItsDefault(t *testing.T) {
 		{"tls-key", ""},
 		{"insecure-gateway", ""},
 		{"config", "require_charging"},
+		{"webrtc", "falls back to libp2p"},
+		{"ice-server", "stun:host:port"},
 	}
 	for _, tc := range tests {
 		block, ok := help[tc.flag]

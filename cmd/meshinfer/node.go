@@ -50,11 +50,13 @@ Examples:
 
 Routing: each request goes to this device, a peer, or the cloud, from its preferences (the
 body's "meshinfer" object or the X-Meshinfer-Privacy / X-Meshinfer-Priority headers), with
---privacy and --priority as the defaults. local-only requests never leave this device.`
+--privacy and --priority as the defaults. local-only requests never leave this device.
+A request sent to a peer goes over a libp2p stream, or a WebRTC data channel with
+"meshinfer": {"transport": "webrtc"}, X-Meshinfer-Transport: webrtc, or --webrtc.`
 
 func runNode(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("node", nodeSynopsis, stderr)
-	var listen, boots, models, cloudModels listFlag
+	var listen, boots, models, cloudModels, iceServers listFlag
 	dataDir := fs.String("data-dir", "", "where the identity key lives (default $XDG_DATA_HOME/meshinfer, else ~/.local/share/meshinfer)")
 	mesh := fs.String("mesh", node.DefaultMesh, "mesh to join; nodes of different meshes never see each other")
 	role := fs.String("role", string(node.RoleContributor), "contributor; bootstrap (DHT server, relay and AutoNAT service for others); coordinator (serves thin clients with API keys, metering; see meshinfer keys); comma-separated")
@@ -81,6 +83,8 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	cloudCost := fs.Float64("cloud-cost", node.DefaultCloudUSDPerMTok, "the cloud's price in USD per million tokens, for cost and balanced routing")
 	tlsCert := fs.String("tls-cert", "", "PEM certificate chain: serve the API over HTTPS (with --tls-key)")
 	tlsKey := fs.String("tls-key", "", "PEM private key for --tls-cert")
+	useWebRTC := fs.Bool("webrtc", false, "send this node's requests to peers over WebRTC data channels (direct, low latency) unless a request sets its transport; falls back to libp2p when no direct path sets up")
+	fs.Var(&iceServers, "ice-server", "STUN or TURN server for WebRTC paths, stun:host:port or turn:host:port (TURN credentials from $"+node.EnvTURNUsername+" and $"+node.EnvTURNCredential+"); repeatable; none needed on a LAN")
 	insecureGateway := fs.Bool("insecure-gateway", false, "let a coordinator's API listen on a non-loopback address without TLS (a TLS proxy in front of it)")
 	profile := fs.String("profile", "", "participation profile set by whoever deploys the node: eco, standard, power or off (default standard, or the --config file's)")
 	configFile := fs.String("config", "", "JSON file of per-field overrides of the profile: require_charging, battery_min_level, thermal_max_state, max_tasks_per_min, pause_on_metered")
@@ -105,6 +109,10 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	}
 	cfg.Backend, cfg.Upstream, cfg.UpstreamKeyEnv = *backend, *upstreamURL, *upstreamKeyEnv
 	cfg.Prefs = inference.Prefs{Privacy: inference.Privacy(*privacy), Priority: inference.Priority(*priority)}
+	if *useWebRTC {
+		cfg.Prefs.Transport = inference.TransportWebRTC
+	}
+	cfg.ICEServers = iceServers
 	if err := cfg.Prefs.Validate(); err != nil {
 		if e, ok := errors.AsType[*inference.Error](err); ok {
 			err = errors.New(e.Message)

@@ -48,6 +48,8 @@ type Status struct {
 	Routing         Routing         `json:"routing"`
 	Participation   Participation   `json:"participation"`
 	RoutingAffinity RoutingAffinity `json:"routing_affinity"`
+	// WebRTC is the node's direct paths; absent when it runs none.
+	WebRTC *WebRTC `json:"webrtc,omitempty"`
 }
 
 // Routing counts what the router did with this node's API requests. Counters only: no
@@ -81,6 +83,20 @@ type Routing struct {
 	BusyRefusals uint64 `json:"busy_refusals"`
 	// Verification counts the mesh results checked against a second peer's execution.
 	Verification Verification `json:"verification"`
+}
+
+// WebRTC counts the node's WebRTC direct paths: PeerConnections kept warm, data channels
+// open, and how mesh attempts that asked for WebRTC went.
+type WebRTC struct {
+	Open          int    `json:"open"`           // connected PeerConnections, either direction
+	Streams       int    `json:"streams"`        // data channels open
+	WarmHits      uint64 `json:"warm_hits"`      // channels opened on a PeerConnection already up
+	ColdSetups    uint64 `json:"cold_setups"`    // PeerConnections this node set up
+	Accepted      uint64 `json:"accepted"`       // PeerConnections peers set up to this node
+	SetupFailures uint64 `json:"setup_failures"` // set-ups that failed or timed out
+	IdleClosed    uint64 `json:"idle_closed"`    // PeerConnections closed after 2 min without a channel
+	Dispatched    uint64 `json:"dispatched"`     // mesh attempts completed over a data channel
+	Fallbacks     uint64 `json:"fallbacks"`      // attempts sent over libp2p: no path in time, or broken before the first token
 }
 
 // Verification counts sampled verification: a task served by one peer with a deterministic

@@ -1,0 +1,75 @@
+// Package webrtc gives a node direct WebRTC data-channel streams to a peer, set up over an
+// authenticated libp2p stream: /meshinfer/webrtc-signal/1.0.0.
+//
+// A Transport keeps a small pool of connected PeerConnections, used in both directions:
+// OpenStream reuses one to the peer (warm: a new data channel, whose first bytes leave
+// with its open message, so no round trip is spent before them) or sets one up (cold:
+// signaling, ICE, DTLS and SCTP within Config.ConnectTimeout). At most Config.MaxWarm
+// PeerConnections are kept (at most two per peer: one each way when both set up at once);
+// beyond that the least recently used is closed, idle ones before those with open
+// streams. One with no open stream for Config.IdleClose is closed by a sweep, and one whose
+// ICE or DTLS fails or disconnects is dropped at once.
+//
+// A Stream is a byte stream on its own data channel, like a libp2p stream: the user frames
+// messages. Its remote peer is the peer of the libp2p stream the PeerConnection was
+// signalled over; the DTLS fingerprints that bind the PeerConnection to it travelled in the
+// SDP over that authenticated stream, and pion checks them.
+//
+// # Signaling wire format
+//
+// The offerer (the node calling OpenStream) opens a libp2p stream with SignalID. Every
+// message is a frame (transport/frame: an unsigned varint length, then the body) whose
+// first body byte is the message type; the rest is UTF-8 text.
+//
+//	0x01 offer      SDP of the offer                          ≤ MaxSDP bytes of text
+//	0x02 answer     SDP of the answer                         ≤ MaxSDP bytes of text
+//	0x03 candidate  one ICE candidate ("candidate:…")         ≤ MaxCandidate bytes of text
+//	0x04 end        end of candidates                         empty
+//
+// The offerer sends the offer at once (trickle ICE: it does not wait for gathering), then
+// each local candidate as it is gathered, then end. The answerer reads the offer, replies
+// with the answer, then its candidates and end likewise. Each side's first message is its
+// description (offer, answer); a side sends at most MaxCandidates candidates and nothing
+// after end. Anything else (an unknown type, a frame over its bound, text that is not
+// UTF-8, an SDP pion refuses) is a violation: the reader resets the stream.
+//
+// The whole exchange, and the ICE, DTLS and SCTP set-up that follows, has
+// Config.ConnectTimeout, enforced as a deadline on the signaling stream. The side that
+// sees its PeerConnection ready (the offerer: its first data channel open; the answerer:
+// ICE and DTLS connected) closes the signaling stream; the other side ignores the end of
+// the stream once it has the description. A side that fails resets the stream.
+//
+// The answerer handles at most MaxIncomingSetups set-ups at once and one per remote peer;
+// an excess signaling stream is reset before any PeerConnection is made. An offerer makes
+// at most one set-up per remote peer at a time: a second OpenStream to the same peer waits
+// for the first's.
+//
+// # Data channel wire format
+//
+// Each stream is one reliable, ordered data channel (label and protocol empty; a channel
+// opened otherwise is closed at once). Every data channel message is binary, at most
+// 16 KiB including its first byte, the message type:
+//
+//	0x00 data    the stream's bytes                (1 to 16383 bytes after the type)
+//	0x01 fin     the sender will send no more data (empty after the type)
+//	0x02 reset   the sender abandons the stream    (empty after the type)
+//
+// CloseWrite sends fin: the remote's Read returns io.EOF after every byte sent before it.
+// Close sends fin (if not sent) and closes the data channel, which resets the SCTP
+// outgoing stream after all data queued before it, then keeps reading and discarding what
+// the remote still sends until the remote closes its side too (bounded by drainTimeout),
+// since unread data would hold the receive window every stream of the PeerConnection
+// shares. Reset sends reset in place of fin: the remote's Read and Write fail with ErrReset
+// (once it reads up to the reset). A data channel that ends without fin or reset (the
+// PeerConnection failed, the remote closed the channel abruptly) reads as ErrReset, never
+// as io.EOF. A string message, an empty message, an unknown type or a message over 16 KiB
+// is a violation; the reader resets the stream (and closes the PeerConnection for an
+// oversized message, which would otherwise block the channel).
+//
+// Writes are flow controlled: a Write blocks while more than sendHighWater bytes of the
+// stream are queued in SCTP unacknowledged, until the queue drains to sendLowWater or the
+// write deadline passes.
+//
+// This package imports transport/frame and no other meshinfer package; it must never import
+// mesh or node.
+package webrtc
