@@ -25,13 +25,26 @@ bench:
 	$(GO) test -run='^$$' -bench=. -benchtime=1x ./testnet/
 	$(GO) test -run='^$$' -bench=. ./mesh/... ./reputation/
 	$(GO) test -run='^$$' -bench=Coordinator -benchtime=300x ./transport/gateway/client/
+	$(GO) test -run='^$$' -bench=. -benchtime=300x ./transport/webrtc/
 
 # Each fuzz target for 60 s (T3: not part of CI; seeds run in `make test`).
 FUZZTIME ?= 60s
+FUZZ_TARGETS := \
+	./mesh/caps/:FuzzDecode ./mesh/caps/:FuzzVerifySignature ./reputation/:FuzzStoreOps \
+	./mesh/probe/:FuzzParseMeminfo ./mesh/probe/:FuzzParseNVIDIASMI ./mesh/probe/:FuzzParseCPUInfo \
+	./mesh/receipts/:FuzzParse ./mesh/receipts/:FuzzParseTask \
+	./mesh/participation/:FuzzDecodeOverrides ./mesh/participation/:FuzzDecodeConsent \
+	./inference/:FuzzRequestJSON ./inference/upstream/:FuzzSSE ./transport/frame/:FuzzReader \
+	./transport/openai/:FuzzChatCompletionBody ./transport/webrtc/:FuzzDecodeSignal \
+	./transport/gateway/:FuzzDecodeKeys ./transport/gateway/:FuzzParseEvent \
+	./transport/gateway/:FuzzKeyFromHeader ./transport/gateway/:FuzzDecodeClientMessage \
+	./transport/gateway/:FuzzEventWriter
 fuzz:
-	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZTIME) ./mesh/caps/
-	$(GO) test -run='^$$' -fuzz='^FuzzVerifySignature$$' -fuzztime=$(FUZZTIME) ./mesh/caps/
-	$(GO) test -run='^$$' -fuzz='^FuzzStoreOps$$' -fuzztime=$(FUZZTIME) ./reputation/
+	@for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; \
+		echo "fuzz $$name in $$pkg for $(FUZZTIME)"; \
+		$(GO) test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) $$pkg || exit 1; \
+	done
 
 # Long-running tests (T3), behind a build tag so CI never runs them.
 soak:

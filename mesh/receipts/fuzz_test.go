@@ -2,6 +2,7 @@ package receipts
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -38,6 +39,40 @@ func FuzzParse(f *testing.F) {
 		body := func(b []byte) []byte { return b[:bytes.LastIndex(b, []byte(sigMember))] }
 		if !bytes.Equal(body(again), body(line)) {
 			t.Fatalf("accepted a non-canonical line:\n%s\nre-encodes as\n%s", line, again)
+		}
+	})
+}
+
+// FuzzParseTask: a task receipt from a peer never panics the parser, and one it accepts has
+// a result, no seq, and is exactly what SignTask writes for the receipt it decoded to.
+func FuzzParseTask(f *testing.F) {
+	key, _ := newKey(f)
+	for i := range 3 {
+		r := receipt("12D3KooWrequester", i)
+		r.Result = sampleResult
+		line, err := SignTask(key, r)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(line)
+	}
+	f.Add(`{"result":"sha256:","sig":"ed25519:"}`)
+	f.Fuzz(func(t *testing.T, line string) {
+		r, err := ParseTask(line)
+		if err != nil {
+			return
+		}
+		if r.Result == "" || r.Seq != 0 {
+			t.Fatalf("accepted %q with result %q seq %d", line, r.Result, r.Seq)
+		}
+		body := func(s string) string { return s[:strings.LastIndex(s, sigMember)] }
+		r.Sig = ""
+		again, err := encodeLine(key, r)
+		if err != nil {
+			t.Fatalf("accepted %q but cannot re-encode it: %v", line, err)
+		}
+		if body(string(again)) != body(line) {
+			t.Fatalf("accepted a non-canonical task receipt:\n%s\nre-encodes as\n%s", line, again)
 		}
 	})
 }
