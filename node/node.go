@@ -33,6 +33,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/peer"
 	drouting "github.com/libp2p/go-libp2p/p2p/discovery/routing"
+	routedhost "github.com/libp2p/go-libp2p/p2p/host/routed"
 	ma "github.com/multiformats/go-multiaddr"
 
 	"github.com/meshinfer/meshinfer/inference"
@@ -81,6 +82,7 @@ type Node struct {
 	part      *partGate         // participation: consent, policy, live conditions
 	receipts  *receipts.Log     // tasks served for peers; nil without a data dir
 	rtc       *webrtc.Transport // WebRTC direct paths (webrtc.go)
+	dialer    host.Host         // host, with addresses of unconnected peers found in the DHT
 	keys      *gateway.KeyStore // coordinator: the API keys of thin clients
 	meter     *gateway.Meter    // coordinator: usage per key
 	tasks     taskMeter         // meters API requests (a no-op but on a coordinator)
@@ -146,6 +148,10 @@ func (n *Node) start() error {
 		return fmt.Errorf("start DHT: %w", err)
 	}
 	n.closers = append(n.closers, n.dht.Close)
+	// Streams to peers go through a host that asks the DHT for the addresses of a peer known
+	// only from its announcement (GossipSub relays vectors, not addresses), instead of
+	// failing with "no addresses". Closing the node closes h itself, not the wrapper.
+	n.dialer = routedhost.Wrap(h, n.dht)
 
 	// GossipSub's lifetime is its context; Close cancels it.
 	psCtx, psCancel := context.WithCancel(context.Background())
@@ -266,7 +272,7 @@ func (n *Node) start() error {
 			// Every task asks its peer for a receipt, verification runs included.
 			clientOpts = append(clientOpts, infer.WithReceipts())
 		}
-		peers := infer.NewClient(h, clientOpts...)
+		peers := infer.NewClient(n.dialer, clientOpts...)
 		n.router = newDispatcher(n, peers, cloud, cfg.CloudModels, uint64(cfg.Now().UnixNano()))
 		n.router.rtc, n.router.direct = n.rtc, peers
 		n.closers = append(n.closers, n.router.Close) // after the API's close: no request left

@@ -67,7 +67,7 @@ func (n *Node) startWebRTC() error {
 	if err != nil {
 		return err
 	}
-	t, err := webrtc.New(n.host, webrtc.Config{
+	t, err := webrtc.New(n.dialer, webrtc.Config{
 		ICEServers: servers, ConnectTimeout: n.cfg.WebRTCConnectTimeout,
 		SettingEngine: n.cfg.WebRTCSettingEngine, Now: n.cfg.Now,
 	})

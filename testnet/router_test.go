@@ -505,3 +505,38 @@ func TestBusyPeerRefusedWithoutRoundTrip(t *testing.T) {
 		t.Fatalf("after the others completed: %+v", r)
 	}
 }
+
+// A node that knows a serving peer only from its announcement (no connection, no address
+// in its peerstore) still reaches it: the dial asks the DHT for the peer's addresses.
+func TestRouterDialsPeerKnownOnlyByAnnouncement(t *testing.T) {
+	tn := start(t, Options{Nodes: 3, NoConsole: true, Heartbeat: time.Second, ModelsFor: serveNothing})
+	within(t, 15*time.Second, "converge", tn.Converged)
+	router, server := tn.Node(0), tn.Node(2)
+	// Node 1 serves the model too; stop it and wait until the router no longer counts on it,
+	// so that the request has to go to node 2.
+	gone := tn.Node(1).ID().String()
+	if err := tn.Stop(1); err != nil {
+		t.Fatal(err)
+	}
+	within(t, 15*time.Second, "node 1 stale", func() bool {
+		for _, p := range router.Peers() {
+			if p.PeerID == gone {
+				return p.Stale
+			}
+		}
+		return true
+	})
+	h := router.Host()
+	h.Peerstore().ClearAddrs(server.ID())
+	if err := h.Network().ClosePeer(server.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(h.Peerstore().Addrs(server.ID())); n != 0 {
+		t.Fatalf("router still has %d addresses of the server", n)
+	}
+	body := routedBody("synth-tiny", 8, 3, nil)
+	r := stream(t, router.APIAddr(), body, nil, nil)
+	if r.errCode != "" || !r.done || r.final.Route != "peer:"+server.ID().String() || r.text() != reference(t, body) {
+		t.Fatalf("request to a peer known only by its announcement: %+v", r)
+	}
+}
