@@ -95,7 +95,7 @@ type routingStats struct {
 	specStarted, specCancelled, specKept atomic.Uint64
 	failovers, resumptions, probeReruns  atomic.Uint64
 	resumeMismatches, receiptsRefused    atomic.Uint64
-	fullRefusals                         atomic.Uint64
+	fullRefusals, direct                 atomic.Uint64
 }
 
 func newDispatcher(n *Node, peers peerGenerator, cloud inference.Backend, cloudModels []string, seed uint64) *dispatcher {
@@ -321,6 +321,9 @@ type run struct {
 	// resumed is true once an attempt continued a stream another target began: the client's
 	// output then comes from more than one target and is not verified.
 	resumed bool
+	// output is the digest of what the client received when this node never saw it (a
+	// direct task: the serving peer's receipt names it); nil: the digest of sent.
+	output *inference.Digest
 }
 
 func (r *run) served() openai.Served {
@@ -721,5 +724,6 @@ func (d *dispatcher) routing() console.Routing {
 		ProbeReruns:      s.probeReruns.Load(),
 		ReceiptsRefused:  s.receiptsRefused.Load(),
 		BusyRefusals:     s.fullRefusals.Load(),
+		Direct:           s.direct.Load(),
 	}
 }

@@ -33,7 +33,7 @@ func (n *Node) startGateway() (func(http.Handler) http.Handler, error) {
 	var api http.Handler
 	ws, err := gateway.NewWebSocket(n.keys, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		api.ServeHTTP(w, r)
-	}))
+	}), gateway.WithDirect(n.relayDirect))
 	if err != nil {
 		return nil, fmt.Errorf("coordinator gateway: %w", err)
 	}
@@ -96,7 +96,7 @@ func (tm taskMeter) event(ctx context.Context, model string, at openai.Served, r
 // write records e, countersigning its receipt first. A failure is logged: the client was
 // served either way.
 func (tm taskMeter) write(e gateway.MeterEvent) {
-	if e.Receipt != "" {
+	if e.Receipt != "" && e.Countersig == "" {
 		sig, err := receipts.Countersign(tm.key, e.Receipt)
 		if err != nil {
 			log.Errorw("receipt not countersigned; metered without it", "key", e.KeyID, "err", err)

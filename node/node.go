@@ -202,7 +202,12 @@ func (n *Node) start() error {
 	// The first observation now, so that the first announcement already says whether this
 	// node accepts work; the loop started below observes every heartbeat after that.
 	n.part.observe(n.probe.Probe(cfg.Now()), cfg.Now())
+	var direct *directServer
 	if n.backend != nil {
+		// Waited for last among these: after the inference server and the WebRTC transport
+		// have ended the direct tasks still running.
+		direct = &directServer{n: n}
+		n.closers = append(n.closers, direct.wait)
 		opts := []infer.ServerOption{infer.WithAdmission(n.part.admit), infer.WithSigner(n.signTask)}
 		if cfg.DataDir != "" {
 			// Every task served for a peer is receipted; the log closes after the server.
@@ -217,6 +222,10 @@ func (n *Node) start() error {
 	}
 	if err := n.startWebRTC(); err != nil {
 		return err
+	}
+	if direct != nil {
+		h.SetStreamHandler(infer.DirectID, direct.handle)
+		n.closers = append(n.closers, direct.stop)
 	}
 
 	n.reg = registry.New(registry.ParamsForHeartbeat(cfg.Heartbeat))

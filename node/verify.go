@@ -127,7 +127,11 @@ func (d *dispatcher) maybeVerify(r *run, ev *gateway.MeterEvent) bool {
 func (d *dispatcher) verify(r *run) string {
 	model := r.req.Model
 	ran := []route.Target{r.last}
-	sums := []inference.Digest{inference.DigestOf(r.sent)}
+	first := inference.DigestOf(r.sent)
+	if r.output != nil {
+		first = *r.output // a direct task: the tokens went to the client only
+	}
+	sums := []inference.Digest{first}
 	for {
 		t, ok := d.pickVerifier(r, ran)
 		if !ok {

@@ -139,7 +139,7 @@ func (n *Node) webrtcStatus() *console.WebRTC {
 	st := n.rtc.Stats()
 	out := &console.WebRTC{
 		Open: st.Open, Streams: st.Streams, WarmHits: st.WarmHits, ColdSetups: st.ColdSetups,
-		Accepted: st.Accepted, SetupFailures: st.SetupFailures, IdleClosed: st.IdleClosed,
+		Accepted: st.Accepted, Relayed: st.RelayedAccepted, SetupFailures: st.SetupFailures, IdleClosed: st.IdleClosed,
 	}
 	if d := n.router; d != nil {
 		out.Dispatched, out.Fallbacks = d.rtcStats.dispatched.Load(), d.rtcStats.fallbacks.Load()

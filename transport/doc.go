@@ -7,10 +7,11 @@
 //	                   WebSocket gateway of thin clients (transport/gateway/client: their Go
 //	                   client)
 //	transport/webrtc   WebRTC data channels straight to a peer, signaled over libp2p
-//	                   (/meshinfer/webrtc-signal/1.0.0), carrying the inference protocol
+//	                   (/meshinfer/webrtc-signal/1.0.0) or relayed by a coordinator for a
+//	                   thin client (transport/gateway/client/direct), carrying the
+//	                   inference protocol
 //
 // This package itself holds what they share: the loopback check for local-only listeners.
-// Not built yet: WebRTC for thin clients through the coordinator's gateway.
 //
 // transport must never import mesh or node; node connects the two through small interfaces
 // declared by the consuming package (openai.Dispatcher, infer.Generator).

@@ -16,7 +16,9 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/transport/gateway/client"
+	"github.com/meshinfer/meshinfer/transport/gateway/client/direct"
 )
 
 const chatSynopsis = `Send one chat message to a node's OpenAI-compatible API and stream the answer.
@@ -52,6 +54,7 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 	gatewayURL := fs.String("gateway", "", "a coordinator's API base URL: chat through its gateway as a thin client, with --key (instead of --api)")
 	key := fs.String("key", "", "API key for --gateway (default $"+apiKeyEnv+")")
 	device := fs.String("device", "", "this device's id for --gateway, e.g. a UUID (optional)")
+	useDirect := fs.Bool("direct", false, "with --gateway: get the tokens over a WebRTC data channel straight from the serving peer; the coordinator only routes and meters")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
@@ -63,8 +66,8 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "meshinfer chat: give a prompt, e.g. meshinfer chat \"hello\"")
 		return errUsage
 	}
-	if *gatewayURL == "" && (*key != "" || *device != "") {
-		fmt.Fprintln(stderr, "meshinfer chat: --key and --device go with --gateway URL")
+	if *gatewayURL == "" && (*key != "" || *device != "" || *useDirect) {
+		fmt.Fprintln(stderr, "meshinfer chat: --key, --device and --direct go with --gateway URL")
 		return errUsage
 	}
 	if *gatewayURL != "" && *key == "" {
@@ -81,9 +84,12 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 		out chatOutcome
 		err error
 	)
-	if *gatewayURL != "" {
+	switch {
+	case *gatewayURL != "" && *useDirect:
+		out, err = chatDirect(ctx, *gatewayURL, *key, cr, onText)
+	case *gatewayURL != "":
 		out, err = chatGateway(ctx, *gatewayURL, *key, *device, cr, onText)
-	} else {
+	default:
 		out, err = chat(ctx, *api, cr, onText)
 	}
 	fmt.Fprintln(stdout)
@@ -97,6 +103,23 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stderr, "[%s, %d tokens, finish %s, served by %s (%s tier, %d attempt(s))%s]\n",
 		*model, out.tokens, out.finish, out.route, out.tier, out.attempts, via)
 	return nil
+}
+
+// chatDirect streams one completion from the serving peer over a WebRTC data channel, set
+// up through a coordinator's gateway (transport/gateway/client/direct).
+func chatDirect(ctx context.Context, base, key string, cr chatRequest, onText func(string)) (chatOutcome, error) {
+	body := map[string]any{
+		"model":      cr.model,
+		"messages":   []map[string]string{{"role": "user", "content": cr.prompt}},
+		"max_tokens": cr.maxTokens,
+		"seed":       cr.seed,
+	}
+	res, err := direct.Chat(ctx, base, key, body, direct.Options{OnToken: func(t inference.Token) { onText(t.Text) }})
+	if err != nil {
+		return chatOutcome{}, fmt.Errorf("direct through %s: %w", base, err)
+	}
+	return chatOutcome{route: res.Peer, tier: "mesh", attempts: 1, finish: string(res.FinishReason),
+		tokens: res.Tokens, transport: "webrtc direct, metered from the peer's receipt"}, nil
 }
 
 // chatGateway streams one completion through a coordinator's gateway with the Go thin

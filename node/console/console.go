@@ -81,6 +81,9 @@ type Routing struct {
 	// serving the model already ran as many of this node's requests as a peer admits from
 	// one requester (8): no round trip to a peer that would refuse.
 	BusyRefusals uint64 `json:"busy_refusals"`
+	// Direct counts, on a coordinator, direct tasks of thin clients that ended at their
+	// peer: the tokens went over the client's WebRTC channel, not through this node.
+	Direct uint64 `json:"direct"`
 	// Verification counts the mesh results checked against a second peer's execution.
 	Verification Verification `json:"verification"`
 }
@@ -93,6 +96,7 @@ type WebRTC struct {
 	WarmHits      uint64 `json:"warm_hits"`      // channels opened on a PeerConnection already up
 	ColdSetups    uint64 `json:"cold_setups"`    // PeerConnections this node set up
 	Accepted      uint64 `json:"accepted"`       // PeerConnections peers set up to this node
+	Relayed       uint64 `json:"relayed"`        // one-shot PeerConnections for thin clients, relayed by a coordinator
 	SetupFailures uint64 `json:"setup_failures"` // set-ups that failed or timed out
 	IdleClosed    uint64 `json:"idle_closed"`    // PeerConnections closed after 2 min without a channel
 	Dispatched    uint64 `json:"dispatched"`     // mesh attempts completed over a data channel

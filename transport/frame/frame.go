@@ -42,8 +42,12 @@ func NewReader(r io.Reader, max int) *Reader {
 // Next returns the next frame's body. At a clean end of stream (no byte of a new frame
 // read) it returns io.EOF; a stream that ends inside a frame gives io.ErrUnexpectedEOF.
 // The returned slice is owned by the caller.
-func (fr *Reader) Next() ([]byte, error) {
-	n, err := varint.ReadUvarint(fr.r)
+func (fr *Reader) Next() ([]byte, error) { return read(fr.r, fr.r, fr.max) }
+
+// read reads one frame of at most max bytes: its length from lr, then its body from r (the
+// same stream).
+func read(lr io.ByteReader, r io.Reader, max int) ([]byte, error) {
+	n, err := varint.ReadUvarint(lr)
 	switch {
 	case errors.Is(err, io.EOF):
 		return nil, io.EOF
@@ -52,11 +56,11 @@ func (fr *Reader) Next() ([]byte, error) {
 	case err != nil:
 		return nil, err
 	}
-	if n > uint64(fr.max) {
-		return nil, fmt.Errorf("%w: %d bytes, max %d", ErrTooLarge, n, fr.max)
+	if n > uint64(max) {
+		return nil, fmt.Errorf("%w: %d bytes, max %d", ErrTooLarge, n, max)
 	}
 	buf := make([]byte, n)
-	if _, err := io.ReadFull(fr.r, buf); err != nil {
+	if _, err := io.ReadFull(r, buf); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
@@ -77,4 +81,18 @@ func Append(dst, body []byte) []byte {
 func Write(w io.Writer, body []byte) error {
 	_, err := w.Write(Append(make([]byte, 0, binaryMaxVarintLen+len(body)), body))
 	return err
+}
+
+// ReadOne reads one frame of at most max bytes from r without reading past it: the length
+// one byte at a time, then exactly the body. Use it where the bytes after the frame belong
+// to another reader (a Reader buffers ahead). Errors are Reader.Next's.
+func ReadOne(r io.Reader, max int) ([]byte, error) { return read(byteReader{r}, r, max) }
+
+// byteReader reads single bytes from r, unbuffered.
+type byteReader struct{ r io.Reader }
+
+func (b byteReader) ReadByte() (byte, error) {
+	var c [1]byte
+	_, err := io.ReadFull(b.r, c[:])
+	return c[0], err
 }

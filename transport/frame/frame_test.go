@@ -89,3 +89,26 @@ func FuzzReader(f *testing.F) {
 		}
 	})
 }
+
+// ReadOne reads exactly one frame and leaves what follows unread; it enforces the same
+// bounds as a Reader.
+func TestReadOne(t *testing.T) {
+	var buf bytes.Buffer
+	Write(&buf, []byte("first"))
+	buf.WriteString("rest")
+	got, err := ReadOne(&buf, 16)
+	if err != nil || string(got) != "first" || buf.String() != "rest" {
+		t.Fatalf("ReadOne = %q, %v; left %q", got, err, buf.String())
+	}
+	var big bytes.Buffer
+	Write(&big, make([]byte, 100))
+	if _, err := ReadOne(&big, 10); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("oversized: %v", err)
+	}
+	if _, err := ReadOne(bytes.NewReader(nil), 10); !errors.Is(err, io.EOF) {
+		t.Fatalf("empty: %v", err)
+	}
+	if _, err := ReadOne(bytes.NewReader([]byte{5, 'a'}), 10); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("truncated: %v", err)
+	}
+}

@@ -106,6 +106,7 @@
 //	{"type":"request","id":"r1","idempotency_key":"4f1c…","body":{…},"headers":{"X-Meshinfer-Privacy":"mesh"}}
 //	{"type":"cancel","id":"r1"}
 //	{"type":"ping","ts":17}
+//	{"type":"direct","id":"d1","body":{…}} and {"type":"signal",…}: see Direct requests
 //
 // id is 1 to MaxRequestID (64) bytes, unique among the connection's requests in flight; it
 // is free again once its done or error arrived. idempotency_key (optional, at most
@@ -148,6 +149,31 @@
 // A connection from which nothing arrived for IdleTimeout (60 s) is closed without a close
 // frame; clients ping more often than that. A client's cancel ends its request with an
 // error message (unavailable, "cancelled by the client") unless the outcome came first.
+//
+// # Direct requests
+//
+// A client can have its tokens come straight from the serving peer over a WebRTC data
+// channel (transport/gateway/client/direct is the Go client; a browser does the same with
+// its RTCPeerConnection), the coordinator only routing, relaying the channel's set-up and
+// metering the task from the peer's receipt:
+//
+//	{"type":"direct","id":"d1","body":{…}}                          client: the request
+//	{"type":"signal","id":"d1","frame":"<base64>"}                  either way: one signaling message
+//	{"type":"direct_done","id":"d1","peer":"peer:12D3KooW…","finish_reason":"stop",
+//	 "usage":{…},"receipt":"{…}","countersig":"ed25519:…"}           server: the task ended, metered
+//
+// body is the chat completion request object. The client then sends the offer of a
+// PeerConnection with one data channel, its ICE candidates and an end marker, each as a
+// signal message whose frame is a transport/webrtc signaling message (type byte and text,
+// at most MaxSignalFrame bytes), without waiting for ICE gathering; the coordinator relays
+// them to the peer it chose and relays the peer's answer, candidates and end back. On the
+// data channel (transport/webrtc's stream messages) the peer then writes the answer as
+// transport/infer frames: tokens and one terminal frame, the client sending nothing. Once
+// the peer reports the task to the coordinator, the client gets direct_done with the
+// metered record, or an error message (the request's typed error, or why no channel could
+// be set up). A direct request counts in the connection's MaxInFlight; cancel ends it.
+// Signal messages for no request in flight are ignored; more than 40 waiting for the relay
+// end the request.
 //
 // # Idempotency and resubmission
 //

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -142,12 +143,13 @@ type WSTestHooks struct {
 //
 // Lock order: mu before a run's mu, never the reverse.
 type WebSocket struct {
-	keys  *KeyStore
-	api   http.Handler
-	idle  time.Duration
-	grace time.Duration
-	hooks WSTestHooks
-	now   func() time.Time
+	keys   *KeyStore
+	api    http.Handler
+	idle   time.Duration
+	grace  time.Duration
+	hooks  WSTestHooks
+	now    func() time.Time
+	direct DirectRelay // nil: no direct requests
 
 	// ctx is the parent of every run and connection; Close cancels it with errShuttingDown.
 	ctx    context.Context
@@ -221,7 +223,7 @@ func (g *WebSocket) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	ws.SetReadLimit(MaxMessageBytes)
 	c := &conn{g: g, ws: ws, seq: seq, session: sess, remote: r.RemoteAddr, host: r.Host,
-		out: make(chan outMsg, outQueue), subs: make(map[string]*sub)}
+		out: make(chan outMsg, outQueue), subs: make(map[string]*sub), directs: make(map[string]*directCall)}
 	c.serve(r.Context())
 	if g.hooks.Closed != nil {
 		g.hooks.Closed(seq)
@@ -243,8 +245,9 @@ type conn struct {
 	wg     sync.WaitGroup
 	out    chan outMsg
 
-	mu   sync.Mutex
-	subs map[string]*sub // requests in flight, by client id
+	mu      sync.Mutex
+	subs    map[string]*sub        // requests in flight, by client id
+	directs map[string]*directCall // direct requests in flight, by client id
 }
 
 // outMsg is one encoded message waiting for the writer. index is the token's for a token
@@ -322,14 +325,19 @@ func (c *conn) handle(m clientMessage) (websocket.StatusCode, string) {
 		}
 		c.send(outMsg{b: encode(pongMessage{Type: msgPong, TS: *m.TS}), index: -1})
 	case msgCancel:
+		if c.cancelDirect(m.ID) {
+			return 0, ""
+		}
 		c.mu.Lock()
 		s := c.subs[m.ID]
 		c.mu.Unlock()
 		if s != nil {
 			s.stopOnce.Do(func() { close(s.stop) })
 		}
-	case msgRequest:
+	case msgRequest, msgDirect:
 		return c.request(m)
+	case msgSignal:
+		c.signal(m)
 	}
 	return 0, ""
 }
@@ -339,7 +347,9 @@ func (c *conn) handle(m clientMessage) (websocket.StatusCode, string) {
 func (c *conn) request(m clientMessage) (websocket.StatusCode, string) {
 	c.mu.Lock()
 	_, dup := c.subs[m.ID]
-	full := len(c.subs) >= MaxInFlight
+	_, dupDirect := c.directs[m.ID]
+	dup = dup || dupDirect
+	full := len(c.subs)+len(c.directs) >= MaxInFlight
 	c.mu.Unlock()
 	switch {
 	case dup:
@@ -356,6 +366,10 @@ func (c *conn) request(m clientMessage) (websocket.StatusCode, string) {
 		return websocket.StatusPolicyViolation, reasonKeyRevoked
 	case err != nil:
 		c.sendError(m.ID, inference.CodeUnavailable, "the coordinator cannot read its API keys: try again later")
+		return 0, ""
+	}
+	if m.Type == msgDirect {
+		c.directRequest(m)
 		return 0, ""
 	}
 	req, digest, err := c.apiRequest(m)
@@ -552,6 +566,7 @@ type clientMessage struct {
 	Body           json.RawMessage   `json:"body,omitempty"`
 	Headers        map[string]string `json:"headers,omitempty"`
 	TS             *int64            `json:"ts,omitempty"`
+	Frame          string            `json:"frame,omitempty"` // signal: base64 of one signaling message
 }
 
 // decodeClientMessage decodes one message from a client and checks its envelope: a known
@@ -568,9 +583,12 @@ func decodeClientMessage(b []byte) (clientMessage, error) {
 			return clientMessage{}, fmt.Errorf("idempotency_key is %d bytes, at most %d", len(m.IdempotencyKey), MaxIdempotencyKey)
 		}
 		fallthrough
-	case msgCancel:
+	case msgCancel, msgDirect, msgSignal:
 		if m.ID == "" || len(m.ID) > MaxRequestID {
 			return clientMessage{}, fmt.Errorf("%s: id must be 1 to %d bytes", m.Type, MaxRequestID)
+		}
+		if m.Type == msgSignal && (len(m.Frame) == 0 || len(m.Frame) > base64.StdEncoding.EncodedLen(MaxSignalFrame)) {
+			return clientMessage{}, fmt.Errorf("signal: frame must be the base64 of 1 to %d bytes", MaxSignalFrame)
 		}
 	case msgPing:
 		if m.TS == nil {

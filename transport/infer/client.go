@@ -75,25 +75,20 @@ func (c *Client) GenerateOn(ctx context.Context, st Stream, p peer.ID, req *infe
 
 // requestFrame encodes req's request frame within MaxRequestFrame.
 func (c *Client) requestFrame(req *inference.Request) ([]byte, error) {
-	body, err := encodeRequest(req, c.receipts)
-	if err != nil {
-		return nil, err
-	}
-	if len(body) > MaxRequestFrame {
-		return nil, inference.Errorf(inference.CodeInvalidRequest, "request of %d bytes over the %d byte limit", len(body), MaxRequestFrame)
-	}
-	return body, nil
+	return EncodeRequest(req, c.receipts)
 }
 
-// exchange sends the request frame body on st and reads the answer.
+// exchange sends the request frame body on st (none when nil) and reads the answer.
 func (c *Client) exchange(ctx context.Context, st Stream, p peer.ID, body []byte, emit func(inference.Token) error) (inference.Result, error) {
 	stop := context.AfterFunc(ctx, func() { st.Reset() })
 	defer stop()
 
-	st.SetWriteDeadline(time.Now().Add(WriteTimeout))
-	if err := frame.Write(st, body); err != nil {
-		st.Reset()
-		return inference.Result{}, c.lost(ctx, p, "send request", err)
+	if body != nil {
+		st.SetWriteDeadline(time.Now().Add(WriteTimeout))
+		if err := frame.Write(st, body); err != nil {
+			st.Reset()
+			return inference.Result{}, c.lost(ctx, p, "send request", err)
+		}
 	}
 	// The write side stays open: the server reads its end (EOF or reset) as cancellation.
 

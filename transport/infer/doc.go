@@ -51,4 +51,10 @@
 //     included): a silent server (hung process, SIGSTOP) gives timeout, a stream that ends
 //     without a terminal frame gives peer_lost, a stream that cannot be opened gives
 //     unavailable. Token indices are checked to be contiguous.
+//
+// # Direct tasks
+//
+// DirectID (/meshinfer/infer-direct/1.0.0) carries a task a coordinator sends for a thin
+// client whose WebRTC data channel gets the answer (direct.go has the frames): the same
+// answer on the channel, ServeRequest and ReadAnswer on either end.
 package infer

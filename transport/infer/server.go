@@ -58,8 +58,9 @@ type ServedTask struct {
 	// on success): PromptTokens is 0 and CompletionTokens counts the tokens emitted before the
 	// end.
 	PromptTokens, CompletionTokens int
-	Duration                       time.Duration // from admission to the terminal frame or reset
-	Outcome                        string        // OutcomeCompleted, OutcomeClientDisconnected or an inference error code
+	Duration                       time.Duration          // from admission to the terminal frame or reset
+	Outcome                        string                 // OutcomeCompleted, OutcomeClientDisconnected or an inference error code
+	FinishReason                   inference.FinishReason // of a completed task
 	// Receipt is the signed receipt sent in the done frame, when the client asked for one
 	// and the Signer made it; End and Output are the values it was signed over.
 	Receipt string
@@ -218,20 +219,46 @@ func (s *Server) ServeStream(from peer.ID, st Stream) {
 		st.Reset()
 		return
 	}
+	s.run(from, st, req, wantReceipt, err)
+}
+
+// ServeRequest answers req, which peer from sent by another way than st (a coordinator that
+// relayed a thin client's WebRTC set-up: the client's data channel carries the answer
+// only), on st with the same rules, limits and admission as a request read from a stream.
+// It returns the served task (its receipt, when wantReceipt and the task completed) once
+// the exchange has ended; st is closed or reset then. A request refused before running
+// (closing, invalid, not admitted, overloaded) gets its error frame on st and a task whose
+// Outcome is the error's code.
+func (s *Server) ServeRequest(from peer.ID, req *inference.Request, wantReceipt bool, st Stream) ServedTask {
+	if s.closed.Load() {
+		st.Reset()
+		return ServedTask{From: from, Model: req.Model, Outcome: string(inference.CodeShuttingDown)}
+	}
+	s.wg.Add(1)
+	defer s.wg.Done()
+	return s.run(from, st, req, wantReceipt, nil)
+}
+
+// run checks, admits and serves a decoded request (decodeErr: why it could not be decoded)
+// and reports the task.
+func (s *Server) run(from peer.ID, st Stream, req *inference.Request, wantReceipt bool, decodeErr error) ServedTask {
+	err := decodeErr
 	if err == nil {
 		err = req.Validate(s.limits)
 	}
 	if err == nil && s.admit != nil {
 		err = s.admit(from)
 	}
-	if err != nil {
-		s.finish(st, nil, nil, err)
-		return
-	}
-	if !s.acquire(from) {
+	if err == nil && !s.acquire(from) {
 		s.overloaded.Add(1)
-		s.finish(st, nil, nil, inference.Errorf(inference.CodeOverloaded, "node at its limit of concurrent requests"))
-		return
+		err = inference.Errorf(inference.CodeOverloaded, "node at its limit of concurrent requests")
+	}
+	if err != nil {
+		refused := ServedTask{From: from, Outcome: s.finish(st, nil, nil, err)}
+		if req != nil {
+			refused.Model = req.Model
+		}
+		return refused
 	}
 	began := time.Now()
 	var signer Signer
@@ -247,6 +274,7 @@ func (s *Server) ServeStream(from peer.ID, st Stream) {
 	if s.onServed != nil {
 		s.onServed(task)
 	}
+	return task
 }
 
 // serve runs an admitted request to its terminal frame and reports its outcome and tokens.
@@ -314,6 +342,7 @@ func (s *Server) serve(st Stream, from peer.ID, req *inference.Request, began ti
 	}
 	task.Outcome = s.finish(st, pending, &res, err)
 	if task.Outcome == OutcomeCompleted {
+		task.FinishReason = res.FinishReason
 		task.PromptTokens, task.CompletionTokens = res.Usage.PromptTokens, res.Usage.CompletionTokens
 	} else {
 		task.CompletionTokens = emitted

@@ -18,13 +18,23 @@ var (
 	errEvicted  = errors.New("peer connection evicted")
 	errIdle     = errors.New("peer connection idle")
 	errBadPeer  = errors.New("peer broke the data channel protocol")
+	errReleased = errors.New("relayed peer connection released")
 )
 
-// peerConn is one PeerConnection to a peer, with the streams on it.
+// peerConn is one PeerConnection to a peer, with the streams on it. A relayed one
+// (AcceptRelayed, DialRelayed) has no peer ID (the empty ID) and is never in the pool: it
+// is in t.relayed until closed.
 type peerConn struct {
 	t    *Transport
 	peer peer.ID
 	pc   *webrtc.PeerConnection
+
+	// relayFirst, on a PeerConnection AcceptRelayed answers (else nil), receives the first
+	// stream the client opens, in place of the stream handler; relayReady is closed once it
+	// holds it. Later streams are reset.
+	relayFirst chan *stream
+	relayReady chan struct{}
+	relayOnce  sync.Once
 
 	connected chan struct{} // closed when ICE and DTLS connect
 	failed    chan struct{} // closed when the PeerConnection fails, disconnects or closes
@@ -40,8 +50,9 @@ type peerConn struct {
 	streams  map[*stream]struct{} // not yet ended
 }
 
-// newPeerConn makes a PeerConnection to p and wires its callbacks.
-func (t *Transport) newPeerConn(p peer.ID) (*peerConn, error) {
+// newPeerConn makes a PeerConnection to p and wires its callbacks; relayIn routes its
+// first incoming stream to relayFirst.
+func (t *Transport) newPeerConn(p peer.ID, relayIn bool) (*peerConn, error) {
 	pc, err := t.api.NewPeerConnection(webrtc.Configuration{ICEServers: t.cfg.ICEServers})
 	if err != nil {
 		return nil, fmt.Errorf("new peer connection: %w", err)
@@ -50,6 +61,9 @@ func (t *Transport) newPeerConn(p peer.ID) (*peerConn, error) {
 		t: t, peer: p, pc: pc,
 		connected: make(chan struct{}), failed: make(chan struct{}), done: make(chan struct{}),
 		streams: make(map[*stream]struct{}),
+	}
+	if relayIn {
+		c.relayFirst, c.relayReady = make(chan *stream, 1), make(chan struct{})
 	}
 	pc.OnConnectionStateChange(c.onState)
 	pc.SCTP().OnClose(func(error) { c.lost() })
@@ -83,7 +97,7 @@ func (c *peerConn) lost() {
 }
 
 // close closes the PeerConnection; its streams fail with ErrReset wrapping why. It returns
-// once pion's goroutines for it have ended (a concurrent second call returns at once).
+// once pion's goroutines for it have ended (a concurrent call waits for the first).
 func (c *peerConn) close(why error) {
 	c.closeOnce.Do(func() {
 		t := c.t
@@ -103,7 +117,28 @@ func (c *peerConn) close(why error) {
 		if err := c.pc.GracefulClose(); err != nil {
 			log.Debugw("close peer connection", "peer", c.peer, "err", err)
 		}
+		// Only now, so that Transport.Close, finding it still there, waits for this close.
+		t.mu.Lock()
+		delete(t.relayed, c)
+		t.mu.Unlock()
 	})
+}
+
+// closeAfter closes c when done with s, the one stream of a relayed PeerConnection: at
+// once if s is still open (it fails with ErrReset), else once s has ended, when the
+// remote has closed its side too or after drainTimeout, so that what s sent before its
+// Close or Reset is delivered (closing the PeerConnection drops what SCTP still holds).
+func (c *peerConn) closeAfter(s *stream, why error) {
+	s.mu.Lock()
+	ended := s.ended
+	s.mu.Unlock()
+	if ended {
+		select {
+		case <-s.released:
+		case <-c.done:
+		}
+	}
+	c.close(why)
 }
 
 // viewLocked returns what eviction needs to know of c. t.mu must be held.
@@ -197,6 +232,18 @@ func (c *peerConn) accept(dc *webrtc.DataChannel) {
 			log.Debugw("incoming stream", "peer", c.peer, "err", err)
 			return
 		}
-		c.t.dispatch(c.peer, s)
+		if c.relayFirst == nil {
+			c.t.dispatch(c.peer, s)
+			return
+		}
+		first := false
+		c.relayOnce.Do(func() {
+			first = true
+			c.relayFirst <- s // never blocks: room for one
+			close(c.relayReady)
+		})
+		if !first {
+			s.Reset()
+		}
 	})
 }

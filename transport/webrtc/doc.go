@@ -1,5 +1,6 @@
 // Package webrtc gives a node direct WebRTC data-channel streams to a peer, set up over an
-// authenticated libp2p stream: /meshinfer/webrtc-signal/1.0.0.
+// authenticated libp2p stream: /meshinfer/webrtc-signal/1.0.0; and to a client with no
+// libp2p host, set up over signaling a third party relays (see Relayed signaling).
 //
 // A Transport keeps a small pool of connected PeerConnections, used in both directions:
 // OpenStream reuses one to the peer (warm: a new data channel, whose first bytes leave
@@ -43,6 +44,41 @@
 // an excess signaling stream is reset before any PeerConnection is made. An offerer makes
 // at most one set-up per remote peer at a time: a second OpenStream to the same peer waits
 // for the first's.
+//
+// # Relayed signaling
+//
+// A client with no libp2p host reaches a node through a third party, a coordinator: the
+// signaling messages above, in the same frames and the same order, travel client ⇄
+// coordinator ⇄ node over whatever streams the coordinator provides (a WebSocket, a
+// libp2p stream of its own protocol), seen here as a SignalStream. DialRelayed is the
+// client's side, the offerer, needing no Transport or host; Transport.AcceptRelayed is
+// the node's, the answerer. The exchange differs from one over SignalID in three ways.
+//
+// The signaling stream stays the caller's: on success neither side closes it, and each
+// leaves it positioned right after the remote's end, with no deadline, so the
+// coordinator's protocol can go on over it (a final result, say). So each side reads its
+// frames without reading ahead and reads nothing after the remote's end, and a set-up is
+// done only when all of these hold: its PeerConnection is ready (the offerer: its data
+// channel open; the answerer: the client's first data channel arrived), it has sent its
+// own end (at ready at the latest: candidates gathered after that are not needed and not
+// sent) and it has read the remote's end. The end of the stream before the remote's
+// end, or a failed write, is a failure. A side that fails resets the stream; the
+// deadline (ConnectTimeout) covers it all, the wait for the remote's end included.
+//
+// There is no libp2p identity on the client's side: the DTLS fingerprints bind the
+// PeerConnection to whoever sent the SDP through the coordinator, and the client knows
+// the node only as far as it trusts the coordinator to relay to it. Whatever
+// authentication the client needs is the coordinator's protocol's business.
+//
+// The PeerConnection is one-shot and outside the pool: not counted in MaxWarm, never
+// swept as idle, never used by OpenStream, its stream never given to the stream handler.
+// It carries one stream, the client's first data channel (any other is reset), and it
+// has no peer ID (the empty ID in logs). The caller ends it with the release function it
+// got: once the stream was closed or reset, release first waits for the remote to close
+// its side too (at most drainTimeout), so that what was written before Close arrives;
+// on a stream still open it closes at once. Transport.Close closes the node's relayed
+// PeerConnections too. While being set up, a relayed exchange takes one of the
+// MaxIncomingSetups slots; beyond them AcceptRelayed fails at once with ErrBusy.
 //
 // # Data channel wire format
 //

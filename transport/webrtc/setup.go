@@ -26,9 +26,10 @@ func (t *Transport) dial(ctx context.Context, p peer.ID) (*peerConn, *stream, er
 
 	// Signaling may cross a relayed (limited) connection: a few KiB, after which the media
 	// path is direct. That is how two NATed peers with STUN servers meet.
+	what := "webrtc set-up with " + p.String()
 	st, err := t.h.NewStream(network.WithAllowLimitedConn(sctx, "webrtc signaling"), p, SignalID)
 	if err != nil {
-		return nil, nil, t.setupErr(ctx, deadline, p, fmt.Errorf("%w: open signaling stream: %w", ErrSignaling, err))
+		return nil, nil, t.setupErr(ctx, deadline, what, fmt.Errorf("%w: open signaling stream: %w", ErrSignaling, err))
 	}
 	stopReset := context.AfterFunc(sctx, func() { st.Reset() })
 	defer stopReset()
@@ -36,21 +37,21 @@ func (t *Transport) dial(ctx context.Context, p peer.ID) (*peerConn, *stream, er
 		st.Reset()
 		return nil, nil, fmt.Errorf("%w: %w", ErrSignaling, err)
 	}
-	c, err := t.newPeerConn(p)
+	c, err := t.newPeerConn(p, false)
 	if err != nil {
 		st.Reset()
 		return nil, nil, err
 	}
-	s, err := t.offer(sctx, c, st)
+	s, err := t.offer(sctx, c, st, false)
 	if err != nil {
 		c.close(err)
-		return nil, nil, t.setupErr(ctx, deadline, p, err)
+		return nil, nil, t.setupErr(ctx, deadline, what, err)
 	}
 	return c, s, nil
 }
 
-// offer runs the offerer's side of the exchange on st.
-func (t *Transport) offer(ctx context.Context, c *peerConn, st network.Stream) (*stream, error) {
+// offer runs the offerer's side of the exchange on st (relayed: see negotiation).
+func (t *Transport) offer(ctx context.Context, c *peerConn, st SignalStream, relayed bool) (*stream, error) {
 	// The first stream's channel, made before the offer so that the offer carries the
 	// data channel (SCTP) section.
 	dc, err := c.pc.CreateDataChannel("", nil)
@@ -61,7 +62,7 @@ func (t *Transport) offer(ctx context.Context, c *peerConn, st network.Stream) (
 	opened := make(chan struct{})
 	dc.OnOpen(func() { close(opened) })
 
-	n := newNegotiation(c.pc, st, frame.NewReader(st, maxSignalFrame), true)
+	n := newNegotiation(c.pc, st, newSignalReader(st, relayed), true, relayed)
 	offer, err := c.pc.CreateOffer(nil)
 	if err == nil {
 		err = c.pc.SetLocalDescription(offer)
@@ -74,31 +75,31 @@ func (t *Transport) offer(ctx context.Context, c *peerConn, st network.Stream) (
 	if err == nil {
 		err = n.run(ctx, opened, c.failed)
 	}
-	n.finish(err == nil)
-	if err != nil {
+	if err = n.finish(err); err != nil {
 		return nil, err
 	}
 	return c.attach(dc)
 }
 
-// setupErr classifies a failed outgoing set-up: the caller's context, Close, the set-up
-// deadline (which may reach the stream before the context), or err itself.
-func (t *Transport) setupErr(ctx context.Context, deadline time.Time, p peer.ID, err error) error {
+// setupErr classifies a failed set-up (what names it in the error): the caller's context,
+// Close, the set-up deadline (which may reach the stream before the context), or err
+// itself.
+func (t *Transport) setupErr(ctx context.Context, deadline time.Time, what string, err error) error {
 	switch {
 	case ctx.Err() != nil:
-		return fmt.Errorf("webrtc set-up with %s: %w", p, ctx.Err())
+		return fmt.Errorf("%s: %w", what, ctx.Err())
 	case t.ctx.Err() != nil:
 		return ErrClosed
 	case !time.Now().Before(deadline):
-		return fmt.Errorf("webrtc set-up with %s: %w (%v)", p, ErrSetupTimeout, t.cfg.ConnectTimeout)
+		return fmt.Errorf("%s: %w (%v)", what, ErrSetupTimeout, t.cfg.ConnectTimeout)
 	}
-	return fmt.Errorf("webrtc set-up with %s: %w", p, err)
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 // handleSignal answers a set-up a peer offers.
 func (t *Transport) handleSignal(st network.Stream) {
 	from := st.Conn().RemotePeer()
-	if !t.admit(from) {
+	if t.admit(from) != nil {
 		st.Reset()
 		return
 	}
@@ -123,13 +124,13 @@ func (t *Transport) handleSignal(st network.Stream) {
 		st.Reset()
 		return
 	}
-	c, err := t.newPeerConn(from)
+	c, err := t.newPeerConn(from, false)
 	if err != nil {
 		log.Warnw("answer webrtc set-up", "peer", from, "err", err)
 		st.Reset()
 		return
 	}
-	if err := t.answer(ctx, c, st, r, offer); err != nil {
+	if err := t.answer(ctx, c, st, r, offer, false); err != nil {
 		c.close(err)
 		if t.ctx.Err() == nil {
 			t.setupFailures.Add(1)
@@ -147,16 +148,21 @@ func (t *Transport) handleSignal(st network.Stream) {
 	t.accepted.Add(1)
 }
 
-// admit reserves a slot for an incoming set-up from p and counts it in wg.
-func (t *Transport) admit(p peer.ID) bool {
+// admit reserves a slot for an incoming set-up from p and counts it in wg. It fails with
+// ErrClosed, or ErrBusy when MaxIncomingSetups set-ups (relayed ones included) or one
+// from p are under way.
+func (t *Transport) admit(p peer.ID) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if _, busy := t.incoming[p]; busy || t.closed || len(t.incoming) >= MaxIncomingSetups {
-		return false
+	if t.closed {
+		return ErrClosed
+	}
+	if _, busy := t.incoming[p]; busy || len(t.incoming)+t.relaySetups >= MaxIncomingSetups {
+		return ErrBusy
 	}
 	t.incoming[p] = struct{}{}
 	t.wg.Add(1)
-	return true
+	return nil
 }
 
 func (t *Transport) unadmit(p peer.ID) {
@@ -167,7 +173,7 @@ func (t *Transport) unadmit(p peer.ID) {
 
 // readOffer reads and checks the first message of an incoming exchange, before any
 // PeerConnection is made for it.
-func readOffer(r *frame.Reader) (webrtc.SessionDescription, error) {
+func readOffer(r frameSource) (webrtc.SessionDescription, error) {
 	body, err := r.Next()
 	if err != nil {
 		return webrtc.SessionDescription{}, err
@@ -187,8 +193,14 @@ func readOffer(r *frame.Reader) (webrtc.SessionDescription, error) {
 }
 
 // answer runs the answerer's side of the exchange on st, the offer already read from r.
-func (t *Transport) answer(ctx context.Context, c *peerConn, st network.Stream, r *frame.Reader, offer webrtc.SessionDescription) error {
-	n := newNegotiation(c.pc, st, r, false)
+// The set-up is done when ICE and DTLS connect; relayed, when the client's first data
+// channel has arrived (see negotiation).
+func (t *Transport) answer(ctx context.Context, c *peerConn, st SignalStream, r frameSource, offer webrtc.SessionDescription, relayed bool) error {
+	n := newNegotiation(c.pc, st, r, false, relayed)
+	ready := c.connected
+	if relayed {
+		ready = c.relayReady
+	}
 	err := c.pc.SetRemoteDescription(offer)
 	if err != nil {
 		err = fmt.Errorf("%w: offer: %w", ErrSignaling, err)
@@ -206,26 +218,35 @@ func (t *Transport) answer(ctx context.Context, c *peerConn, st network.Stream, 
 		}
 	}
 	if err == nil {
-		err = n.run(ctx, c.connected, c.failed)
+		err = n.run(ctx, ready, c.failed)
 	}
-	n.finish(err == nil)
-	return err
+	return n.finish(err)
 }
 
 // negotiation trickles candidates both ways on a signaling stream once the descriptions
 // are under way.
+//
+// A relayed negotiation (AcceptRelayed, DialRelayed) leaves the stream to its caller on
+// success, so it must neither close it nor read past the remote's end: its reader reads
+// frames without reading ahead (signalReader) and stops by itself after the end; the
+// set-up succeeds only once the PeerConnection is ready, the remote's end has been read
+// and the local end sent (at ready at the latest: later candidates serve no purpose).
+// Since the remote does not close the stream either, its end of stream before its end
+// message, or a failed write, is a failure.
 type negotiation struct {
 	pc      *webrtc.PeerConnection
-	st      network.Stream
+	st      SignalStream
 	offerer bool
+	relayed bool
 
 	cands      chan *webrtc.ICECandidate // gathered by pion; nil ends them
 	in         chan inbound              // from the reader; closed at a clean end of stream
 	stop       chan struct{}             // closed by finish: the reader stops
 	readerDone chan struct{}
 
-	sent, got                           int  // candidates
-	sentEnd, gotEnd, gotAnswer, writeOK bool // writeOK false once a write failed
+	sent, got                  int // candidates
+	sentEnd, gotEnd, gotAnswer bool
+	writeErr                   error // the first failed write: nothing more is sent
 }
 
 // inbound is a message, or the error that ended reading.
@@ -236,9 +257,9 @@ type inbound struct {
 
 // newNegotiation starts collecting local candidates (before the local description is
 // set) and reading remote messages from r.
-func newNegotiation(pc *webrtc.PeerConnection, st network.Stream, r *frame.Reader, offerer bool) *negotiation {
+func newNegotiation(pc *webrtc.PeerConnection, st SignalStream, r frameSource, offerer, relayed bool) *negotiation {
 	n := &negotiation{
-		pc: pc, st: st, offerer: offerer, writeOK: true,
+		pc: pc, st: st, offerer: offerer, relayed: relayed,
 		cands: make(chan *webrtc.ICECandidate, MaxCandidates+1),
 		in:    make(chan inbound), stop: make(chan struct{}), readerDone: make(chan struct{}),
 	}
@@ -253,11 +274,13 @@ func newNegotiation(pc *webrtc.PeerConnection, st network.Stream, r *frame.Reade
 		default:
 		}
 	})
-	go n.read(r) // ends at the end of the stream, on an error, or when finish stops it
+	// Ends at the end of the stream, on an error, when finish stops it, or (relayed)
+	// after the remote's end.
+	go n.read(r)
 	return n
 }
 
-func (n *negotiation) read(r *frame.Reader) {
+func (n *negotiation) read(r frameSource) {
 	defer close(n.readerDone)
 	for {
 		body, err := r.Next()
@@ -279,16 +302,26 @@ func (n *negotiation) read(r *frame.Reader) {
 		if in.err != nil {
 			return
 		}
+		if n.relayed && in.m.typ == sigEnd {
+			return // what follows the end is the caller's
+		}
 	}
 }
 
 // run sends local candidates and applies remote messages until ready (the PeerConnection
-// is usable), failed, or ctx ends.
+// is usable; relayed, also the ends exchanged), failed, or ctx ends.
 func (n *negotiation) run(ctx context.Context, ready, failed <-chan struct{}) error {
+	isReady := false
 	for {
+		if isReady && (!n.relayed || n.gotEnd) {
+			return nil
+		}
 		select {
 		case <-ready:
-			return nil
+			isReady, ready = true, nil
+			if n.relayed {
+				n.send(nil) // the remote waits for the end
+			}
 		case <-failed:
 			return fmt.Errorf("%w: ice or dtls failed", ErrSetupTimeout)
 		case <-ctx.Done():
@@ -299,7 +332,10 @@ func (n *negotiation) run(ctx context.Context, ready, failed <-chan struct{}) er
 			if !ok {
 				// The remote closed the stream: it is connected, or gives up and will reset.
 				n.in = nil
-				if n.offerer && !n.gotAnswer {
+				switch {
+				case n.relayed:
+					return fmt.Errorf("%w: stream ended before the end of candidates", ErrSignaling)
+				case n.offerer && !n.gotAnswer:
 					return fmt.Errorf("%w: stream ended before the answer", ErrSignaling)
 				}
 				continue
@@ -309,13 +345,18 @@ func (n *negotiation) run(ctx context.Context, ready, failed <-chan struct{}) er
 				err = n.apply(in.m)
 			}
 			if err != nil {
-				select {
-				case <-ready:
-					return nil
-				default:
+				if !n.relayed {
+					select {
+					case <-ready:
+						return nil
+					default:
+					}
 				}
 				return fmt.Errorf("%w: %w", ErrSignaling, err)
 			}
+		}
+		if n.relayed && n.writeErr != nil {
+			return fmt.Errorf("%w: %w", ErrSignaling, n.writeErr)
 		}
 	}
 }
@@ -323,7 +364,7 @@ func (n *negotiation) run(ctx context.Context, ready, failed <-chan struct{}) er
 // send sends a local candidate, or end for nil. A failed write stops sending: the remote
 // has closed the stream (it is connected) or the set-up fails by its deadline.
 func (n *negotiation) send(c *webrtc.ICECandidate) {
-	if !n.writeOK || n.sentEnd {
+	if n.writeErr != nil || n.sentEnd {
 		return
 	}
 	var body []byte
@@ -339,7 +380,7 @@ func (n *negotiation) send(c *webrtc.ICECandidate) {
 		body = encodeSignal(sigCandidate, line)
 	}
 	if err := frame.Write(n.st, body); err != nil {
-		n.writeOK = false
+		n.writeErr = fmt.Errorf("send: %w", err)
 	}
 }
 
@@ -370,16 +411,27 @@ func (n *negotiation) apply(m sigMsg) error {
 	return fmt.Errorf("%w: unexpected message of type %#x", errSignalMessage, m.typ)
 }
 
-// finish ends the exchange: a graceful close of the stream when the set-up succeeded, a
-// reset when it failed. It returns once the reader has stopped.
-func (n *negotiation) finish(ok bool) {
+// finish ends the exchange whose outcome is err and returns it, or the error of ending it.
+// On success it closes the stream gracefully, or, relayed, leaves it open with no
+// deadline, positioned after the remote's end (the reader stopped there by itself). On
+// failure it resets the stream. It returns once the reader has stopped.
+func (n *negotiation) finish(err error) error {
 	close(n.stop)
-	if ok {
-		n.st.SetReadDeadline(time.Now()) // unblocks the reader
+	switch {
+	case err != nil:
+		n.st.Reset()
 		<-n.readerDone
-		n.st.Close()
-		return
+		return err
+	case n.relayed:
+		<-n.readerDone
+		if err := n.st.SetDeadline(time.Time{}); err != nil {
+			n.st.Reset()
+			return fmt.Errorf("%w: clear deadline: %w", ErrSignaling, err)
+		}
+		return nil
 	}
-	n.st.Reset()
+	n.st.SetReadDeadline(time.Now()) // unblocks the reader
 	<-n.readerDone
+	n.st.Close()
+	return nil
 }

@@ -3,9 +3,12 @@ package webrtc
 import (
 	"errors"
 	"fmt"
+	"io"
 	"unicode/utf8"
 
 	"github.com/libp2p/go-libp2p/core/protocol"
+
+	"github.com/meshinfer/meshinfer/transport/frame"
 )
 
 // SignalID is the protocol ID of WebRTC signaling between two nodes.
@@ -80,3 +83,33 @@ func decodeSignal(body []byte) (sigMsg, error) {
 	}
 	return m, nil
 }
+
+// frameSource yields the bodies of signaling frames: a frame.Reader, or a signalReader.
+type frameSource interface {
+	Next() ([]byte, error)
+}
+
+// newSignalReader returns the frame reader of a signaling exchange on st: a buffered
+// frame.Reader, or for a relayed exchange, whose stream goes back to its caller, a
+// signalReader.
+func newSignalReader(st io.Reader, relayed bool) frameSource {
+	if relayed {
+		return &signalReader{r: st, max: maxSignalFrame}
+	}
+	return frame.NewReader(st, maxSignalFrame)
+}
+
+// signalReader reads frames as frame.Reader does (same bounds, same errors) but never
+// reads a byte past the frame it returns (frame.ReadOne). A relayed exchange hands its
+// stream back to the caller after the remote's end, and frame.Reader's buffer could hold
+// what the remote sent next. The cost, a read call per length byte (at most three for a
+// signaling frame), is nothing for a dozen frames.
+type signalReader struct {
+	r   io.Reader
+	max int
+}
+
+// Next returns the next frame's body: io.EOF at a clean end of stream,
+// io.ErrUnexpectedEOF inside a frame, frame.ErrTooLarge or frame.ErrMalformed for a bad
+// length.
+func (sr *signalReader) Next() ([]byte, error) { return frame.ReadOne(sr.r, sr.max) }

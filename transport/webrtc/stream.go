@@ -98,10 +98,11 @@ type stream struct {
 	ended         bool // Close or Reset called, or the PeerConnection closed
 
 	releaseOnce sync.Once
+	released    chan struct{} // closed when the stream has ended and left its PeerConnection
 }
 
 func newStream(c *peerConn, dc *datachannel.DataChannel) *stream {
-	s := &stream{c: c, dc: dc, writable: make(chan struct{}, 1)}
+	s := &stream{c: c, dc: dc, writable: make(chan struct{}, 1), released: make(chan struct{})}
 	s.readIdle = sync.NewCond(&s.mu)
 	dc.SetBufferedAmountLowThreshold(sendLowWater)
 	// Called by SCTP's read loop holding its locks: it only signals.
@@ -254,5 +255,8 @@ func (s *stream) stopReadTimerLocked() {
 }
 
 func (s *stream) release() {
-	s.releaseOnce.Do(func() { s.c.release(s) })
+	s.releaseOnce.Do(func() {
+		s.c.release(s)
+		close(s.released)
+	})
 }

@@ -52,6 +52,11 @@ var ErrSetupTimeout = errors.New("webrtc set-up timed out")
 // peer does not speak SignalID, refused the set-up, reset the stream or sent a bad message.
 var ErrSignaling = errors.New("webrtc signaling failed")
 
+// ErrBusy is returned (wrapped, with ErrSignaling) by AcceptRelayed when
+// MaxIncomingSetups set-ups are already under way; a libp2p offerer sees the same refusal
+// as a reset signaling stream. The client may try another peer.
+var ErrBusy = errors.New("too many webrtc set-ups in progress")
+
 // ErrClosed is returned once the Transport is closed.
 var ErrClosed = errors.New("webrtc transport closed")
 
@@ -126,39 +131,43 @@ func DefaultSettingEngine() *webrtc.SettingEngine {
 
 // Stats counts what a Transport did.
 type Stats struct {
-	Open          int    `json:"open"`           // connected PeerConnections kept, either direction
-	Streams       int    `json:"streams"`        // streams not yet ended (a closed one ends when the remote closes too, or after drainTimeout)
-	WarmHits      uint64 `json:"warm_hits"`      // OpenStream calls served by a PeerConnection already connected
-	ColdSetups    uint64 `json:"cold_setups"`    // PeerConnections this node offered and connected
-	Accepted      uint64 `json:"accepted"`       // PeerConnections a remote peer offered and this node connected
-	SetupFailures uint64 `json:"setup_failures"` // set-ups that failed, either direction, after signaling started
-	IdleClosed    uint64 `json:"idle_closed"`    // PeerConnections closed for having no stream for IdleClose
-	Evicted       uint64 `json:"evicted"`        // PeerConnections closed to stay within MaxWarm or the per-peer bound
+	Open            int    `json:"open"`             // connected PeerConnections kept, either direction (relayed ones are not)
+	Relayed         int    `json:"relayed"`          // relayed PeerConnections (AcceptRelayed) being set up or not yet closed
+	Streams         int    `json:"streams"`          // streams not yet ended, relayed ones included (a closed one ends when the remote closes too, or after drainTimeout)
+	WarmHits        uint64 `json:"warm_hits"`        // OpenStream calls served by a PeerConnection already connected
+	ColdSetups      uint64 `json:"cold_setups"`      // PeerConnections this node offered and connected
+	Accepted        uint64 `json:"accepted"`         // PeerConnections a remote peer offered over SignalID and this node connected
+	RelayedAccepted uint64 `json:"relayed_accepted"` // AcceptRelayed calls that returned a stream
+	SetupFailures   uint64 `json:"setup_failures"`   // set-ups that failed, either direction, relayed ones included, after signaling started (an incoming one: after its offer was read)
+	IdleClosed      uint64 `json:"idle_closed"`      // PeerConnections closed for having no stream for IdleClose
+	Evicted         uint64 `json:"evicted"`          // PeerConnections closed to stay within MaxWarm or the per-peer bound
 }
 
 // Transport opens and accepts WebRTC data-channel streams to and from peers of a libp2p
 // host.
 type Transport struct {
-	h   host.Host
+	h   host.Host // nil in the Transport DialRelayed makes for its one PeerConnection
 	cfg Config
 	api *webrtc.API
 
 	ctx    context.Context // cancelled by Close: set-ups in progress end
 	cancel context.CancelFunc
-	// wg counts every goroutine the Transport runs or waits for: OpenStream calls and
-	// signaling handlers while they run, stream handlers, drains, PeerConnection closes and
-	// the sweep loop. Add only under mu while !closed.
+	// wg counts every goroutine the Transport runs or waits for: OpenStream and
+	// AcceptRelayed calls and signaling handlers while they run, stream handlers, drains,
+	// PeerConnection closes and the sweep loop. Add only under mu while !closed.
 	wg sync.WaitGroup
 
-	warmHits, coldSetups, accepted, setupFailures, idleClosed, evicted atomic.Uint64
+	warmHits, coldSetups, accepted, relayedAccepted, setupFailures, idleClosed, evicted atomic.Uint64
 
-	mu       sync.Mutex
-	closed   bool
-	handler  func(peer.ID, Stream)
-	conns    []*peerConn          // connected PeerConnections, at most MaxWarm
-	pending  map[peer.ID]*setup   // outgoing set-ups in progress
-	incoming map[peer.ID]struct{} // incoming set-ups in progress
-	streams  int                  // streams not yet ended, over every PeerConnection
+	mu          sync.Mutex
+	closed      bool
+	handler     func(peer.ID, Stream)
+	conns       []*peerConn            // connected PeerConnections, at most MaxWarm
+	relayed     map[*peerConn]struct{} // relayed PeerConnections, from creation until closed
+	pending     map[peer.ID]*setup     // outgoing set-ups in progress
+	incoming    map[peer.ID]struct{}   // incoming set-ups in progress over SignalID
+	relaySetups int                    // AcceptRelayed set-ups in progress
+	streams     int                    // streams not yet ended, over every PeerConnection
 }
 
 // setup is an outgoing set-up in progress; later OpenStream calls to its peer wait for it.
@@ -169,6 +178,19 @@ type setup struct {
 
 // New returns a Transport on h and registers the signaling handler on h. Close removes it.
 func New(h host.Host, cfg Config) (*Transport, error) {
+	t, err := assemble(h, cfg)
+	if err != nil {
+		return nil, err
+	}
+	t.wg.Add(1)
+	go t.sweepLoop() // ends when Close cancels ctx
+	h.SetStreamHandler(SignalID, t.handleSignal)
+	return t, nil
+}
+
+// assemble returns a Transport that runs nothing yet: no sweep, no handler on h (which
+// may be nil).
+func assemble(h host.Host, cfg Config) (*Transport, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -183,15 +205,12 @@ func New(h host.Host, cfg Config) (*Transport, error) {
 		se.LoggerFactory = loggerFactory{}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	t := &Transport{
+	return &Transport{
 		h: h, cfg: cfg, api: webrtc.NewAPI(webrtc.WithSettingEngine(se)),
 		ctx: ctx, cancel: cancel,
+		relayed: make(map[*peerConn]struct{}),
 		pending: make(map[peer.ID]*setup), incoming: make(map[peer.ID]struct{}),
-	}
-	t.wg.Add(1)
-	go t.sweepLoop() // ends when Close cancels ctx
-	h.SetStreamHandler(SignalID, t.handleSignal)
-	return t, nil
+	}, nil
 }
 
 // SetStreamHandler sets the function called with each stream a peer opens, on a goroutine
@@ -408,19 +427,20 @@ func (t *Transport) dispatch(from peer.ID, s *stream) {
 // Stats returns a snapshot of the counters.
 func (t *Transport) Stats() Stats {
 	t.mu.Lock()
-	open, streams := len(t.conns), t.streams
+	open, relayed, streams := len(t.conns), len(t.relayed), t.streams
 	t.mu.Unlock()
 	return Stats{
-		Open: open, Streams: streams,
+		Open: open, Relayed: relayed, Streams: streams,
 		WarmHits: t.warmHits.Load(), ColdSetups: t.coldSetups.Load(), Accepted: t.accepted.Load(),
-		SetupFailures: t.setupFailures.Load(), IdleClosed: t.idleClosed.Load(), Evicted: t.evicted.Load(),
+		RelayedAccepted: t.relayedAccepted.Load(), SetupFailures: t.setupFailures.Load(),
+		IdleClosed: t.idleClosed.Load(), Evicted: t.evicted.Load(),
 	}
 }
 
-// Close removes the signaling handler, ends set-ups in progress, closes every
-// PeerConnection (their streams fail with ErrReset) and waits for every goroutine the
-// Transport started, stream handlers included. Data a closed stream had not yet delivered
-// is lost. Idempotent.
+// Close removes the signaling handler, ends set-ups in progress (relayed ones included),
+// closes every PeerConnection, relayed ones too (their streams fail with ErrReset), and
+// waits for every goroutine the Transport started, stream handlers included. Data a closed
+// stream had not yet delivered is lost. Idempotent.
 func (t *Transport) Close() error {
 	t.mu.Lock()
 	if t.closed {
@@ -430,9 +450,14 @@ func (t *Transport) Close() error {
 	t.closed = true
 	conns := t.conns
 	t.conns = nil
+	for c := range t.relayed {
+		conns = append(conns, c)
+	}
 	t.mu.Unlock()
 
-	t.h.RemoveStreamHandler(SignalID)
+	if t.h != nil {
+		t.h.RemoveStreamHandler(SignalID)
+	}
 	t.cancel()
 	var wg sync.WaitGroup
 	for _, c := range conns {

@@ -1,0 +1,204 @@
+package direct_test
+
+import (
+	"context"
+	"crypto/rand"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"go.uber.org/goleak"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/inference/synth"
+	"github.com/meshinfer/meshinfer/mesh/participation"
+	"github.com/meshinfer/meshinfer/mesh/receipts"
+	"github.com/meshinfer/meshinfer/node"
+	"github.com/meshinfer/meshinfer/transport/gateway"
+	"github.com/meshinfer/meshinfer/transport/gateway/client/direct"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const model = "synth-tiny"
+
+func startNode(t *testing.T, cfg node.Config) *node.Node {
+	t.Helper()
+	id, _, err := crypto.GenerateEd25519Key(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Identity, cfg.Loopback = id, true
+	cfg.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"}
+	cfg.ConsoleAddr, cfg.APIAddr = node.ConsoleOff, "127.0.0.1:0"
+	cfg.Consent = &participation.Consent{Version: participation.ConsentVersion, RunLocal: true, Contribute: true}
+	if cfg.DataDir == "" {
+		cfg.DataDir = t.TempDir()
+	}
+	n, err := node.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := n.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return n
+}
+
+// mesh is a coordinator that serves no model, with one API key, and two peers serving
+// model that joined through it.
+type mesh struct {
+	coord *node.Node
+	peers []*node.Node
+	dir   string
+	key   string
+}
+
+func startMesh(t *testing.T, verify float64) *mesh {
+	t.Helper()
+	m := &mesh{dir: t.TempDir()}
+	ks, err := gateway.OpenKeys(m.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.key, _, err = ks.Create("direct", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	m.coord = startNode(t, node.Config{DataDir: m.dir, Roles: []node.Role{node.RoleCoordinator}, VerifySample: verify})
+	for range 2 {
+		m.peers = append(m.peers, startNode(t, node.Config{Models: []string{model},
+			Bootstrap: []peer.AddrInfo{m.coord.AddrInfo()}}))
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		seen := 0
+		for _, p := range m.peers {
+			if e, ok := m.coord.Registry().Get(p.ID(), time.Now()); ok && !e.Stale {
+				seen++
+			}
+		}
+		if seen == len(m.peers) {
+			return m
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the coordinator saw %d of %d peers", seen, len(m.peers))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func chatBody(seed int64, maxTokens int) map[string]any {
+	return map[string]any{"model": model, "max_tokens": maxTokens, "seed": seed,
+		"messages": []map[string]string{{"role": "user", "content": "what is a mesh?"}}}
+}
+
+// reference is what the model itself answers.
+func reference(t *testing.T, seed int64, maxTokens int) string {
+	t.Helper()
+	b, err := synth.New(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sb strings.Builder
+	req := &inference.Request{Model: model, Seed: &seed, MaxTokens: &maxTokens,
+		Messages: []inference.Message{{Role: inference.RoleUser, Content: "what is a mesh?"}}}
+	if _, err := b.Generate(context.Background(), req, func(tok inference.Token) error {
+		sb.WriteString(tok.Text)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return sb.String()
+}
+
+// A thin client's direct request: the coordinator routes it and relays the WebRTC set-up,
+// the tokens come from the serving peer over the data channel (identical to the model's),
+// the coordinator serves none of them itself, and it meters the task from the peer's
+// receipt, countersigned, with the peer's token count.
+func TestDirectThroughCoordinator(t *testing.T) {
+	m := startMesh(t, node.VerifyOff)
+	base := "http://" + m.coord.APIAddr()
+	for i := range 3 {
+		want := reference(t, int64(i), 16)
+		var streamed strings.Builder
+		res, err := direct.Chat(context.Background(), base, m.key, chatBody(int64(i), 16),
+			direct.Options{OnToken: func(tok inference.Token) { streamed.WriteString(tok.Text) }})
+		if err != nil {
+			t.Fatalf("direct request %d: %v", i, err)
+		}
+		if res.Text != want || streamed.String() != want || res.Usage.CompletionTokens == 0 {
+			t.Fatalf("direct request %d: %q (streamed %q), want %q", i, res.Text, streamed.String(), want)
+		}
+		rc, err := receipts.VerifyCountersig(m.coord.ID().String(), res.Receipt, res.Countersig)
+		if err != nil || "peer:"+rc.Server != res.Peer || rc.TokensOut != res.Usage.CompletionTokens {
+			t.Fatalf("direct request %d: receipt %+v for %s: %v", i, rc, res.Peer, err)
+		}
+	}
+	st := m.coord.Status().Routing
+	if st.Direct != 3 || st.Requests.Mesh != 0 || st.Requests.Local != 0 {
+		t.Fatalf("coordinator routing %+v: want 3 direct tasks and nothing it served or relayed itself", st)
+	}
+	served, relayed := 0, 0
+	for _, p := range m.peers {
+		st := p.Status()
+		served += int(st.Inference.Served)
+		relayed += int(st.WebRTC.Relayed)
+	}
+	if served != 3 || relayed != 3 {
+		t.Fatalf("peers served %d tasks over %d relayed channels, want 3 and 3", served, relayed)
+	}
+	// Metered from the receipts: three events, each with the peer's receipt countersigned.
+	var events []gateway.MeterEvent
+	deadline := time.Now().Add(10 * time.Second)
+	for len(events) < 3 && time.Now().Before(deadline) {
+		events = events[:0]
+		gateway.ReadEvents(filepath.Join(m.dir, gateway.UsageFile), func(e gateway.MeterEvent) { events = append(events, e) })
+		time.Sleep(5 * time.Millisecond)
+	}
+	if len(events) != 3 {
+		t.Fatalf("%d meter events, want 3", len(events))
+	}
+	for _, e := range events {
+		rc, err := receipts.VerifyCountersig(e.Coordinator, e.Receipt, e.Countersig)
+		if err != nil || e.Outcome != gateway.OutcomeCompleted || e.TokensOut != rc.TokensOut || e.TokensOut == 0 {
+			t.Fatalf("meter event %+v: %v", e, err)
+		}
+	}
+}
+
+// Direct tasks are verified like any mesh task: against the digest the peer's receipt
+// names, by another peer's execution.
+func TestDirectTasksAreVerified(t *testing.T) {
+	m := startMesh(t, 1)
+	base := "http://" + m.coord.APIAddr()
+	for i := range 3 {
+		if _, err := direct.Chat(context.Background(), base, m.key, chatBody(int64(10+i), 8), direct.Options{}); err != nil {
+			t.Fatalf("direct request %d: %v", i, err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		v := m.coord.Status().Routing.Verification
+		if v.Passed == 3 {
+			break
+		}
+		if time.Now().After(deadline) || v.Failed > 0 {
+			t.Fatalf("verification %+v: want 3 passed", v)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A bad key is refused before anything is set up.
+func TestDirectBadKey(t *testing.T) {
+	m := startMesh(t, node.VerifyOff)
+	_, err := direct.Chat(context.Background(), "http://"+m.coord.APIAddr(), gateway.KeyPrefix+"nope", chatBody(1, 4), direct.Options{})
+	if err == nil || !strings.Contains(err.Error(), "401") {
+		t.Fatalf("bad key: %v", err)
+	}
+}
