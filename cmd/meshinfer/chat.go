@@ -87,6 +87,10 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 	switch {
 	case *gatewayURL != "" && *useDirect:
 		out, err = chatDirect(ctx, *gatewayURL, *key, cr, onText)
+		if errors.Is(err, direct.ErrNoChannel) {
+			fmt.Fprintf(stderr, "meshinfer chat: %v; sending it through the gateway instead\n", err)
+			out, err = chatGateway(ctx, *gatewayURL, *key, *device, cr, onText)
+		}
 	case *gatewayURL != "":
 		out, err = chatGateway(ctx, *gatewayURL, *key, *device, cr, onText)
 	default:

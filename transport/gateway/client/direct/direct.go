@@ -32,6 +32,11 @@ import (
 	"github.com/meshinfer/meshinfer/transport/webrtc"
 )
 
+// ErrNoChannel is returned (wrapped) when no data channel to the serving peer could be set
+// up: nothing ran for the caller, which may send the request through the gateway instead
+// (transport/gateway/client), as meshinfer chat --direct does.
+var ErrNoChannel = errors.New("no direct channel to the serving peer")
+
 // Result is a direct task's outcome: the text from the peer's channel, and the
 // coordinator's record of it.
 type Result struct {
@@ -97,7 +102,7 @@ func Chat(ctx context.Context, baseURL, key string, body any, o Options) (Result
 		if m := outcome; m.Type == "error" && m.Error != nil {
 			return Result{}, inference.Errorf(inference.Code(m.Error.Code), "%s", m.Error.Message)
 		}
-		return Result{}, fmt.Errorf("direct channel to the serving peer: %w", err)
+		return Result{}, fmt.Errorf("%w: %w", ErrNoChannel, err)
 	}
 	defer release()
 	var text strings.Builder

@@ -3,6 +3,8 @@ package direct_test
 import (
 	"context"
 	"crypto/rand"
+	"errors"
+	"net"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -19,6 +21,7 @@ import (
 	"github.com/meshinfer/meshinfer/node"
 	"github.com/meshinfer/meshinfer/transport/gateway"
 	"github.com/meshinfer/meshinfer/transport/gateway/client/direct"
+	"github.com/meshinfer/meshinfer/transport/webrtc"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -200,5 +203,26 @@ func TestDirectBadKey(t *testing.T) {
 	_, err := direct.Chat(context.Background(), "http://"+m.coord.APIAddr(), gateway.KeyPrefix+"nope", chatBody(1, 4), direct.Options{})
 	if err == nil || !strings.Contains(err.Error(), "401") {
 		t.Fatalf("bad key: %v", err)
+	}
+}
+
+// With ICE blocked on the client's side, no channel sets up within the timeout: Chat says
+// so with ErrNoChannel (so that the caller can use the gateway instead), nothing was
+// metered, and nothing is left running.
+func TestDirectNoChannel(t *testing.T) {
+	m := startMesh(t, node.VerifyOff)
+	se := webrtc.DefaultSettingEngine()
+	se.SetIPFilter(func(net.IP) bool { return false })
+	start := time.Now()
+	_, err := direct.Chat(context.Background(), "http://"+m.coord.APIAddr(), m.key, chatBody(1, 4),
+		direct.Options{WebRTC: webrtc.RelayConfig{SettingEngine: se, ConnectTimeout: time.Second}})
+	if !errors.Is(err, direct.ErrNoChannel) {
+		t.Fatalf("ICE blocked: %v, want ErrNoChannel", err)
+	}
+	if took := time.Since(start); took > 4*time.Second {
+		t.Fatalf("gave up after %v with a 1 s set-up timeout", took)
+	}
+	if st := m.coord.Status().Routing; st.Direct != 0 {
+		t.Fatalf("coordinator counted %d direct tasks", st.Direct)
 	}
 }
