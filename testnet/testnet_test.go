@@ -37,6 +37,7 @@ func TestFiveNodesConvergeAndStopCleanly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer tn.Close() // before the leak check, also when the test fails early
 	// The production heartbeat: convergence within seconds comes from announcing on join.
 	within(t, 10*time.Second, "5 nodes converge", tn.Converged)
 	for _, n := range tn.Running() {

@@ -76,6 +76,7 @@ type Announcer struct {
 
 	trigger chan struct{} // one slot: a pending publish request
 	syncQ   chan peer.ID  // peers to pull vectors from (see SyncProtocol)
+	born    time.Time     // when New ran (syncLoop pulls twice while the node is young)
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	closed  atomic.Bool
@@ -110,6 +111,7 @@ func New(h host.Host, ps *pubsub.PubSub, key crypto.PrivKey, reg *registry.Regis
 		val:     newValidator(p.Now),
 		trigger: make(chan struct{}, 1),
 		syncQ:   make(chan peer.ID, syncQueue),
+		born:    time.Now(),
 		// Start the seq at the wall clock in ms, so a restart with the same identity keeps
 		// announcing above the seq its peers remember.
 		seq: uint64(max(p.Now().UnixMilli(), 1)),

@@ -32,7 +32,9 @@
 // bounds, expiry, no rollback). A newcomer
 // thereby learns the whole mesh from its first neighbours within a second, instead of from
 // each node's next heartbeat, and a GossipSub message lost between mesh peers (GossipSub does
-// not repair losses to mesh peers) is made good at the next join.
+// not repair losses to mesh peers) is made good at the next join. A failed pull is tried again
+// 2 s later, and during its first minute a node pulls from each joining peer a second time
+// 2 s after the first: its first neighbours are still learning the mesh when it meets them.
 //
 // The Announcer also watches libp2p connection events so the registry marks a clean
 // disconnect at once, and sweeps forgotten peers every heartbeat.

@@ -38,6 +38,12 @@ const (
 	syncTimeout = 10 * time.Second
 	// syncMaxVectors bounds one answer: the registry's cap, so a full registry can be served.
 	syncMaxVectors = 4096
+	// resyncDelay is how long after a pull the second one comes (see syncLoop): a few
+	// GossipSub heartbeats (1 s), time for the neighbour to hear of its own neighbours.
+	resyncDelay = 2 * time.Second
+	// youngFor is how long a node counts as new to the mesh, pulling twice from each peer
+	// that joins: the time a testnet or a fresh node takes to meet its first neighbours.
+	youngFor = time.Minute
 	// syncQueue bounds peers waiting to be synced from; past it, joins are not synced (the
 	// heartbeat still converges them).
 	syncQueue = 64
@@ -184,19 +190,49 @@ func (a *Announcer) known(p peer.ID, seq uint64) bool {
 	return ok && have >= seq
 }
 
-// syncLoop syncs from peers queued by joinLoop, one at a time. Exits when ctx is done.
+// syncLoop pulls vectors from the peers joinLoop queues. A pull that fails is tried again
+// resyncDelay later, once; and during this node's first youngFor, every peer is pulled from
+// a second time resyncDelay after the first. A newcomer's first pulls happen while its
+// neighbours are themselves still learning the mesh: a vector a neighbour learned just after
+// the pull, and whose GossipSub forwarding missed this node, would otherwise arrive only with
+// its author's next heartbeat. Exits when ctx is done.
 func (a *Announcer) syncLoop(ctx context.Context) {
 	defer a.wg.Done()
+	type later struct {
+		p  peer.ID
+		at time.Time
+	}
+	var again []later // in time order; at most syncQueue
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	pull := func(p peer.ID) error {
+		n, err := a.syncFrom(ctx, p)
+		if err != nil && ctx.Err() == nil {
+			log.Debugw("sync failed", "peer", p, "err", err)
+		}
+		a.synced.Add(uint64(n))
+		return err
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case p := <-a.syncQ:
-			n, err := a.syncFrom(ctx, p)
-			if err != nil && ctx.Err() == nil {
-				log.Debugw("sync failed", "peer", p, "err", err)
+			err := pull(p)
+			if (err != nil || time.Since(a.born) < youngFor) && len(again) < syncQueue && ctx.Err() == nil {
+				again = append(again, later{p, time.Now().Add(resyncDelay)})
+				if len(again) == 1 {
+					timer.Reset(resyncDelay)
+				}
 			}
-			a.synced.Add(uint64(n))
+		case <-timer.C:
+			l := again[0]
+			again = again[1:]
+			pull(l.p)
+			if len(again) > 0 {
+				timer.Reset(max(time.Until(again[0].at), 0))
+			}
 		}
 	}
 }
