@@ -14,6 +14,7 @@ import (
 	"github.com/meshinfer/meshinfer/mesh/participation"
 	"github.com/meshinfer/meshinfer/node/console"
 	"github.com/meshinfer/meshinfer/transport"
+	"github.com/meshinfer/meshinfer/transport/gateway"
 	"github.com/meshinfer/meshinfer/transport/openai"
 )
 
@@ -162,6 +163,10 @@ type Config struct {
 	// InsecureGateway lets a coordinator's API listen on a non-loopback address without
 	// TLS (a TLS proxy in front of it).
 	InsecureGateway bool
+	// GatewayOrigins are the origins of browser apps allowed to call a coordinator's
+	// gateway besides its own (hosts or path.Match globs: "app.example.com",
+	// "*.example.com"); see transport/gateway's origins.go.
+	GatewayOrigins []string
 	// APIAddr is the OpenAI-compatible API's listen address; APIOff disables it. Default:
 	// DefaultAPIAddr. A non-loopback address is refused unless APIPublic is set.
 	APIAddr   string
@@ -214,6 +219,9 @@ func (cfg Config) withDefaults() (Config, error) {
 		default:
 			return cfg, fmt.Errorf("role %q: known roles are %s, %s and %s", r, RoleContributor, RoleBootstrap, RoleCoordinator)
 		}
+	}
+	if err := gateway.CheckOriginPatterns(cfg.GatewayOrigins); err != nil {
+		return cfg, fmt.Errorf("gateway origins: %w", err)
 	}
 	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
 		return cfg, fmt.Errorf("TLS needs both a certificate and a key (--tls-cert and --tls-key)")

@@ -33,7 +33,7 @@ func (n *Node) startGateway() (func(http.Handler) http.Handler, error) {
 	var api http.Handler
 	ws, err := gateway.NewWebSocket(n.keys, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		api.ServeHTTP(w, r)
-	}), gateway.WithDirect(n.relayDirect))
+	}), gateway.WithDirect(n.relayDirect), gateway.WithOriginPatterns(n.cfg.GatewayOrigins))
 	if err != nil {
 		return nil, fmt.Errorf("coordinator gateway: %w", err)
 	}
@@ -45,7 +45,7 @@ func (n *Node) startGateway() (func(http.Handler) http.Handler, error) {
 		mux.Handle("/v1/usage", usage)
 		mux.Handle(gateway.WebSocketPath, ws)
 		mux.Handle("/", h)
-		return gateway.RequireKey(n.keys, mux)
+		return gateway.CORS(n.cfg.GatewayOrigins, gateway.RequireKey(n.keys, mux))
 	}, nil
 }
 

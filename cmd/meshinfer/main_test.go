@@ -143,6 +143,7 @@ func TestNodeHelpListsEveryFlagWithItsDefault(t *testing.T) {
 		{"config", "require_charging"},
 		{"webrtc", "falls back to libp2p"},
 		{"ice-server", "stun:host:port"},
+		{"gateway-origin", "repeatable"},
 	}
 	for _, tc := range tests {
 		block, ok := help[tc.flag]

@@ -56,7 +56,7 @@ A request sent to a peer goes over a libp2p stream, or a WebRTC data channel wit
 
 func runNode(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("node", nodeSynopsis, stderr)
-	var listen, boots, models, cloudModels, iceServers listFlag
+	var listen, boots, models, cloudModels, iceServers, origins listFlag
 	dataDir := fs.String("data-dir", "", "where the identity key lives (default $XDG_DATA_HOME/meshinfer, else ~/.local/share/meshinfer)")
 	mesh := fs.String("mesh", node.DefaultMesh, "mesh to join; nodes of different meshes never see each other")
 	role := fs.String("role", string(node.RoleContributor), "contributor; bootstrap (DHT server, relay and AutoNAT service for others); coordinator (serves thin clients with API keys, metering; see meshinfer keys); comma-separated")
@@ -85,6 +85,7 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	tlsKey := fs.String("tls-key", "", "PEM private key for --tls-cert")
 	useWebRTC := fs.Bool("webrtc", false, "send this node's requests to peers over WebRTC data channels (direct, low latency) unless a request sets its transport; falls back to libp2p when no direct path sets up")
 	fs.Var(&iceServers, "ice-server", "STUN or TURN server for WebRTC paths, stun:host:port or turn:host:port (TURN credentials from $"+node.EnvTURNUsername+" and $"+node.EnvTURNCredential+"); repeatable; none needed on a LAN")
+	fs.Var(&origins, "gateway-origin", "origin of a browser app allowed to call this coordinator's gateway (WebSocket and REST with CORS), e.g. app.example.com or *.example.com; repeatable")
 	insecureGateway := fs.Bool("insecure-gateway", false, "let a coordinator's API listen on a non-loopback address without TLS (a TLS proxy in front of it)")
 	profile := fs.String("profile", "", "participation profile set by whoever deploys the node: eco, standard, power or off (default standard, or the --config file's)")
 	configFile := fs.String("config", "", "JSON file of per-field overrides of the profile: require_charging, battery_min_level, thermal_max_state, max_tasks_per_min, pause_on_metered")
@@ -122,6 +123,7 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	cfg.CloudURL, cfg.CloudKeyEnv, cfg.CloudModels, cfg.CloudUSDPerMTok = *cloudURL, *cloudKeyEnv, cloudModels, *cloudCost
 	cfg.Profile = *profile
 	cfg.TLSCert, cfg.TLSKey, cfg.InsecureGateway = *tlsCert, *tlsKey, *insecureGateway
+	cfg.GatewayOrigins = origins
 	if *configFile != "" {
 		ov, err := participation.LoadOverrides(*configFile)
 		if err != nil {

@@ -93,8 +93,8 @@
 // GET /v1/gateway (WebSocketPath) on the coordinator's API listener, behind RequireKey: the
 // upgrade request carries the key ("Authorization: Bearer <key>") and optionally
 // X-Meshinfer-Device; a missing, unknown or revoked key gets the 401 above and no upgrade.
-// A plain GET gets 426, a browser page of another origin 403 (the upgrade must be
-// same-origin). A coordinator without the endpoint answers 404: clients then fall back to
+// A plain GET gets 426, a browser page of another origin 403 unless WithOriginPatterns
+// names it (origins.go: node's --gateway-origin, with CORS for the REST endpoints). A coordinator without the endpoint answers 404: clients then fall back to
 // POST /v1/chat/completions. Each request on a connection is run through the coordinator's
 // OpenAI handler in-process, exactly as POST /v1/chat/completions with "stream": true would
 // be (transport/openai documents the request object, limits and errors), under the

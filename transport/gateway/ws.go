@@ -143,13 +143,14 @@ type WSTestHooks struct {
 //
 // Lock order: mu before a run's mu, never the reverse.
 type WebSocket struct {
-	keys   *KeyStore
-	api    http.Handler
-	idle   time.Duration
-	grace  time.Duration
-	hooks  WSTestHooks
-	now    func() time.Time
-	direct DirectRelay // nil: no direct requests
+	keys    *KeyStore
+	api     http.Handler
+	idle    time.Duration
+	grace   time.Duration
+	hooks   WSTestHooks
+	now     func() time.Time
+	direct  DirectRelay // nil: no direct requests
+	origins []string    // page origins allowed besides the coordinator's own (origins.go)
 
 	// ctx is the parent of every run and connection; Close cancels it with errShuttingDown.
 	ctx    context.Context
@@ -215,9 +216,10 @@ func (g *WebSocket) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.mu.Unlock()
 	defer g.wg.Done()
 
-	// Same-origin only, no compression; Subprotocol when the client offers it (a browser
-	// must, having offered its key that way: RequireKey removed the key from the list).
-	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{Subprotocol}})
+	// Same-origin and the WithOriginPatterns origins only, no compression; Subprotocol when
+	// the client offers it (a browser must, having offered its key that way: RequireKey
+	// removed the key from the list).
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{Subprotocol}, OriginPatterns: g.origins})
 	if err != nil {
 		return // Accept answered the request
 	}
