@@ -195,12 +195,12 @@ func (n *Node) relayDirect(ctx context.Context, s gateway.Session, body json.Raw
 		}
 		if infer.IsResultFrame(msg) {
 			res, err = infer.DecodeResult(msg)
-			if err != nil && inference.CodeOf(err) == "" {
-				err = inference.Errorf(inference.CodePeerLost, "direct task on %s: %v", t.Peer, err)
+			if _, typed := errors.AsType[*inference.Error](err); err != nil && !typed {
+				err = inference.Errorf(inference.CodePeerLost, "direct task on %s: %v", t.Peer, err) // a malformed result
 			}
 			st.Close()
 			if err != nil {
-				n.meterDirect(ctx, s, r, res, err, time.Since(start))
+				n.meterDirect(s, r, res, err, time.Since(start))
 				return gateway.DirectResult{}, err
 			}
 			break
@@ -212,14 +212,14 @@ func (n *Node) relayDirect(ctx context.Context, s gateway.Session, body json.Raw
 	}
 	stopRelay()
 	out := gateway.DirectResult{Peer: t.String(), FinishReason: res.FinishReason, Usage: res.Usage}
-	out.Receipt, out.Countersig = n.meterDirect(ctx, s, r, res, nil, time.Since(start))
+	out.Receipt, out.Countersig = n.meterDirect(s, r, res, nil, time.Since(start))
 	return out, nil
 }
 
 // meterDirect checks a direct task's receipt, meters the task (after its verification's
 // verdict when it is sampled) and returns the receipt with its countersignature, both "" when
 // the receipt was refused or the task failed.
-func (n *Node) meterDirect(ctx context.Context, s gateway.Session, r *run, res inference.Result, err error, took time.Duration) (rcpt, countersig string) {
+func (n *Node) meterDirect(s gateway.Session, r *run, res inference.Result, err error, took time.Duration) (rcpt, countersig string) {
 	d := n.router
 	d.stats.direct.Add(1)
 	ev := gateway.MeterEvent{
