@@ -4,8 +4,10 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"fmt"
 	"hash"
 	"io"
+	"strings"
 )
 
 // Digest identifies one complete output: the SHA-256 of its tokens in order, each encoded as
@@ -20,6 +22,19 @@ func (d Digest) String() string { return DigestPrefix + hex.EncodeToString(d[:])
 
 // DigestPrefix starts the string form of a Digest.
 const DigestPrefix = "sha256:"
+
+// ParseDigest reads the string form of a Digest.
+func ParseDigest(s string) (Digest, error) {
+	var d Digest
+	h, ok := strings.CutPrefix(s, DigestPrefix)
+	if !ok || hex.DecodedLen(len(h)) != len(d) {
+		return d, fmt.Errorf("digest %q is not %s and %d hex digits", s, DigestPrefix, 2*len(d))
+	}
+	if _, err := hex.Decode(d[:], []byte(h)); err != nil {
+		return Digest{}, fmt.Errorf("digest %q: %w", s, err)
+	}
+	return d, nil
+}
 
 // Digester computes a Digest as tokens arrive. The zero value is not usable: NewDigester.
 type Digester struct {

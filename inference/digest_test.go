@@ -40,3 +40,16 @@ func TestDigestString(t *testing.T) {
 		t.Fatalf("%q lacks %q", s, DigestPrefix)
 	}
 }
+
+// ParseDigest reads back the string form, and refuses anything else.
+func TestParseDigest(t *testing.T) {
+	d := DigestOf([]Token{{Index: 0, Text: "mesh", ID: 3}})
+	if got, err := ParseDigest(d.String()); err != nil || got != d {
+		t.Fatalf("ParseDigest(%s) = %v, %v", d, got, err)
+	}
+	for _, bad := range []string{"", "sha256:", d.String()[:70], "md5:" + d.String()[7:], d.String()[:70] + "zz"} {
+		if _, err := ParseDigest(bad); err == nil {
+			t.Errorf("ParseDigest(%q) accepted", bad)
+		}
+	}
+}

@@ -2,11 +2,9 @@ package node
 
 import (
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -159,8 +157,7 @@ func (n *Node) relayDirect(ctx context.Context, s gateway.Session, body json.Raw
 	}
 	stop := context.AfterFunc(ctx, func() { st.Reset() })
 	defer stop()
-	n.router.noteDirect(t, +1)
-	defer n.router.noteDirect(t, -1)
+	defer n.router.hold(t.Peer)() // the task counts against the peer's per-requester limit
 	if err := frame.Write(st, frameBody); err != nil {
 		st.Reset()
 		return gateway.DirectResult{}, inference.Errorf(inference.CodePeerLost, "send the task to %s: %v", t.Peer, err)
@@ -232,7 +229,7 @@ func (n *Node) meterDirect(s gateway.Session, r *run, res inference.Result, err 
 		n.tasks.write(ev)
 		return "", ""
 	}
-	out, ok := d.checkedDirectReceipt(r, res)
+	out, ok := d.receiptFor(r, res, nil)
 	if ok {
 		if sig, err := receipts.Countersign(n.key, res.Receipt); err == nil {
 			ev.Receipt, ev.Countersig, ev.Coordinator = res.Receipt, sig, n.tasks.self
@@ -250,38 +247,6 @@ func (n *Node) meterDirect(s gateway.Session, r *run, res inference.Result, err 
 	return "", ""
 }
 
-// checkedDirectReceipt checks the receipt of a direct task r: signed by the peer of r,
-// made out to this node, for r's model, with res's usage; it returns the output's digest the
-// receipt names. The coordinator never saw the tokens, so the digest is the peer's word,
-// which verification checks.
-func (d *dispatcher) checkedDirectReceipt(r *run, res inference.Result) (inference.Digest, bool) {
-	var out inference.Digest
-	rc, err := receipts.ParseTask(res.Receipt)
-	why := ""
-	switch {
-	case res.Receipt == "":
-		why = "no receipt"
-	case err != nil:
-		why = err.Error()
-	case rc.Server != r.last.Peer.String() || rc.Requester != d.n.host.ID().String():
-		why = "signed by another peer or made out to another requester"
-	case rc.Model != r.req.Model || rc.Outcome != receipts.Completed ||
-		rc.TokensIn != res.Usage.PromptTokens || rc.TokensOut != res.Usage.CompletionTokens:
-		why = "model, outcome or token counts differ from the result"
-	default:
-		b, err := hex.DecodeString(strings.TrimPrefix(rc.Result, inference.DigestPrefix))
-		if err != nil || len(b) != len(out) {
-			why = "result is not a digest"
-		} else {
-			copy(out[:], b)
-			return out, true
-		}
-	}
-	d.stats.receiptsRefused.Add(1)
-	log.Warnw("serving peer's receipt of a direct task refused; metered without it", "peer", r.last.Peer, "why", why)
-	return out, false
-}
-
 // directTarget picks the mesh peer that serves a direct task, as route.Decide would for a
 // mesh request of that model, and the run that verification and metering use.
 func (d *dispatcher) directTarget(ctx context.Context, req *inference.Request) (route.Target, *run, error) {
@@ -290,11 +255,7 @@ func (d *dispatcher) directTarget(ctx context.Context, req *inference.Request) (
 	snap, full := d.snapshot(ctx, now)
 	snap.Local = route.Local{} // the client wants a peer's channel, not this node's answer
 	snap.Cloud = route.Cloud{}
-	d.mu.Lock()
-	snap.Scratch = &d.scratch
-	dec := route.Decide(req, snap, now, d.rng)
-	snap.Scratch = nil
-	d.mu.Unlock()
+	dec := d.decide(req, snap, now)
 	for _, t := range dec.Attempts {
 		if t.Tier == route.TierMesh {
 			r := &run{d: d, snap: snap, req: *req, last: t, attempts: 1}
@@ -303,14 +264,4 @@ func (d *dispatcher) directTarget(ctx context.Context, req *inference.Request) (
 	}
 	d.stats.none.Add(1)
 	return route.Target{}, nil, d.nothingServes(req, dec, full)
-}
-
-// noteDirect counts a direct task running on t's peer in this node's in-flight requests to
-// it, so that decisions see the peer's per-requester limit.
-func (d *dispatcher) noteDirect(t route.Target, delta int) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.inflight[t.Peer] += delta; d.inflight[t.Peer] <= 0 {
-		delete(d.inflight, t.Peer)
-	}
 }

@@ -215,11 +215,7 @@ func (d *dispatcher) snapshot(ctx context.Context, now time.Time) (s *route.Snap
 func (d *dispatcher) Generate(ctx context.Context, req *inference.Request, emit func(openai.Served, inference.Token) error) (inference.Result, openai.Served, error) {
 	now := d.n.cfg.Now()
 	snap, full := d.snapshot(ctx, now)
-	d.mu.Lock()
-	snap.Scratch = &d.scratch
-	dec := route.Decide(req, snap, now, d.rng)
-	snap.Scratch = nil
-	d.mu.Unlock()
+	dec := d.decide(req, snap, now)
 	if len(dec.Attempts) == 0 {
 		d.stats.none.Add(1)
 		return inference.Result{}, openai.Served{}, d.nothingServes(req, dec, full)
@@ -257,7 +253,10 @@ func (d *dispatcher) Generate(ctx context.Context, req *inference.Request, emit 
 // peer's receipt when it holds, after the verification's verdict when it is verified.
 func (d *dispatcher) meter(r *run, res inference.Result, err error, ev gateway.MeterEvent) {
 	if err == nil && r.last.Tier == route.TierMesh {
-		ev.Receipt = d.checkedReceipt(r, res)
+		sent := inference.DigestOf(r.sent)
+		if _, ok := d.receiptFor(r, res, &sent); ok {
+			ev.Receipt = res.Receipt
+		}
 	}
 	if !(err == nil && d.maybeVerify(r, &ev)) {
 		d.n.tasks.write(ev)
@@ -280,11 +279,21 @@ func (d *dispatcher) background(fn func()) bool {
 	return true
 }
 
+// decide runs route.Decide over snap with the dispatcher's working memory and random
+// source, which it uses under mu.
+func (d *dispatcher) decide(req *inference.Request, snap *route.Snapshot, now time.Time) route.Decision {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	snap.Scratch = &d.scratch
+	defer func() { snap.Scratch = nil }()
+	return route.Decide(req, snap, now, d.rng)
+}
+
 // nothingServes is the error for a decision without targets, saying why per tier: overloaded
 // when a peer left out as full serves the model, model_not_found otherwise.
 func (d *dispatcher) nothingServes(req *inference.Request, dec route.Decision, full []registry.Entry) error {
 	for _, e := range full {
-		if !e.Stale && (req.Model == "" || servesModel(e.Vector, req.Model)) {
+		if _, serves := modelIn(e.Vector, req.Model); !e.Stale && (req.Model == "" || serves) {
 			d.stats.fullRefusals.Add(1)
 			return inference.Errorf(inference.CodeOverloaded,
 				"every peer serving model %q that this node could use is busy with %d of its requests; retry shortly",
@@ -453,33 +462,44 @@ func (d *dispatcher) runOn(ctx context.Context, t route.Target, req *inference.R
 
 // peerGenerate runs req on peer p, counted in the peer's in-flight requests from this node.
 func (d *dispatcher) peerGenerate(ctx context.Context, p peer.ID, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
-	d.mu.Lock()
-	d.inflight[p]++
-	d.mu.Unlock()
-	defer func() {
-		d.mu.Lock()
-		if d.inflight[p]--; d.inflight[p] <= 0 {
-			delete(d.inflight, p)
-		}
-		d.mu.Unlock()
-	}()
+	defer d.hold(p)()
 	if req.Prefs.Transport == inference.TransportWebRTC && d.rtc != nil {
 		return d.viaWebRTC(ctx, p, req, emit)
 	}
 	return d.peers.Generate(ctx, p, req, emit)
 }
 
-// servesModel reports whether v announces model.
-func servesModel(v *caps.Vector, model string) bool {
-	if v == nil {
-		return false
+// hold counts a request of this node running on peer p (perPeerLimit) until the returned
+// function is called.
+func (d *dispatcher) hold(p peer.ID) (release func()) {
+	d.mu.Lock()
+	d.inflight[p]++
+	d.mu.Unlock()
+	return func() {
+		d.mu.Lock()
+		if d.inflight[p]--; d.inflight[p] <= 0 {
+			delete(d.inflight, p)
+		}
+		d.mu.Unlock()
 	}
-	for _, m := range v.Models {
-		if m.Name == model {
-			return true
+}
+
+// modelIn returns what v announces of model, and whether it announces it.
+func modelIn(v *caps.Vector, model string) (caps.Model, bool) {
+	if v != nil {
+		for _, m := range v.Models {
+			if m.Name == model {
+				return m, true
+			}
 		}
 	}
-	return false
+	return caps.Model{}, false
+}
+
+// deterministicIn reports whether v announces model as deterministic.
+func deterministicIn(v *caps.Vector, model string) bool {
+	m, _ := modelIn(v, model)
+	return m.Deterministic
 }
 
 // deterministic reports whether t serves the run's model deterministically.

@@ -18,7 +18,8 @@ import (
 // what wraps its API: every request needs a live API key (401 otherwise), GET /v1/usage
 // answers the calling key's usage, and GET /v1/gateway is the WebSocket endpoint of thin
 // clients (transport/gateway/client), which runs each request through the same API handler,
-// so metering and the privacy gate apply as over REST.
+// so metering and the privacy gate apply as over REST, and relays direct requests
+// (direct.go). Browser pages on the --gateway-origin origins may call it too (CORS).
 func (n *Node) startGateway() (func(http.Handler) http.Handler, error) {
 	var err error
 	if n.keys, err = gateway.OpenKeys(n.cfg.DataDir); err != nil {
@@ -117,14 +118,20 @@ func (tm taskMeter) record(ctx context.Context, model string, at openai.Served, 
 	}
 }
 
-// checkedReceipt returns the task receipt the serving peer sent with res if it holds for
-// what r's client received: signed by the peer of r's last attempt, for this node, for r's
-// model, over the digest of the tokens sent and with the usage's token counts. Otherwise it
-// returns "" and counts the receipt as refused: a missing or forged receipt changes nothing
-// else (the client has its tokens; verification judges the output).
-func (d *dispatcher) checkedReceipt(r *run, res inference.Result) string {
+// receiptFor checks the task receipt the serving peer sent with res: signed by the peer of
+// r's last attempt, made out to this node, for r's model, completed, with the usage's token
+// counts. sent, when non-nil, is the digest of the tokens the client received through this
+// node, which the receipt must name; a direct task's client got them without this node, and
+// the digest the receipt names is the peer's word, which verification checks. It returns
+// that digest. A receipt that does not hold is counted as refused and ok is false: a missing
+// or forged receipt changes nothing else (the client has its tokens; verification judges the
+// output).
+func (d *dispatcher) receiptFor(r *run, res inference.Result, sent *inference.Digest) (out inference.Digest, ok bool) {
 	why := ""
 	rc, err := receipts.ParseTask(res.Receipt)
+	if err == nil {
+		out, err = inference.ParseDigest(rc.Result)
+	}
 	switch {
 	case res.Receipt == "":
 		why = "no receipt"
@@ -138,15 +145,15 @@ func (d *dispatcher) checkedReceipt(r *run, res inference.Result) string {
 		why = "wrong model or outcome"
 	case rc.TokensIn != res.Usage.PromptTokens || rc.TokensOut != res.Usage.CompletionTokens:
 		why = "token counts differ from the usage"
-	case rc.Result != inference.DigestOf(r.sent).String():
+	case sent != nil && out != *sent:
 		why = "result differs from the tokens received"
 	}
 	if why != "" {
 		d.stats.receiptsRefused.Add(1)
 		log.Warnw("serving peer's receipt refused; the task is metered without one", "peer", r.last.Peer, "model", r.req.Model, "why", why)
-		return ""
+		return out, false
 	}
-	return res.Receipt
+	return out, true
 }
 
 // meteredLocal meters the local-only requests a coordinator's clients send.

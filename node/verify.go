@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/meshinfer/meshinfer/inference"
-	"github.com/meshinfer/meshinfer/mesh/caps"
 	"github.com/meshinfer/meshinfer/mesh/route"
 	"github.com/meshinfer/meshinfer/node/console"
 	"github.com/meshinfer/meshinfer/reputation"
@@ -56,15 +55,6 @@ type verification struct {
 	running atomic.Int32
 }
 
-// Verdicts of a verification, as a coordinator's meter event records them
-// (gateway.MeterEvent.Verification).
-const (
-	verdictPassed       = "passed"
-	verdictFailed       = "failed"
-	verdictInconclusive = "inconclusive"
-	verdictSkipped      = "skipped"
-)
-
 // maybeVerify draws whether to verify r's successful request and, if so, starts the
 // verification in the background. Nothing may use r afterwards but the verification.
 //
@@ -100,7 +90,7 @@ func (d *dispatcher) maybeVerify(r *run, ev *gateway.MeterEvent) bool {
 		d.ver.skipped.Add(1)
 		log.Debugw("verification skipped: too many running, or closing", "peer", t.Peer, "model", r.req.Model)
 		if ev != nil {
-			ev.Verification = verdictSkipped
+			ev.Verification = gateway.VerificationSkipped
 		}
 		return false
 	}
@@ -111,8 +101,8 @@ func (d *dispatcher) maybeVerify(r *run, ev *gateway.MeterEvent) bool {
 		defer d.ver.running.Add(-1)
 		verdict := d.verify(r)
 		if ev != nil {
-			ev.Verification, ev.Verified = verdict, verdict == verdictPassed
-			if verdict == verdictFailed {
+			ev.Verification, ev.Verified = verdict, verdict == gateway.VerificationPassed
+			if verdict == gateway.VerificationFailed {
 				ev.Outcome = gateway.OutcomeVerificationFailed
 			}
 			d.n.tasks.write(*ev)
@@ -138,17 +128,17 @@ func (d *dispatcher) verify(r *run) string {
 			if len(ran) == 1 {
 				d.ver.skipped.Add(1)
 				log.Debugw("verification skipped: no other peer serves the model deterministically", "peer", r.last.Peer, "model", model)
-				return verdictSkipped
+				return gateway.VerificationSkipped
 			}
 			d.ver.inconclusive.Add(1)
 			log.Debugw("verification inconclusive: outputs differ and no third peer can decide", "peer", r.last.Peer, "model", model)
-			return verdictInconclusive
+			return gateway.VerificationInconclusive
 		}
 		sum, err := d.replay(t, r)
 		if err != nil {
 			d.ver.inconclusive.Add(1)
 			log.Debugw("verification inconclusive: an execution failed", "peer", t.Peer, "model", model, "err", err)
-			return verdictInconclusive
+			return gateway.VerificationInconclusive
 		}
 		ran, sums = append(ran, t), append(sums, sum)
 		odd, settled := judge(sums)
@@ -156,13 +146,13 @@ func (d *dispatcher) verify(r *run) string {
 		case settled:
 			d.settle(model, ran, odd)
 			if odd == 0 {
-				return verdictFailed
+				return gateway.VerificationFailed
 			}
-			return verdictPassed
+			return gateway.VerificationPassed
 		case len(sums) == 3:
 			d.ver.inconclusive.Add(1)
 			log.Debugw("verification inconclusive: three different outputs", "peer", r.last.Peer, "model", model)
-			return verdictInconclusive
+			return gateway.VerificationInconclusive
 		}
 	}
 }
@@ -232,30 +222,13 @@ func (d *dispatcher) pickVerifier(r *run, ran []route.Target) (route.Target, boo
 	// The decision's own copy: the request sent to the peer stays exactly the client's.
 	req := r.req
 	req.Prefs.Privacy, req.Prefs.Route = inference.PrivacyMesh, inference.RouteExplicit
-	now := d.n.cfg.Now()
-	d.mu.Lock()
-	s.Scratch = &d.scratch
-	dec := route.Decide(&req, &s, now, d.rng)
-	d.mu.Unlock()
+	dec := d.decide(&req, &s, d.n.cfg.Now())
 	for _, t := range dec.Attempts {
 		if t.Tier == route.TierMesh {
 			return t, true
 		}
 	}
 	return route.Target{}, false
-}
-
-// deterministicIn reports whether v announces model as deterministic.
-func deterministicIn(v *caps.Vector, model string) bool {
-	if v == nil {
-		return false
-	}
-	for _, m := range v.Models {
-		if m.Name == model {
-			return m.Deterministic
-		}
-	}
-	return false
 }
 
 // replay runs r's request on peer t as ordinary work and returns its output's digest. The

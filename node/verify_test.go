@@ -18,6 +18,7 @@ import (
 	"github.com/meshinfer/meshinfer/mesh/route"
 	"github.com/meshinfer/meshinfer/node/console"
 	"github.com/meshinfer/meshinfer/reputation"
+	"github.com/meshinfer/meshinfer/transport/gateway"
 )
 
 // Two out of three decide; anything less is inconclusive and blames nobody.
@@ -300,7 +301,7 @@ func TestHonestPeersPassThousandsOfVerifications(t *testing.T) {
 		}
 		r := &run{d: d, snap: snap, sent: sent, attempts: 1, req: req,
 			last: route.Target{Tier: route.TierMesh, Peer: served, Model: model}}
-		if v := d.verify(r); v != verdictPassed {
+		if v := d.verify(r); v != gateway.VerificationPassed {
 			t.Fatalf("task %d (%+v) served by %s: verdict %s", i, req, served, v)
 		}
 	}

@@ -77,8 +77,17 @@ const (
 	maxCountersig = 128
 )
 
-// verdicts are the values of MeterEvent.Verification.
-var verdicts = map[string]bool{"": true, "passed": true, "failed": true, "inconclusive": true, "skipped": true}
+// Values of MeterEvent.Verification: the verdict of a sampled verification.
+const (
+	VerificationPassed       = "passed"       // another execution gave the same output
+	VerificationFailed       = "failed"       // two others agreed against it
+	VerificationInconclusive = "inconclusive" // no decision: outputs all differ, or an execution failed
+	VerificationSkipped      = "skipped"      // sampled, but no other peer could run it, or too many running
+)
+
+// verdicts are the values of MeterEvent.Verification; "" is a task not sampled.
+var verdicts = map[string]bool{"": true, VerificationPassed: true, VerificationFailed: true,
+	VerificationInconclusive: true, VerificationSkipped: true}
 
 // validate checks the values an event must have.
 func (e *MeterEvent) validate() error {

@@ -58,7 +58,7 @@ type ServedTask struct {
 	// on success): PromptTokens is 0 and CompletionTokens counts the tokens emitted before the
 	// end.
 	PromptTokens, CompletionTokens int
-	Duration                       time.Duration          // from admission to the terminal frame or reset
+	Duration                       time.Duration          // from admission to the terminal frame or reset (with a receipt: to the generation's end)
 	Outcome                        string                 // OutcomeCompleted, OutcomeClientDisconnected or an inference error code
 	FinishReason                   inference.FinishReason // of a completed task
 	// Receipt is the signed receipt sent in the done frame, when the client asked for one

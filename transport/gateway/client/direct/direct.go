@@ -90,10 +90,9 @@ func Chat(ctx context.Context, baseURL, key string, body any, o Options) (Result
 		defer close(done)
 		outcome, readErr = sig.readLoop()
 	}()
-	stopped := func() error {
+	stopped := func() { // ends the connection and its reader
 		ws.CloseNow()
 		<-done
-		return nil
 	}
 
 	st, release, err := webrtc.DialRelayed(ctx, sig, o.WebRTC)

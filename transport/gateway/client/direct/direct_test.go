@@ -77,21 +77,24 @@ func startMesh(t *testing.T, verify float64) *mesh {
 		m.peers = append(m.peers, startNode(t, node.Config{Models: []string{model},
 			Bootstrap: []peer.AddrInfo{m.coord.AddrInfo()}}))
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		seen := 0
+	waitFor(t, 20*time.Second, "the coordinator sees every peer", func() bool {
 		for _, p := range m.peers {
-			if e, ok := m.coord.Registry().Get(p.ID(), time.Now()); ok && !e.Stale {
-				seen++
+			if e, ok := m.coord.Registry().Get(p.ID(), time.Now()); !ok || e.Stale {
+				return false
 			}
 		}
-		if seen == len(m.peers) {
-			return m
-		}
+		return true
+	})
+	return m
+}
+
+// waitFor polls cond until it holds, failing the test after d.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(d); !cond(); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the coordinator saw %d of %d peers", seen, len(m.peers))
+			t.Fatalf("%s: not within %v", what, d)
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -157,12 +160,11 @@ func TestDirectThroughCoordinator(t *testing.T) {
 	}
 	// Metered from the receipts: three events, each with the peer's receipt countersigned.
 	var events []gateway.MeterEvent
-	deadline := time.Now().Add(10 * time.Second)
-	for len(events) < 3 && time.Now().Before(deadline) {
+	waitFor(t, 10*time.Second, "three meter events", func() bool {
 		events = events[:0]
 		gateway.ReadEvents(filepath.Join(m.dir, gateway.UsageFile), func(e gateway.MeterEvent) { events = append(events, e) })
-		time.Sleep(5 * time.Millisecond)
-	}
+		return len(events) >= 3
+	})
 	if len(events) != 3 {
 		t.Fatalf("%d meter events, want 3", len(events))
 	}
@@ -184,17 +186,13 @@ func TestDirectTasksAreVerified(t *testing.T) {
 			t.Fatalf("direct request %d: %v", i, err)
 		}
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waitFor(t, 10*time.Second, "three verifications", func() bool {
 		v := m.coord.Status().Routing.Verification
-		if v.Passed == 3 {
-			break
-		}
-		if time.Now().After(deadline) || v.Failed > 0 {
+		if v.Failed > 0 {
 			t.Fatalf("verification %+v: want 3 passed", v)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return v.Passed == 3
+	})
 }
 
 // A bad key is refused before anything is set up.
