@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/meshinfer/meshinfer/transport/mux"
 )
 
 // fastHeartbeat makes staleness observable in seconds: stale after 2×1 s + 1 s, forgotten
@@ -40,11 +42,27 @@ func TestFiveNodesConvergeAndStopCleanly(t *testing.T) {
 	defer tn.Close() // before the leak check, also when the test fails early
 	// The production heartbeat: convergence within seconds comes from announcing on join.
 	within(t, 10*time.Second, "5 nodes converge", tn.Converged)
+	tcp := 0
 	for _, n := range tn.Running() {
 		st := n.Status()
 		if st.Mesh.PeersKnown != 4 || !st.Ready || st.Capability == nil {
 			t.Errorf("node %s status: known %d ready %v capability %v", n.ID(), st.Mesh.PeersKnown, st.Ready, st.Capability != nil)
 		}
+		// Loopback peers dial TCP first (node's dial ranking), and TCP connections between
+		// nodes run on meshinfer's multiplexer.
+		for _, c := range n.Host().Network().Conns() {
+			cs := c.ConnState()
+			if cs.Transport != "tcp" {
+				continue
+			}
+			tcp++
+			if cs.StreamMultiplexer != mux.ID {
+				t.Errorf("node %s: a TCP connection multiplexed by %q, want %q", n.ID(), cs.StreamMultiplexer, mux.ID)
+			}
+		}
+	}
+	if tcp == 0 {
+		t.Error("no TCP connection between the nodes")
 	}
 	if err := tn.Close(); err != nil {
 		t.Fatal(err)
