@@ -38,7 +38,7 @@ FUZZ_TARGETS := \
 	./transport/openai/:FuzzChatCompletionBody ./transport/webrtc/:FuzzDecodeSignal \
 	./transport/gateway/:FuzzDecodeKeys ./transport/gateway/:FuzzParseEvent \
 	./transport/gateway/:FuzzKeyFromHeader ./transport/gateway/:FuzzDecodeClientMessage \
-	./transport/gateway/:FuzzEventWriter
+	./transport/gateway/:FuzzEventWriter ./transport/mux/:FuzzConnInput
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; name=$${t##*:}; \
