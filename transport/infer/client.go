@@ -5,20 +5,32 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/transport/frame"
 )
 
-// Client sends inference requests to peers.
+// Client sends inference requests to peers. It asks for ReuseID streams and keeps a few
+// idle ones per peer, so that a request usually goes out on a stream already open: one
+// frame, not a stream set-up, before the peer starts.
 type Client struct {
 	h        host.Host
 	idle     time.Duration
 	receipts bool
+
+	mu   sync.Mutex
+	pool map[peer.ID][]pooled // idle ReuseID streams, the most recent last
+}
+
+type pooled struct {
+	st    network.Stream
+	since time.Time
 }
 
 // ClientOption configures a Client.
@@ -34,7 +46,7 @@ func WithReceipts() ClientOption { return func(c *Client) { c.receipts = true } 
 
 // NewClient returns a client that opens streams from h.
 func NewClient(h host.Host, opts ...ClientOption) *Client {
-	c := &Client{h: h, idle: DefaultIdleTimeout}
+	c := &Client{h: h, idle: DefaultIdleTimeout, pool: make(map[peer.ID][]pooled)}
 	for _, o := range opts {
 		o(c)
 	}
@@ -51,14 +63,61 @@ func (c *Client) Generate(ctx context.Context, p peer.ID, req *inference.Request
 	if err != nil {
 		return inference.Result{}, err
 	}
-	st, err := c.h.NewStream(ctx, p, ID)
+	if st := c.take(p); st != nil {
+		res, stale, err := c.exchange(ctx, st, p, body, emit, true)
+		if !stale {
+			return res, err
+		}
+		// The pooled stream had ended before any answer (the peer closed it idle, or
+		// restarted): the request goes again on a new stream.
+	}
+	st, err := c.h.NewStream(ctx, p, ReuseID, ID)
 	if err != nil {
 		if ctx.Err() != nil {
 			return inference.Result{}, fmt.Errorf("open stream to %s: %w", p, ctx.Err())
 		}
 		return inference.Result{}, inference.Errorf(inference.CodeUnavailable, "open stream to %s: %v", p, err)
 	}
-	return c.exchange(ctx, st, p, body, emit)
+	res, _, err := c.exchange(ctx, st, p, body, emit, false)
+	return res, err
+}
+
+// take returns an idle pooled stream to p, or nil.
+func (c *Client) take(p peer.ID) network.Stream {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for q := c.pool[p]; len(q) > 0; q = c.pool[p] {
+		last := q[len(q)-1]
+		c.pool[p] = q[:len(q)-1]
+		if time.Since(last.since) < poolIdle {
+			return last.st
+		}
+		last.st.Close()
+	}
+	delete(c.pool, p)
+	return nil
+}
+
+// put keeps st, a ReuseID stream to p whose exchange completed, for the next request; past
+// maxPooledPerPeer (or with expired ones) streams are closed.
+func (c *Client) put(p peer.ID, st network.Stream) {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	q := c.pool[p][:0]
+	for _, e := range c.pool[p] {
+		if now.Sub(e.since) < poolIdle {
+			q = append(q, e)
+		} else {
+			e.st.Close()
+		}
+	}
+	if len(q) >= maxPooledPerPeer {
+		st.Close()
+	} else {
+		q = append(q, pooled{st: st, since: now})
+	}
+	c.pool[p] = q
 }
 
 // GenerateOn runs req on peer p over st, a stream to p opened over another transport than
@@ -70,7 +129,8 @@ func (c *Client) GenerateOn(ctx context.Context, st Stream, p peer.ID, req *infe
 		st.Reset()
 		return inference.Result{}, err
 	}
-	return c.exchange(ctx, st, p, body, emit)
+	res, _, err := c.exchange(ctx, st, p, body, emit, false)
+	return res, err
 }
 
 // requestFrame encodes req's request frame within MaxRequestFrame.
@@ -78,16 +138,27 @@ func (c *Client) requestFrame(req *inference.Request) ([]byte, error) {
 	return EncodeRequest(req, c.receipts)
 }
 
-// exchange sends the request frame body on st (none when nil) and reads the answer.
-func (c *Client) exchange(ctx context.Context, st Stream, p peer.ID, body []byte, emit func(inference.Token) error) (inference.Result, error) {
+// exchange sends the request frame body on st (none when nil) and reads the answer. A
+// completed ReuseID stream goes back to the pool, any other is closed or reset. stale
+// reports that st was a pooled stream (pooled) found ended before any answer: nothing of
+// the request ran, and the caller may send it again.
+func (c *Client) exchange(ctx context.Context, st Stream, p peer.ID, body []byte, emit func(inference.Token) error, pooled bool) (res inference.Result, stale bool, err error) {
 	stop := context.AfterFunc(ctx, func() { st.Reset() })
 	defer stop()
+	// staleOr reports a broken stream: stale if it was pooled and nothing came back yet.
+	answered := false
+	staleOr := func(what string, err error) (inference.Result, bool, error) {
+		st.Reset()
+		if pooled && !answered && ctx.Err() == nil && !isTimeout(err) {
+			return inference.Result{}, true, err
+		}
+		return inference.Result{}, false, c.lost(ctx, p, what, err)
+	}
 
 	if body != nil {
 		st.SetWriteDeadline(time.Now().Add(WriteTimeout))
 		if err := frame.Write(st, body); err != nil {
-			st.Reset()
-			return inference.Result{}, c.lost(ctx, p, "send request", err)
+			return staleOr("send request", err)
 		}
 	}
 	// The write side stays open: the server reads its end (EOF or reset) as cancellation.
@@ -98,24 +169,25 @@ func (c *Client) exchange(ctx context.Context, st Stream, p peer.ID, body []byte
 		st.SetReadDeadline(time.Now().Add(c.idle))
 		fb, err := r.Next()
 		if err != nil {
-			st.Reset()
 			if isTimeout(err) && ctx.Err() == nil {
-				return inference.Result{}, inference.Errorf(inference.CodeTimeout, "peer %s silent for %v", p, c.idle)
+				st.Reset()
+				return inference.Result{}, false, inference.Errorf(inference.CodeTimeout, "peer %s silent for %v", p, c.idle)
 			}
-			return inference.Result{}, c.lost(ctx, p, "read", err)
+			return staleOr("read", err)
 		}
+		answered = true
 		if len(fb) == 0 {
 			st.Reset()
-			return inference.Result{}, c.lost(ctx, p, "read", fmt.Errorf("%w: empty frame", errProtocol))
+			return inference.Result{}, false, c.lost(ctx, p, "read", fmt.Errorf("%w: empty frame", errProtocol))
 		}
 		if fb[0] != frameToken {
 			res, err := decodeTerminal(fb)
 			if errors.Is(err, errProtocol) {
 				st.Reset()
-				return inference.Result{}, c.lost(ctx, p, "read", err)
+				return inference.Result{}, false, c.lost(ctx, p, "read", err)
 			}
-			st.Close()
-			return res, err
+			c.release(p, st, stop)
+			return res, false, err
 		}
 		tok, err := decodeToken(fb)
 		if err == nil && tok.Index != next {
@@ -123,14 +195,26 @@ func (c *Client) exchange(ctx context.Context, st Stream, p peer.ID, body []byte
 		}
 		if err != nil {
 			st.Reset()
-			return inference.Result{}, c.lost(ctx, p, "read", err)
+			return inference.Result{}, false, c.lost(ctx, p, "read", err)
 		}
 		next++
 		if err := emit(tok); err != nil {
 			st.Reset()
-			return inference.Result{}, err
+			return inference.Result{}, false, err
 		}
 	}
+}
+
+// release ends an exchange that read its terminal frame: a ReuseID stream goes back to the
+// pool (unless the caller's cancellation already reset it), any other is closed.
+func (c *Client) release(p peer.ID, st Stream, stopReset func() bool) {
+	if ns, ok := st.(network.Stream); ok && ns.Protocol() == ReuseID {
+		if stopReset() {
+			c.put(p, ns)
+		}
+		return
+	}
+	st.Close()
 }
 
 // lost classifies a broken exchange: the caller's own cancellation wins, else peer_lost.

@@ -92,5 +92,6 @@ func DecodeRequest(body []byte) (*inference.Request, bool, error) { return decod
 // typed error. It sends nothing on st, but keeps its write side open until the terminal
 // frame, and resets st when ctx ends.
 func (c *Client) ReadAnswer(ctx context.Context, st Stream, p peer.ID, emit func(inference.Token) error) (inference.Result, error) {
-	return c.exchange(ctx, st, p, nil, emit)
+	res, _, err := c.exchange(ctx, st, p, nil, emit, false)
+	return res, err
 }

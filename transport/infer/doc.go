@@ -1,5 +1,6 @@
 // Package infer implements the peer inference protocol, /meshinfer/infer/1.0.0: one request
-// per stream, answered by a stream of tokens and exactly one terminal frame.
+// per stream, answered by a stream of tokens and exactly one terminal frame; and
+// /meshinfer/infer/1.1.0 (ReuseID), the same exchange repeated on one stream.
 //
 // # Wire format
 //
@@ -21,9 +22,25 @@
 // one sends none. The requester checks it against what it received.
 //
 // A response is zero or more token frames with indices 0, 1, … n−1, then exactly one done or
-// error frame, then the server closes the stream. Anything else is a protocol violation: the
+// error frame, then the server closes the stream (1.0.0; see below for 1.1.0). Anything else is a protocol violation: the
 // reader resets the stream. The error codes are inference's closed set; an unknown code
 // reads as unavailable.
+//
+// # Reused streams (1.1.0)
+//
+// On a ReuseID stream the exchange above repeats: after the terminal frame the server
+// leaves the stream open and reads the next request frame. A request that ends any other
+// way (the client's reset or close before the terminal frame, a failed write) ends the
+// stream, and so does a frame from the client before the terminal frame (a protocol error:
+// the running request is cancelled, the stream reset). The client ends a stream it no
+// longer wants by closing its write side after a terminal frame; the server closes one
+// that stays idle for the session idle time (DefaultSessionIdle, 60 s), and one it has
+// while shutting down.
+//
+// Clients open streams asking for 1.1.0 first, then 1.0.0, and keep up to 4 idle 1.1.0
+// streams per peer for 30 s (half the server's idle time). A request sent on a pooled
+// stream that turns out to have ended before any answer came back (closed by the server,
+// which then never read it) is sent again on a new stream; nothing of it ran.
 //
 // # Server rules
 //

@@ -14,8 +14,13 @@ import (
 	"github.com/meshinfer/meshinfer/inference"
 )
 
-// ID is the protocol ID of peer inference.
+// ID is the protocol ID of peer inference: one request per stream.
 const ID = protocol.ID("/meshinfer/infer/1.0.0")
+
+// ReuseID is the same protocol with requests one after another on a stream: after the
+// terminal frame the server waits for the next request frame instead of closing. Clients
+// ask for it first and fall back to ID.
+const ReuseID = protocol.ID("/meshinfer/infer/1.1.0")
 
 // Sizes and timeouts. Each is the default a Server or Client uses.
 const (
@@ -43,6 +48,13 @@ const (
 	DefaultMaxInFlightPerPeer = 8
 	// maxGeneration bounds one whole generation at the server.
 	maxGeneration = 15 * time.Minute
+	// DefaultSessionIdle bounds the server's wait for the next request on a reused stream.
+	DefaultSessionIdle = 60 * time.Second
+	// poolIdle bounds how long a client keeps an idle stream for reuse: well inside the
+	// server's wait, so that a pooled stream is rarely one the server just closed.
+	poolIdle = 30 * time.Second
+	// maxPooledPerPeer bounds the idle streams a client keeps to one peer.
+	maxPooledPerPeer = 4
 )
 
 // Frame types.

@@ -102,16 +102,21 @@ func WithOnServed(fn func(ServedTask)) ServerOption { return func(s *Server) { s
 // sent.
 func WithSigner(fn Signer) ServerOption { return func(s *Server) { s.sign = fn } }
 
-// Server answers /meshinfer/infer/1.0.0 with a Generator.
+// WithSessionIdle sets how long a reused stream (ReuseID) waits for its next request
+// (DefaultSessionIdle).
+func WithSessionIdle(d time.Duration) ServerOption { return func(s *Server) { s.sessionIdle = d } }
+
+// Server answers /meshinfer/infer/1.0.0 and 1.1.0 with a Generator.
 type Server struct {
-	h        host.Host
-	gen      Generator
-	admit    Admission
-	limits   inference.Limits
-	onServed func(ServedTask)
-	sign     Signer
-	maxTotal int
-	maxPeer  int
+	h           host.Host
+	gen         Generator
+	admit       Admission
+	limits      inference.Limits
+	onServed    func(ServedTask)
+	sign        Signer
+	maxTotal    int
+	maxPeer     int
+	sessionIdle time.Duration
 
 	ctx    context.Context // cancelled by Close: every generation ends
 	cancel context.CancelFunc
@@ -130,12 +135,13 @@ func NewServer(h host.Host, gen Generator, opts ...ServerOption) *Server {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
 		h: h, gen: gen, maxTotal: DefaultMaxInFlight, maxPeer: DefaultMaxInFlightPerPeer,
-		ctx: ctx, cancel: cancel, perPeer: make(map[peer.ID]int),
+		sessionIdle: DefaultSessionIdle, ctx: ctx, cancel: cancel, perPeer: make(map[peer.ID]int),
 	}
 	for _, o := range opts {
 		o(s)
 	}
 	h.SetStreamHandler(ID, s.handle)
+	h.SetStreamHandler(ReuseID, s.handleSession)
 	return s
 }
 
@@ -146,6 +152,7 @@ func (s *Server) Close() error {
 		return nil
 	}
 	s.h.RemoveStreamHandler(ID)
+	s.h.RemoveStreamHandler(ReuseID)
 	s.cancel()
 	s.wg.Wait()
 	return nil
@@ -219,7 +226,87 @@ func (s *Server) ServeStream(from peer.ID, st Stream) {
 		st.Reset()
 		return
 	}
-	s.run(from, st, req, wantReceipt, err)
+	s.run(from, st, req, wantReceipt, err, nil)
+}
+
+// session is one request's part of a reused stream (ReuseID): the stream's handler reads
+// the stream while the request runs, so it watches for the client's end in place of
+// serve's watcher, and the stream stays open after the terminal frame.
+type session struct {
+	ctx context.Context // cancelled when the client ends or breaks the stream first
+	// terminal is set just before the terminal frame is written: a frame read after that
+	// is the client's next request, before it a protocol violation.
+	terminal atomic.Bool
+	idle     time.Duration
+}
+
+// handleSession serves a ReuseID stream: requests one after another, each answered as on
+// ID, until the client closes its side, a request breaks the stream, or none comes within
+// the session idle time (the stream is then closed).
+func (s *Server) handleSession(st network.Stream) {
+	if s.closed.Load() {
+		st.Reset()
+		return
+	}
+	s.wg.Add(1)
+	defer s.wg.Done()
+	from := st.Conn().RemotePeer()
+	// Close ends an idle wait at once (a running request ends with its shutting_down frame).
+	stop := context.AfterFunc(s.ctx, func() { st.SetReadDeadline(time.Now().Add(-time.Hour)) })
+	defer stop()
+
+	r := frame.NewReader(st, MaxRequestFrame)
+	if err := st.SetReadDeadline(time.Now().Add(RequestTimeout)); err != nil {
+		st.Reset()
+		return
+	}
+	body, err := r.Next()
+	for first := true; ; first = false {
+		switch {
+		case err == nil && s.ctx.Err() != nil:
+			st.Reset()
+			return
+		case err != nil && !first && (errors.Is(err, io.EOF) || isTimeout(err)):
+			// The client is done with the stream, it stayed idle, or the server closes.
+			st.Close()
+			return
+		case err != nil:
+			s.protoErrs.Add(1)
+			log.Debugw("bad request frame", "peer", from, "err", err)
+			st.Reset()
+			return
+		}
+		req, wantReceipt, derr := decodeRequest(body)
+		if errors.Is(derr, errProtocol) {
+			s.protoErrs.Add(1)
+			st.Reset()
+			return
+		}
+		ctx, cancel := context.WithCancel(s.ctx)
+		sess := &session{ctx: ctx, idle: s.sessionIdle}
+		st.SetReadDeadline(time.Time{})
+		usable := make(chan bool, 1)
+		go func() {
+			usable <- s.run(from, st, req, wantReceipt, derr, sess).Outcome != OutcomeClientDisconnected
+		}()
+		// Read on: the next request once the terminal frame is out, else the client's end
+		// (or a frame it should not have sent yet), which cancels the request.
+		body, err = r.Next()
+		early := !sess.terminal.Load()
+		if early {
+			cancel()
+		}
+		ok := <-usable
+		cancel()
+		if early && err == nil {
+			s.protoErrs.Add(1)
+			st.Reset()
+			return
+		}
+		if !ok {
+			return // reset by run
+		}
+	}
 }
 
 // ServeRequest answers req, which peer from sent by another way than st (a coordinator that
@@ -236,12 +323,12 @@ func (s *Server) ServeRequest(from peer.ID, req *inference.Request, wantReceipt 
 	}
 	s.wg.Add(1)
 	defer s.wg.Done()
-	return s.run(from, st, req, wantReceipt, nil)
+	return s.run(from, st, req, wantReceipt, nil, nil)
 }
 
 // run checks, admits and serves a decoded request (decodeErr: why it could not be decoded)
 // and reports the task.
-func (s *Server) run(from peer.ID, st Stream, req *inference.Request, wantReceipt bool, decodeErr error) ServedTask {
+func (s *Server) run(from peer.ID, st Stream, req *inference.Request, wantReceipt bool, decodeErr error, sess *session) ServedTask {
 	err := decodeErr
 	if err == nil {
 		err = req.Validate(s.limits)
@@ -254,7 +341,7 @@ func (s *Server) run(from peer.ID, st Stream, req *inference.Request, wantReceip
 		err = inference.Errorf(inference.CodeOverloaded, "node at its limit of concurrent requests")
 	}
 	if err != nil {
-		refused := ServedTask{From: from, Outcome: s.finish(st, nil, nil, err)}
+		refused := ServedTask{From: from, Outcome: s.finish(st, nil, nil, err, sess)}
 		if req != nil {
 			refused.Model = req.Model
 		}
@@ -265,7 +352,7 @@ func (s *Server) run(from peer.ID, st Stream, req *inference.Request, wantReceip
 	if wantReceipt {
 		signer = s.sign
 	}
-	task := s.serve(st, from, req, began, signer)
+	task := s.serve(st, from, req, began, signer, sess)
 	task.From, task.Model = from, req.Model
 	if task.Receipt == "" {
 		task.Duration = time.Since(began)
@@ -279,21 +366,27 @@ func (s *Server) run(from peer.ID, st Stream, req *inference.Request, wantReceip
 
 // serve runs an admitted request to its terminal frame and reports its outcome and tokens.
 // With a signer, a completed request's done frame carries the receipt it makes.
-func (s *Server) serve(st Stream, from peer.ID, req *inference.Request, began time.Time, sign Signer) ServedTask {
-	ctx, cancel := context.WithTimeout(s.ctx, maxGeneration)
+func (s *Server) serve(st Stream, from peer.ID, req *inference.Request, began time.Time, sign Signer, sess *session) ServedTask {
+	parent := s.ctx
+	if sess != nil {
+		parent = sess.ctx // cancelled by the stream's handler, which watches the stream
+	}
+	ctx, cancel := context.WithTimeout(parent, maxGeneration)
 	defer cancel()
-	// The client sends nothing after the request and keeps its write side open until the
-	// terminal frame; its end (EOF or reset) before then means it gave up. Watching the read
-	// side turns that into a cancellation at once, even while the backend is loading and
-	// nothing is being written.
-	st.SetReadDeadline(time.Time{})
-	clientGone := make(chan struct{})
-	go func() { // exits when the read side ends: the client's EOF or reset, or finish's Close/Reset
-		defer close(clientGone)
-		io.Copy(io.Discard, io.LimitReader(st, maxTrailingBytes))
-		cancel()
-	}()
-	defer func() { <-clientGone }()
+	if sess == nil {
+		// The client sends nothing after the request and keeps its write side open until
+		// the terminal frame; its end (EOF or reset) before then means it gave up. Watching
+		// the read side turns that into a cancellation at once, even while the backend is
+		// loading and nothing is being written.
+		st.SetReadDeadline(time.Time{})
+		clientGone := make(chan struct{})
+		go func() { // exits when the read side ends: the client's EOF or reset, or finish's Close/Reset
+			defer close(clientGone)
+			io.Copy(io.Discard, io.LimitReader(st, maxTrailingBytes))
+			cancel()
+		}()
+		defer func() { <-clientGone }()
+	}
 
 	// A streaming request gets each token frame written as it is produced. A non-streaming
 	// one is answered only once complete, so its token frames are batched and go out with
@@ -340,7 +433,7 @@ func (s *Server) serve(st Stream, from peer.ID, req *inference.Request, began ti
 			task.Receipt, res.Receipt = rcpt, rcpt
 		}
 	}
-	task.Outcome = s.finish(st, pending, &res, err)
+	task.Outcome = s.finish(st, pending, &res, err, sess)
 	if task.Outcome == OutcomeCompleted {
 		task.FinishReason = res.FinishReason
 		task.PromptTokens, task.CompletionTokens = res.Usage.PromptTokens, res.Usage.CompletionTokens
@@ -357,9 +450,10 @@ const (
 )
 
 // finish writes the token frames still pending and the terminal frame, and closes the
-// stream, or resets it when the client is gone. It returns the outcome: OutcomeCompleted, the
-// code of err, or OutcomeClientDisconnected.
-func (s *Server) finish(st Stream, pending []byte, res *inference.Result, err error) string {
+// stream, or resets it when the client is gone. On a reused stream (sess) it leaves the
+// stream open and gives the handler's read the session idle time. It returns the outcome:
+// OutcomeCompleted, the code of err, or OutcomeClientDisconnected.
+func (s *Server) finish(st Stream, pending []byte, res *inference.Result, err error, sess *session) string {
 	var body []byte
 	switch {
 	case err == nil:
@@ -371,6 +465,9 @@ func (s *Server) finish(st Stream, pending []byte, res *inference.Result, err er
 		return OutcomeClientDisconnected
 	default:
 		body = encodeError(err)
+	}
+	if sess != nil {
+		sess.terminal.Store(true)
 	}
 	st.SetWriteDeadline(time.Now().Add(WriteTimeout))
 	if _, werr := st.Write(frame.Append(pending, body)); werr != nil {
@@ -385,6 +482,13 @@ func (s *Server) finish(st Stream, pending []byte, res *inference.Result, err er
 	} else {
 		s.failed.Add(1)
 		outcome = string(inference.CodeOf(err))
+	}
+	if sess != nil {
+		st.SetReadDeadline(time.Now().Add(sess.idle))
+		if s.ctx.Err() != nil { // closing: the handler's read ends now, not after the idle time
+			st.SetReadDeadline(time.Now().Add(-time.Hour))
+		}
+		return outcome
 	}
 	st.Close()
 	return outcome

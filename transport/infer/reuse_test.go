@@ -1,0 +1,170 @@
+package infer
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/transport/frame"
+)
+
+// openStreams counts h's open streams to p speaking proto.
+func openStreams(h host.Host, p peer.ID, proto protocol.ID) int {
+	n := 0
+	for _, c := range h.Network().ConnsToPeer(p) {
+		for _, s := range c.GetStreams() {
+			if s.Protocol() == proto {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func (c *Client) pooledTo(p peer.ID) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.pool[p])
+}
+
+// generateSame runs req on the pair's server and checks the tokens against the backend's own.
+func generateSame(t *testing.T, p pair, maxTokens int) {
+	t.Helper()
+	var local, remote []inference.Token
+	if _, err := p.be.Generate(context.Background(), request(maxTokens), collect(&local)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.client.Generate(context.Background(), p.sh.ID(), request(maxTokens), collect(&remote)); err != nil {
+		t.Fatal(err)
+	}
+	if len(remote) != len(local) {
+		t.Fatalf("%d tokens, want %d", len(remote), len(local))
+	}
+	for i := range local {
+		if local[i] != remote[i] {
+			t.Fatalf("token %d: %+v, want %+v", i, remote[i], local[i])
+		}
+	}
+}
+
+// Requests one after another go on one stream (ReuseID), with the same answers.
+func TestRequestsReuseOneStream(t *testing.T) {
+	p := newPair(t, nil)
+	for range 3 {
+		generateSame(t, p, 12)
+	}
+	ch := p.client.h.ID()
+	waitFor(t, "served 3", func() bool { return p.server.Stats().Served == 3 })
+	if n := openStreams(p.sh, ch, ReuseID); n != 1 {
+		t.Errorf("server side: %d open %s streams after 3 requests, want 1", n, ReuseID)
+	}
+	if n := p.client.pooledTo(p.sh.ID()); n != 1 {
+		t.Errorf("client pool: %d streams, want 1", n)
+	}
+}
+
+// A cancelled request's stream is reset, not pooled; the next request still works.
+func TestCancelledRequestIsNotPooled(t *testing.T) {
+	ch, sh := newHost(t), newHost(t)
+	gen := blocking{started: make(chan struct{}, 1)}
+	srv := NewServer(sh, gen)
+	defer srv.Close()
+	connect(t, ch, sh)
+	c := NewClient(ch)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c.Generate(ctx, sh.ID(), request(8), func(inference.Token) error { return nil })
+		errc <- err
+	}()
+	<-gen.started
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("client err %v, want context.Canceled", err)
+	}
+	waitFor(t, "the server to see the disconnect and drop the stream", func() bool {
+		return srv.Stats().ClientDisconnected == 1 && openStreams(sh, ch.ID(), ReuseID) == 0
+	})
+	if n := c.pooledTo(sh.ID()); n != 0 {
+		t.Errorf("client pool: %d streams after a cancelled request, want 0", n)
+	}
+}
+
+// A pooled stream the server closed while idle is found ended and the request goes again on
+// a new stream: the caller sees no error.
+func TestIdleSessionClosedByServerIsRetried(t *testing.T) {
+	p := newPair(t, []ServerOption{WithSessionIdle(50 * time.Millisecond)})
+	generateSame(t, p, 6)
+	ch := p.client.h.ID()
+	waitFor(t, "the server to close the idle stream", func() bool { return openStreams(p.sh, ch, ReuseID) == 0 })
+	if n := p.client.pooledTo(p.sh.ID()); n != 1 {
+		t.Fatalf("client pool: %d, want the stale stream still there", n)
+	}
+	generateSame(t, p, 6)
+	st := p.server.Stats()
+	if st.Served != 2 || st.ProtocolErrors != 0 {
+		t.Errorf("server stats %+v: want 2 served, no protocol errors", st)
+	}
+}
+
+// Close ends a session waiting for its next request at once, not after the idle time.
+func TestServerCloseEndsIdleSessions(t *testing.T) {
+	p := newPair(t, nil) // DefaultSessionIdle: a minute
+	generateSame(t, p, 4)
+	closed := make(chan struct{})
+	go func() { p.server.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close waited for the idle session")
+	}
+}
+
+// A server that speaks only ID (an older node) is served one request per stream.
+func TestOneShotServerStillServed(t *testing.T) {
+	p := newPair(t, nil)
+	p.sh.RemoveStreamHandler(ReuseID)
+	for range 2 {
+		generateSame(t, p, 6)
+	}
+	if n := p.client.pooledTo(p.sh.ID()); n != 0 {
+		t.Errorf("client pool: %d streams to a one-shot server, want 0", n)
+	}
+	waitFor(t, "served 2", func() bool { return p.server.Stats().Served == 2 })
+}
+
+// A client that sends its next request before the terminal frame breaks the protocol: the
+// running request is cancelled and the stream reset.
+func TestFrameBeforeTerminalIsProtocolError(t *testing.T) {
+	ch, sh := newHost(t), newHost(t)
+	gen := blocking{started: make(chan struct{}, 1)}
+	srv := NewServer(sh, gen)
+	defer srv.Close()
+	connect(t, ch, sh)
+	st, err := ch.NewStream(context.Background(), sh.ID(), ReuseID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Reset()
+	body, err := EncodeRequest(request(8), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := frame.Write(st, body); err != nil {
+		t.Fatal(err)
+	}
+	<-gen.started
+	if err := frame.Write(st, body); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the protocol error", func() bool {
+		s := srv.Stats()
+		return s.ProtocolErrors == 1 && s.InFlight == 0 && openStreams(sh, ch.ID(), ReuseID) == 0
+	})
+}
