@@ -14,6 +14,7 @@ import (
 	"github.com/meshinfer/meshinfer/mesh/participation"
 	"github.com/meshinfer/meshinfer/node"
 	"github.com/meshinfer/meshinfer/transport/gateway"
+	"github.com/meshinfer/meshinfer/transport/infer"
 )
 
 // meshFixture is a real coordinator node on loopback, serving no model itself, and peers
@@ -28,6 +29,22 @@ type meshFixture struct {
 
 // startMesh starts the coordinator and npeers peers and waits until the coordinator holds
 // a fresh announcement of every peer. Everything is closed when tb ends.
+// idleSessions counts the inference streams (infer.ReuseID) open at the peers: each is a
+// handler goroutine waiting for the coordinator's next request on it.
+func (f *meshFixture) idleSessions() int {
+	n := 0
+	for _, p := range f.peers {
+		for _, c := range p.Host().Network().Conns() {
+			for _, s := range c.GetStreams() {
+				if s.Protocol() == infer.ReuseID {
+					n++
+				}
+			}
+		}
+	}
+	return n
+}
+
 func startMesh(tb testing.TB, npeers int) *meshFixture {
 	tb.Helper()
 	f := &meshFixture{dir: tb.TempDir()}
