@@ -214,19 +214,26 @@ func (s *Server) ServeStream(from peer.ID, st Stream) {
 		return
 	}
 	body, err := frame.NewReader(st, MaxRequestFrame).Next()
-	if err != nil {
-		s.protoErrs.Add(1)
-		log.Debugw("bad request frame", "peer", from, "err", err)
-		st.Reset()
-		return
+	req, wantReceipt, ok, err := s.readRequest(from, st, body, err)
+	if ok {
+		s.run(from, st, req, wantReceipt, err, nil)
 	}
-	req, wantReceipt, err := decodeRequest(body)
-	if errors.Is(err, errProtocol) {
-		s.protoErrs.Add(1)
-		st.Reset()
-		return
+}
+
+// readRequest decodes a request frame read with readErr. A missing or broken frame, or one
+// that is not a request, is a protocol error: counted, st reset, ok false. A request whose
+// content does not decode comes back with its error, for run to answer.
+func (s *Server) readRequest(from peer.ID, st Stream, body []byte, readErr error) (req *inference.Request, wantReceipt, ok bool, err error) {
+	err = readErr
+	if err == nil {
+		if req, wantReceipt, err = decodeRequest(body); !errors.Is(err, errProtocol) {
+			return req, wantReceipt, true, err
+		}
 	}
-	s.run(from, st, req, wantReceipt, err, nil)
+	s.protoErrs.Add(1)
+	log.Debugw("bad request frame", "peer", from, "err", err)
+	st.Reset()
+	return nil, false, false, nil
 }
 
 // session is one request's part of a reused stream (ReuseID): the stream's handler reads
@@ -270,16 +277,9 @@ func (s *Server) handleSession(st network.Stream) {
 			// The client is done with the stream, it stayed idle, or the server closes.
 			st.Close()
 			return
-		case err != nil:
-			s.protoErrs.Add(1)
-			log.Debugw("bad request frame", "peer", from, "err", err)
-			st.Reset()
-			return
 		}
-		req, wantReceipt, derr := decodeRequest(body)
-		if errors.Is(derr, errProtocol) {
-			s.protoErrs.Add(1)
-			st.Reset()
+		req, wantReceipt, ok, derr := s.readRequest(from, st, body, err)
+		if !ok {
 			return
 		}
 		ctx, cancel := context.WithCancel(s.ctx)
@@ -296,7 +296,7 @@ func (s *Server) handleSession(st network.Stream) {
 		if early {
 			cancel()
 		}
-		ok := <-usable
+		ok = <-usable
 		cancel()
 		if early && err == nil {
 			s.protoErrs.Add(1)

@@ -100,6 +100,17 @@ func wait(ch chan struct{}, deadline time.Time, timer **time.Timer) bool {
 	}
 }
 
+// await waits for ch; it reports false when deadline passed and *current (s.rdl or s.wdl,
+// read under s.mu) still holds it, true on a signal or a deadline since moved.
+func (s *stream) await(ch chan struct{}, deadline time.Time, current *time.Time, timer **time.Timer) bool {
+	if wait(ch, deadline, timer) {
+		return true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !current.Equal(deadline)
+}
+
 func stopTimer(t *time.Timer) {
 	if t != nil {
 		t.Stop()
@@ -149,13 +160,8 @@ func (s *stream) Read(b []byte) (int, error) {
 		}
 		deadline := s.rdl
 		s.mu.Unlock()
-		if !wait(s.readable, deadline, &timer) {
-			s.mu.Lock()
-			expired := s.rdl.Equal(deadline)
-			s.mu.Unlock()
-			if expired {
-				return 0, errDeadline
-			}
+		if !s.await(s.readable, deadline, &s.rdl, &timer) {
+			return 0, errDeadline
 		}
 	}
 }
@@ -181,13 +187,8 @@ func (s *stream) Write(b []byte) (int, error) {
 		}
 		if s.sendAvail == 0 {
 			s.mu.Unlock()
-			if !wait(s.writable, deadline, &timer) {
-				s.mu.Lock()
-				expired := s.wdl.Equal(deadline)
-				s.mu.Unlock()
-				if expired {
-					return n, errDeadline
-				}
+			if !s.await(s.writable, deadline, &s.wdl, &timer) {
+				return n, errDeadline
 			}
 			continue
 		}
