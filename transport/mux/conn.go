@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -465,7 +466,9 @@ func violation(format string, args ...any) error {
 func (c *Conn) recvLoop() {
 	defer c.wg.Done()
 	var hdr [hdrSize]byte
-	payload := make([]byte, MaxPayload)
+	// Grown to the largest payload seen: most connections carry small frames only, and a
+	// MaxPayload buffer on each would cost 64 KiB a connection.
+	var payload []byte
 	for {
 		if _, err := io.ReadFull(c.nc, hdr[:]); err != nil {
 			c.readFailed(err)
@@ -484,11 +487,12 @@ func (c *Conn) recvLoop() {
 				err = violation("data frame of %d bytes", length)
 				break
 			}
-			if _, rerr := io.ReadFull(c.nc, payload[:length]); rerr != nil {
+			payload = slices.Grow(payload[:0], int(length))[:length]
+			if _, rerr := io.ReadFull(c.nc, payload); rerr != nil {
 				c.readFailed(rerr)
 				return
 			}
-			err = c.onStreamFrame(typ, flags, id, length, payload[:length])
+			err = c.onStreamFrame(typ, flags, id, length, payload)
 		case typ == typeWindow:
 			err = c.onStreamFrame(typ, flags, id, length, nil)
 		case typ == typePing:
