@@ -595,7 +595,7 @@ func (c *Conn) opened(id uint32) (*stream, error) {
 func (c *Conn) forget(s *stream) {
 	c.mu.Lock()
 	delete(c.streams, s.id)
-	if s.queued {
+	if s.queued && c.err == nil { // after the close, the backlog is gone already
 		s.queued = false
 		c.backlog--
 	}
