@@ -2,6 +2,7 @@ package node
 
 import (
 	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/meshinfer/meshinfer/node/console"
 )
@@ -95,6 +96,21 @@ func (n *Node) Peers() []console.Peer {
 			Score:      n.rep.Score(e.Peer.String(), now),
 			Excluded:   n.rep.Excluded(e.Peer.String(), now),
 			Capability: e.Vector,
+			Conns:      n.connsTo(e.Peer),
+		})
+	}
+	return out
+}
+
+// connsTo describes the open connections to p.
+func (n *Node) connsTo(p peer.ID) []console.Conn {
+	conns := n.host.Network().ConnsToPeer(p)
+	out := make([]console.Conn, 0, len(conns))
+	for _, c := range conns {
+		st, cs := c.Stat(), c.ConnState()
+		out = append(out, console.Conn{
+			Transport: cs.Transport, Muxer: string(cs.StreamMultiplexer), Security: string(cs.Security),
+			Direction: st.Direction.String(), Limited: st.Limited,
 		})
 	}
 	return out

@@ -49,15 +49,16 @@ func TestFiveNodesConvergeAndStopCleanly(t *testing.T) {
 			t.Errorf("node %s status: known %d ready %v capability %v", n.ID(), st.Mesh.PeersKnown, st.Ready, st.Capability != nil)
 		}
 		// Loopback peers dial TCP first (node's dial ranking), and TCP connections between
-		// nodes run on meshinfer's multiplexer.
-		for _, c := range n.Host().Network().Conns() {
-			cs := c.ConnState()
-			if cs.Transport != "tcp" {
-				continue
-			}
-			tcp++
-			if cs.StreamMultiplexer != mux.ID {
-				t.Errorf("node %s: a TCP connection multiplexed by %q, want %q", n.ID(), cs.StreamMultiplexer, mux.ID)
+		// nodes run on meshinfer's multiplexer, as /api/peers shows.
+		for _, p := range n.Peers() {
+			for _, c := range p.Conns {
+				if c.Transport != "tcp" {
+					continue
+				}
+				tcp++
+				if c.Muxer != string(mux.ID) || c.Security == "" || c.Direction == "" {
+					t.Errorf("node %s: a TCP connection %+v, want multiplexed by %q", n.ID(), c, mux.ID)
+				}
 			}
 		}
 	}

@@ -119,7 +119,7 @@ func renderStatus(w io.Writer, st console.Status, peers []console.Peer) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "PEER\tSTATE\tAGE\tSCORE\tCAPABILITY")
 	for _, p := range peers {
-		state := "connected"
+		state := "connected" + linkWords(p.Conns)
 		switch {
 		case p.Stale:
 			state = "stale"
@@ -133,6 +133,32 @@ func renderStatus(w io.Writer, st console.Status, peers []console.Peer) {
 		fmt.Fprintf(tw, "%s\t%s\t%.0fs\t%s\t%s\n", shortID(p.PeerID), state, p.AgeS, score, describe(p.Capability))
 	}
 	tw.Flush()
+}
+
+// linkWords names what a peer's connections run on: " (tcp+mux)", " (quic)", " (tcp+yamux,
+// relayed)"; several connections are joined with "; ".
+func linkWords(conns []console.Conn) string {
+	var parts []string
+	for _, c := range conns {
+		w := strings.TrimSuffix(c.Transport, "-v1")
+		switch {
+		case c.Muxer == "":
+		case strings.Contains(c.Muxer, "/meshinfer/mux/"):
+			w += "+mux"
+		case strings.Contains(c.Muxer, "yamux"):
+			w += "+yamux"
+		default:
+			w += "+" + c.Muxer
+		}
+		if c.Limited {
+			w += ", relayed"
+		}
+		parts = append(parts, w)
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(parts, "; ") + ")"
 }
 
 // reasonWords says each participation reason in words.

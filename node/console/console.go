@@ -2,7 +2,8 @@
 //
 //	GET /api/status   this node: identity, roles, mesh counts, listen addresses, uptime, its
 //	                  own signed capability vector, announcement counters
-//	GET /api/peers    every known peer: verified capability vector, age, connected, stale
+//	GET /api/peers    every known peer: verified capability vector, age, connected, stale,
+//	                  reputation, and its open connections (transport, multiplexer)
 //	GET /health       liveness: always 200 while the process serves; "ready" in the body
 //	GET /health/ready readiness: 200 once bootstrapped and announcing, else 503
 //
@@ -223,6 +224,19 @@ type Peer struct {
 	Score      float64      `json:"score"`
 	Excluded   bool         `json:"excluded"`
 	Capability *caps.Vector `json:"capability"`
+	// Conns are the open libp2p connections to the peer (none when not connected).
+	Conns []Conn `json:"conns"`
+}
+
+// Conn is one libp2p connection to a peer: what its streams (inference included) run on.
+type Conn struct {
+	Transport string `json:"transport"` // "tcp", "quic-v1", …
+	// Muxer is the stream multiplexer: "/meshinfer/mux/1.0.0" between nodes on TCP,
+	// "/yamux/1.0.0" with peers without it, empty where the transport multiplexes (QUIC).
+	Muxer     string `json:"muxer"`
+	Security  string `json:"security"`  // "/tls/1.0.0", "/noise", empty where built in (QUIC)
+	Direction string `json:"direction"` // "inbound" or "outbound"
+	Limited   bool   `json:"limited"`   // a relayed connection with the relay's limits
 }
 
 // Peers is the body of GET /api/peers.
