@@ -26,6 +26,7 @@ bench:
 	$(GO) test -run='^$$' -bench=. ./mesh/... ./reputation/
 	$(GO) test -run='^$$' -bench=Coordinator -benchtime=300x ./transport/gateway/client/
 	$(GO) test -run='^$$' -bench=. -benchtime=300x ./transport/webrtc/
+	$(GO) test -run='^$$' -bench=Crossing -benchtime=300x ./transport/mux/
 
 # Each fuzz target for 60 s (T3: not part of CI; seeds run in `make test`).
 FUZZTIME ?= 60s

@@ -8,6 +8,7 @@ require (
 	github.com/libp2p/go-libp2p v0.52.0
 	github.com/libp2p/go-libp2p-kad-dht v0.42.2
 	github.com/libp2p/go-libp2p-pubsub v0.19.0
+	github.com/libp2p/go-yamux/v5 v5.1.0
 	github.com/multiformats/go-multiaddr v0.16.1
 	github.com/multiformats/go-varint v0.1.0
 	github.com/openai/openai-go/v3 v3.98.0
@@ -58,7 +59,6 @@ require (
 	github.com/libp2p/go-msgio v0.3.0 // indirect
 	github.com/libp2p/go-netroute v0.4.0 // indirect
 	github.com/libp2p/go-reuseport v0.4.0 // indirect
-	github.com/libp2p/go-yamux/v5 v5.1.0 // indirect
 	github.com/libp2p/zeroconf/v2 v2.2.0 // indirect
 	github.com/marten-seemann/tcp v0.0.0-20210406111302-dfbc87cc63fd // indirect
 	github.com/mattn/go-isatty v0.0.22 // indirect
