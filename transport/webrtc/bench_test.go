@@ -110,6 +110,28 @@ func BenchmarkB4(b *testing.B) {
 	b.Run("vnet_10ms", benchVnet)
 }
 
+// interleavedRTT warms x and y with 100 ping-pongs each, then times b.N ops of pingsPerOp
+// interleaved pairs (so a ratio rests on enough samples even at the small -benchtime the
+// vnet set-ups need) and returns the mean round trip of each.
+func interleavedRTT(b *testing.B, x, y io.ReadWriter) (xRTT, yRTT time.Duration) {
+	buf := make([]byte, pingSize)
+	for range 100 {
+		ping(b, x, buf)
+		ping(b, y, buf)
+	}
+	const pingsPerOp = 20
+	var xt, yt time.Duration
+	b.ResetTimer()
+	for range b.N {
+		for range pingsPerOp {
+			xt += ping(b, x, buf)
+			yt += ping(b, y, buf)
+		}
+	}
+	b.StopTimer()
+	return perOp(xt, b.N*pingsPerOp), perOp(yt, b.N*pingsPerOp)
+}
+
 // Warm round trip: a 64 B ping-pong on a warm data channel, interleaved with one on a warm
 // libp2p stream (TCP loopback, yamux) between the same hosts.
 func benchWarmRTT(b *testing.B) {
@@ -130,24 +152,7 @@ func benchWarmRTT(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer ls.Close()
-	buf := make([]byte, pingSize)
-	for range 100 { // warm both paths
-		ping(b, dc, buf)
-		ping(b, ls, buf)
-	}
-	// Each op is pingsPerOp interleaved pairs, so the ratio rests on enough samples even at
-	// the small -benchtime the vnet set-ups need.
-	const pingsPerOp = 20
-	var dcTotal, lpTotal time.Duration
-	b.ResetTimer()
-	for range b.N {
-		for range pingsPerOp {
-			dcTotal += ping(b, dc, buf)
-			lpTotal += ping(b, ls, buf)
-		}
-	}
-	b.StopTimer()
-	dcRTT, lpRTT := perOp(dcTotal, b.N*pingsPerOp), perOp(lpTotal, b.N*pingsPerOp)
+	dcRTT, lpRTT := interleavedRTT(b, dc, ls)
 	b.ReportMetric(float64(dcRTT.Nanoseconds())/1e3, "dc_rtt_us")
 	b.ReportMetric(float64(lpRTT.Nanoseconds())/1e3, "libp2p_rtt_us")
 	b.ReportMetric(float64(dcRTT)/float64(lpRTT), "rtt_ratio")
@@ -180,23 +185,7 @@ func BenchmarkWarmRTTMux(b *testing.B) {
 		b.Cleanup(func() { s.Close() })
 		return s
 	}
-	ms, ys := open(muxHost(), muxHost()), open(newHost(b), newHost(b))
-	buf := make([]byte, pingSize)
-	for range 100 {
-		ping(b, ms, buf)
-		ping(b, ys, buf)
-	}
-	const pingsPerOp = 20
-	var mt, yt time.Duration
-	b.ResetTimer()
-	for range b.N {
-		for range pingsPerOp {
-			mt += ping(b, ms, buf)
-			yt += ping(b, ys, buf)
-		}
-	}
-	b.StopTimer()
-	mRTT, yRTT := perOp(mt, b.N*pingsPerOp), perOp(yt, b.N*pingsPerOp)
+	mRTT, yRTT := interleavedRTT(b, open(muxHost(), muxHost()), open(newHost(b), newHost(b)))
 	b.ReportMetric(float64(mRTT.Nanoseconds())/1e3, "mux_rtt_us")
 	b.ReportMetric(float64(yRTT.Nanoseconds())/1e3, "yamux_rtt_us")
 }
