@@ -78,7 +78,7 @@ func newHost(cfg Config, key crypto.PrivKey) (host.Host, error) {
 		libp2p.Security(libp2ptls.ID, libp2ptls.New),
 		libp2p.Security(noise.ID, noise.New),
 		// meshinfer's multiplexer first (it writes in the caller's goroutine: a token
-		// crosses in about a fifth of yamux's time), yamux for peers without it.
+		// crosses in a third to a fifth of yamux's time), yamux for peers without it.
 		libp2p.Muxer(mux.ID, &mux.Transport{}),
 		libp2p.Muxer(yamux.ID, yamux.DefaultTransport),
 		libp2p.SwarmOpts(swarm.WithDialRanker(rankDials)),
