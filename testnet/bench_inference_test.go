@@ -319,7 +319,7 @@ type inferBenchEnv struct {
 	rpSrv     *http.Server
 	hosts     []host.Host
 	servers   []*infer.Server
-	paths     []benchPath // direct, rp, mesh-tcp, mesh-quic
+	paths     []benchPath // indexed by path: pDirect … pMeshYamux (pathNames)
 	peerRoute map[string]string
 	probe     *stageProbe // shared by every dispatcher: B2 runs one stream at a time
 

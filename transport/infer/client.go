@@ -82,42 +82,64 @@ func (c *Client) Generate(ctx context.Context, p peer.ID, req *inference.Request
 	return res, err
 }
 
-// take returns an idle pooled stream to p, or nil.
+// take returns the most recent idle pooled stream to p, or nil. Expired ones are closed
+// (after the lock: a close writes).
 func (c *Client) take(p peer.ID) network.Stream {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	for q := c.pool[p]; len(q) > 0; q = c.pool[p] {
-		last := q[len(q)-1]
-		c.pool[p] = q[:len(q)-1]
-		if time.Since(last.since) < poolIdle {
-			return last.st
-		}
-		last.st.Close()
+	live, expired := c.liveLocked(p, time.Now())
+	var st network.Stream
+	if n := len(live); n > 0 {
+		st, live = live[n-1].st, live[:n-1]
 	}
-	delete(c.pool, p)
-	return nil
+	c.setLocked(p, live)
+	c.mu.Unlock()
+	closeAll(expired)
+	return st
 }
 
 // put keeps st, a ReuseID stream to p whose exchange completed, for the next request; past
-// maxPooledPerPeer (or with expired ones) streams are closed.
+// maxPooledPerPeer it is closed, and so are expired ones.
 func (c *Client) put(p peer.ID, st network.Stream) {
 	now := time.Now()
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	q := c.pool[p][:0]
+	live, expired := c.liveLocked(p, now)
+	if len(live) < maxPooledPerPeer {
+		live = append(live, pooled{st: st, since: now})
+	} else {
+		expired = append(expired, st)
+	}
+	c.setLocked(p, live)
+	c.mu.Unlock()
+	closeAll(expired)
+}
+
+// liveLocked splits p's pooled streams into those idle for less than poolIdle, oldest
+// first, and the expired ones. c.mu is held.
+func (c *Client) liveLocked(p peer.ID, now time.Time) (live []pooled, expired []network.Stream) {
+	live = c.pool[p][:0]
 	for _, e := range c.pool[p] {
 		if now.Sub(e.since) < poolIdle {
-			q = append(q, e)
+			live = append(live, e)
 		} else {
-			e.st.Close()
+			expired = append(expired, e.st)
 		}
 	}
-	if len(q) >= maxPooledPerPeer {
-		st.Close()
-	} else {
-		q = append(q, pooled{st: st, since: now})
+	return live, expired
+}
+
+// setLocked stores p's pooled streams. c.mu is held.
+func (c *Client) setLocked(p peer.ID, live []pooled) {
+	if len(live) == 0 {
+		delete(c.pool, p)
+		return
 	}
-	c.pool[p] = q
+	c.pool[p] = live
+}
+
+func closeAll(streams []network.Stream) {
+	for _, st := range streams {
+		st.Close()
+	}
 }
 
 // GenerateOn runs req on peer p over st, a stream to p opened over another transport than

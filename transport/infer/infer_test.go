@@ -149,12 +149,21 @@ func (b blocking) Generate(ctx context.Context, _ *inference.Request, emit func(
 	return inference.Result{}, ctx.Err()
 }
 
-func TestOverAdmissionIsRefusedAtOnce(t *testing.T) {
-	ch, sh := newHost(t), newHost(t)
-	gen := blocking{started: make(chan struct{}, 8)}
-	srv := NewServer(sh, gen, WithMaxInFlight(2, 2))
-	defer srv.Close()
+// blockingServer serves a blocking generator (room for n starts) on a new host, connected
+// from a new client host. The server closes at cleanup, before the hosts (Close is
+// idempotent).
+func blockingServer(t *testing.T, n int, opts ...ServerOption) (ch, sh host.Host, gen blocking, srv *Server) {
+	t.Helper()
+	ch, sh = newHost(t), newHost(t)
+	gen = blocking{started: make(chan struct{}, n)}
+	srv = NewServer(sh, gen, opts...)
+	t.Cleanup(func() { srv.Close() })
 	connect(t, ch, sh)
+	return ch, sh, gen, srv
+}
+
+func TestOverAdmissionIsRefusedAtOnce(t *testing.T) {
+	ch, sh, gen, srv := blockingServer(t, 8, WithMaxInFlight(2, 2))
 	c := NewClient(ch)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -180,16 +189,14 @@ func TestOverAdmissionIsRefusedAtOnce(t *testing.T) {
 	waitFor(t, "slots released", func() bool { return srv.Stats().InFlight == 0 })
 }
 
+// A cancelled request stops the server's generation, and its stream is reset, not pooled.
 func TestClientCancelStopsServer(t *testing.T) {
-	ch, sh := newHost(t), newHost(t)
-	gen := blocking{started: make(chan struct{}, 1)}
-	srv := NewServer(sh, gen)
-	defer srv.Close()
-	connect(t, ch, sh)
+	ch, sh, gen, srv := blockingServer(t, 1)
+	c := NewClient(ch)
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() {
-		_, err := NewClient(ch).Generate(ctx, sh.ID(), request(8), func(inference.Token) error { return nil })
+		_, err := c.Generate(ctx, sh.ID(), request(8), func(inference.Token) error { return nil })
 		errc <- err
 	}()
 	<-gen.started
@@ -198,10 +205,13 @@ func TestClientCancelStopsServer(t *testing.T) {
 		t.Fatalf("client err %v, want context.Canceled", err)
 	}
 	// The blocking generator returns only when its context ends: the reset reached it.
-	waitFor(t, "server to see the disconnect", func() bool {
+	waitFor(t, "server to see the disconnect and drop the stream", func() bool {
 		st := srv.Stats()
-		return st.ClientDisconnected == 1 && st.InFlight == 0
+		return st.ClientDisconnected == 1 && st.InFlight == 0 && openStreams(sh, ch.ID(), ReuseID) == 0
 	})
+	if n := c.pooledTo(sh.ID()); n != 0 {
+		t.Errorf("client pool: %d streams after a cancelled request, want 0", n)
+	}
 }
 
 // silent accepts the request and then says nothing (a hung or SIGSTOPped peer).
@@ -296,10 +306,7 @@ func TestServerRefusesOversizedRequest(t *testing.T) {
 }
 
 func TestShutdownEndsGenerations(t *testing.T) {
-	ch, sh := newHost(t), newHost(t)
-	gen := blocking{started: make(chan struct{}, 1)}
-	srv := NewServer(sh, gen)
-	connect(t, ch, sh)
+	ch, sh, gen, srv := blockingServer(t, 1)
 	errc := make(chan error, 1)
 	go func() {
 		_, err := NewClient(ch).Generate(context.Background(), sh.ID(), request(8), func(inference.Token) error { return nil })

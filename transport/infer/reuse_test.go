@@ -2,7 +2,6 @@ package infer
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
@@ -69,33 +68,6 @@ func TestRequestsReuseOneStream(t *testing.T) {
 	}
 }
 
-// A cancelled request's stream is reset, not pooled; the next request still works.
-func TestCancelledRequestIsNotPooled(t *testing.T) {
-	ch, sh := newHost(t), newHost(t)
-	gen := blocking{started: make(chan struct{}, 1)}
-	srv := NewServer(sh, gen)
-	defer srv.Close()
-	connect(t, ch, sh)
-	c := NewClient(ch)
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() {
-		_, err := c.Generate(ctx, sh.ID(), request(8), func(inference.Token) error { return nil })
-		errc <- err
-	}()
-	<-gen.started
-	cancel()
-	if err := <-errc; !errors.Is(err, context.Canceled) {
-		t.Fatalf("client err %v, want context.Canceled", err)
-	}
-	waitFor(t, "the server to see the disconnect and drop the stream", func() bool {
-		return srv.Stats().ClientDisconnected == 1 && openStreams(sh, ch.ID(), ReuseID) == 0
-	})
-	if n := c.pooledTo(sh.ID()); n != 0 {
-		t.Errorf("client pool: %d streams after a cancelled request, want 0", n)
-	}
-}
-
 // A pooled stream the server closed while idle is found ended and the request goes again on
 // a new stream: the caller sees no error.
 func TestIdleSessionClosedByServerIsRetried(t *testing.T) {
@@ -143,11 +115,7 @@ func TestOneShotServerStillServed(t *testing.T) {
 // A client that sends its next request before the terminal frame breaks the protocol: the
 // running request is cancelled and the stream reset.
 func TestFrameBeforeTerminalIsProtocolError(t *testing.T) {
-	ch, sh := newHost(t), newHost(t)
-	gen := blocking{started: make(chan struct{}, 1)}
-	srv := NewServer(sh, gen)
-	defer srv.Close()
-	connect(t, ch, sh)
+	ch, sh, gen, srv := blockingServer(t, 1)
 	st, err := ch.NewStream(context.Background(), sh.ID(), ReuseID)
 	if err != nil {
 		t.Fatal(err)

@@ -148,11 +148,8 @@ func TestOnServedReportsEachRequestThatRan(t *testing.T) {
 
 // A generation ended by Close is reported as shutting_down.
 func TestOnServedReportsShutdown(t *testing.T) {
-	ch, sh := newHost(t), newHost(t)
-	gen := blocking{started: make(chan struct{}, 1)}
 	tasks := make(chan ServedTask, 4)
-	srv := NewServer(sh, gen, WithOnServed(func(st ServedTask) { tasks <- st }))
-	connect(t, ch, sh)
+	ch, sh, gen, srv := blockingServer(t, 1, WithOnServed(func(st ServedTask) { tasks <- st }))
 	errc := make(chan error, 1)
 	go func() {
 		_, err := NewClient(ch).Generate(context.Background(), sh.ID(), request(8), func(inference.Token) error { return nil })

@@ -130,7 +130,8 @@ type Server struct {
 	perPeer map[peer.ID]int
 }
 
-// NewServer registers the protocol handler on h. Close removes it and ends every generation.
+// NewServer registers the handlers of ID and ReuseID on h. Close removes them and ends every
+// generation.
 func NewServer(h host.Host, gen Generator, opts ...ServerOption) *Server {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
@@ -244,7 +245,6 @@ type session struct {
 	// terminal is set just before the terminal frame is written: a frame read after that
 	// is the client's next request, before it a protocol violation.
 	terminal atomic.Bool
-	idle     time.Duration
 }
 
 // handleSession serves a ReuseID stream: requests one after another, each answered as on
@@ -283,7 +283,7 @@ func (s *Server) handleSession(st network.Stream) {
 			return
 		}
 		ctx, cancel := context.WithCancel(s.ctx)
-		sess := &session{ctx: ctx, idle: s.sessionIdle}
+		sess := &session{ctx: ctx}
 		st.SetReadDeadline(time.Time{})
 		usable := make(chan bool, 1)
 		go func() {
@@ -484,7 +484,7 @@ func (s *Server) finish(st Stream, pending []byte, res *inference.Result, err er
 		outcome = string(inference.CodeOf(err))
 	}
 	if sess != nil {
-		st.SetReadDeadline(time.Now().Add(sess.idle))
+		st.SetReadDeadline(time.Now().Add(s.sessionIdle))
 		if s.ctx.Err() != nil { // closing: the handler's read ends now, not after the idle time
 			st.SetReadDeadline(time.Now().Add(-time.Hour))
 		}

@@ -96,6 +96,7 @@ type Conn struct {
 	unacked     chan struct{} // a slot per stream opened here and not yet accepted there
 	done        chan struct{} // closed when the connection closes
 	closeOnce   sync.Once
+	closing     atomic.Bool // set first thing in shutdown: writers stop (done comes last)
 	wg          sync.WaitGroup
 
 	ctlMu     sync.Mutex
@@ -254,6 +255,7 @@ func (c *Conn) shutdown(err error, code network.ConnErrorCode, goAway bool) {
 	c.closeOnce.Do(func() {
 		c.mu.Lock()
 		c.err = err
+		c.closing.Store(true)
 		streams := c.streams
 		c.streams = nil
 		c.queued, c.backlog = nil, 0
@@ -279,7 +281,7 @@ func (c *Conn) shutdown(err error, code network.ConnErrorCode, goAway bool) {
 
 // fail closes the connection for a local failure (a write error, a protocol error).
 func (c *Conn) fail(why error) {
-	c.shutdown(&network.ConnError{ErrorCode: network.ConnErrorCode(0), TransportError: why}, 0, false)
+	c.shutdown(&network.ConnError{TransportError: why}, 0, false)
 }
 
 func putHeader(b []byte, typ, flags byte, id, length uint32) {
@@ -318,9 +320,9 @@ func (c *Conn) lock(deadline time.Time) error {
 
 // lockedOpen releases the lock just taken if the connection has closed.
 func (c *Conn) lockedOpen() error {
-	if err := c.closeErr(); err != nil {
+	if c.closing.Load() {
 		<-c.wlock
-		return err
+		return c.closeErr()
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -22,6 +23,28 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const testModel = "synth-tiny"
+
+// waitUsage totals the usage a coordinator in dir metered (all keys) until done holds or
+// 10 s pass, and returns the last total: metering runs just after each response.
+func waitUsage(t testing.TB, dir string, done func(gateway.Usage) bool) gateway.Usage {
+	t.Helper()
+	var total gateway.Usage
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		usage, err := gateway.ReadUsage(filepath.Join(dir, gateway.UsageFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		total = gateway.Usage{}
+		for _, u := range usage {
+			total.Requests += u.Requests
+			total.Completed += u.Completed
+			total.TokensOut += u.TokensOut
+		}
+		if done(total) || time.Now().After(deadline) {
+			return total
+		}
+	}
+}
 
 // dispatcher serves every request with the synthetic backend and meters it in a real
 // gateway.Meter under the request's session, as a coordinator does. hold, if set, runs

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"net/http"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -93,19 +92,7 @@ func TestCoordinatorNodeGateway(t *testing.T) {
 	ws.Close()
 	rest.Close()
 	// Metering runs just after each response: wait for the third event.
-	var total gateway.Usage
-	for deadline := time.Now().Add(10 * time.Second); total.Requests < 3 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		usage, err := gateway.ReadUsage(filepath.Join(dir, gateway.UsageFile))
-		if err != nil {
-			t.Fatal(err)
-		}
-		total = gateway.Usage{}
-		for _, u := range usage {
-			total.Requests += u.Requests
-			total.Completed += u.Completed
-			total.TokensOut += u.TokensOut
-		}
-	}
+	total := waitUsage(t, dir, func(u gateway.Usage) bool { return u.Requests >= 3 })
 	if total.Requests != 3 || total.Completed != 3 || total.TokensOut != int64(3*ref.Usage.CompletionTokens) {
 		t.Fatalf("usage %+v: want 3 requests of %d tokens, each metered once", total, ref.Usage.CompletionTokens)
 	}

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"path/filepath"
 	"runtime"
 	"sync"
 	"testing"
@@ -128,18 +127,7 @@ func TestSoakLoad256Clients(t *testing.T) {
 	// Exactly once: the coordinator metered as many completions as callers got results (the
 	// warm-up adds one).
 	// Metering runs just after each response: wait until it has caught up.
-	var total gateway.Usage
-	for deadline := time.Now().Add(10 * time.Second); total.Completed < ok+1 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		usage, err := gateway.ReadUsage(filepath.Join(f.dir, gateway.UsageFile))
-		if err != nil {
-			t.Fatal(err)
-		}
-		total = gateway.Usage{}
-		for _, u := range usage {
-			total.Requests += u.Requests
-			total.Completed += u.Completed
-		}
-	}
+	total := waitUsage(t, f.dir, func(u gateway.Usage) bool { return u.Completed >= ok+1 })
 	if total.Completed != ok+1 {
 		t.Errorf("metered %d completions, callers got %d (+1 warm-up)", total.Completed, ok)
 	}
