@@ -18,7 +18,7 @@ test:
 	$(GO) vet ./...
 	$(GO) test $(TESTFLAGS) ./...
 	# 3,000 verified tasks by honest peers, without -race (which makes the model 20x slower).
-	$(GO) test -count=1 -run '^TestHonestPeersPassThousandsOfVerifications$$' ./node/
+	$(GO) test -count=1 -run '^TestHonestPeersPassThousandsOfVerifications$$' ./node/dispatch/
 
 # Ratio benchmarks (BENCHMARKS.md); each reports its reference measured in the same run.
 bench:

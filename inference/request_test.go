@@ -171,3 +171,21 @@ func TestMessageContentRejects(t *testing.T) {
 		}
 	}
 }
+
+// Route and ParseRoute are inverses, and ParseRoute refuses anything else.
+func TestServedRoute(t *testing.T) {
+	for _, s := range []Served{{Tier: TierLocal}, {Tier: TierCloud}, {Tier: TierMesh, Peer: "12D3KooWX"}} {
+		got, ok := ParseRoute(s.Route())
+		if !ok || got != s {
+			t.Errorf("ParseRoute(%q) = %+v, %v; want %+v", s.Route(), got, ok, s)
+		}
+	}
+	for _, route := range []string{"", "peer:", "elsewhere", "mesh", "Local"} {
+		if got, ok := ParseRoute(route); ok {
+			t.Errorf("ParseRoute(%q) = %+v, want refused", route, got)
+		}
+	}
+	if r := (Served{}).Route(); r != "" {
+		t.Errorf("no attempt: route %q, want empty", r)
+	}
+}

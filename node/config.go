@@ -13,6 +13,7 @@ import (
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/mesh/participation"
 	"github.com/meshinfer/meshinfer/node/console"
+	"github.com/meshinfer/meshinfer/node/dispatch"
 	"github.com/meshinfer/meshinfer/transport"
 	"github.com/meshinfer/meshinfer/transport/gateway"
 	"github.com/meshinfer/meshinfer/transport/openai"
@@ -75,7 +76,7 @@ const (
 	DefaultVerifyProbationSample = 0.25
 	// VerifyOff as VerifySample turns verification off; as VerifyProbationSample it gives
 	// peers on probation no higher rate than VerifySample.
-	VerifyOff = -1.0
+	VerifyOff = dispatch.VerifyOff
 )
 
 // DefaultListenAddrs are where a node listens when none are given: TCP and QUIC on 4001 on

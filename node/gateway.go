@@ -34,7 +34,7 @@ func (n *Node) startGateway() (func(http.Handler) http.Handler, error) {
 	var api http.Handler
 	ws, err := gateway.NewWebSocket(n.keys, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		api.ServeHTTP(w, r)
-	}), gateway.WithDirect(n.relayDirect), gateway.WithOriginPatterns(n.cfg.GatewayOrigins))
+	}), gateway.WithDirect(n.exec.Relay), gateway.WithOriginPatterns(n.cfg.GatewayOrigins))
 	if err != nil {
 		return nil, fmt.Errorf("coordinator gateway: %w", err)
 	}
@@ -72,10 +72,10 @@ type taskMeter struct {
 	self string         // this node's peer ID, the countersigner
 }
 
-// event returns the meter event of one finished request: its key (from the session
+// Event returns the meter event of one finished request: its key (from the session
 // RequireKey put in ctx), model, where it was served, tokens and time. ok is false when
-// nothing is metered: not a coordinator, or no session.
-func (tm taskMeter) event(ctx context.Context, model string, at openai.Served, res inference.Result, err error, took time.Duration) (e gateway.MeterEvent, ok bool) {
+// nothing is metered: not a coordinator, or no session (dispatch.Meter).
+func (tm taskMeter) Event(ctx context.Context, model string, at inference.Served, res inference.Result, err error, took time.Duration) (e gateway.MeterEvent, ok bool) {
 	if tm.m == nil {
 		return e, false
 	}
@@ -88,22 +88,29 @@ func (tm taskMeter) event(ctx context.Context, model string, at openai.Served, r
 		outcome = string(inference.CodeOf(err))
 	}
 	return gateway.MeterEvent{
-		Time: tm.now(), KeyID: s.KeyID, Model: model, Peer: at.Route,
+		Time: tm.now(), KeyID: s.KeyID, Model: model, Peer: at.Route(),
 		TokensIn: res.Usage.PromptTokens, TokensOut: res.Usage.CompletionTokens,
 		DurationMS: took.Milliseconds(), Outcome: outcome,
 	}, true
 }
 
-// write records e, countersigning its receipt first. A failure is logged: the client was
-// served either way.
-func (tm taskMeter) write(e gateway.MeterEvent) {
+// Countersign countersigns a serving peer's task receipt with this node's key
+// (dispatch.Meter).
+func (tm taskMeter) Countersign(receipt string) (sig, coordinator string, err error) {
+	sig, err = receipts.Countersign(tm.key, receipt)
+	return sig, tm.self, err
+}
+
+// Write records e, countersigning its receipt first. A failure is logged: the client was
+// served either way (dispatch.Meter).
+func (tm taskMeter) Write(e gateway.MeterEvent) {
 	if e.Receipt != "" && e.Countersig == "" {
-		sig, err := receipts.Countersign(tm.key, e.Receipt)
+		sig, self, err := tm.Countersign(e.Receipt)
 		if err != nil {
 			log.Errorw("receipt not countersigned; metered without it", "key", e.KeyID, "err", err)
 			e.Receipt = ""
 		} else {
-			e.Countersig, e.Coordinator = sig, tm.self
+			e.Countersig, e.Coordinator = sig, self
 		}
 	}
 	if err := tm.m.Record(e); err != nil {
@@ -112,48 +119,10 @@ func (tm taskMeter) write(e gateway.MeterEvent) {
 }
 
 // record meters one finished request at once (see event and write).
-func (tm taskMeter) record(ctx context.Context, model string, at openai.Served, res inference.Result, err error, took time.Duration) {
-	if e, ok := tm.event(ctx, model, at, res, err, took); ok {
-		tm.write(e)
+func (tm taskMeter) record(ctx context.Context, model string, at inference.Served, res inference.Result, err error, took time.Duration) {
+	if e, ok := tm.Event(ctx, model, at, res, err, took); ok {
+		tm.Write(e)
 	}
-}
-
-// receiptFor checks the task receipt the serving peer sent with res: signed by the peer of
-// r's last attempt, made out to this node, for r's model, completed, with the usage's token
-// counts. sent, when non-nil, is the digest of the tokens the client received through this
-// node, which the receipt must name; a direct task's client got them without this node, and
-// the digest the receipt names is the peer's word, which verification checks. It returns
-// that digest. A receipt that does not hold is counted as refused and ok is false: a missing
-// or forged receipt changes nothing else (the client has its tokens; verification judges the
-// output).
-func (d *dispatcher) receiptFor(r *run, res inference.Result, sent *inference.Digest) (out inference.Digest, ok bool) {
-	why := ""
-	rc, err := receipts.ParseTask(res.Receipt)
-	if err == nil {
-		out, err = inference.ParseDigest(rc.Result)
-	}
-	switch {
-	case res.Receipt == "":
-		why = "no receipt"
-	case err != nil:
-		why = err.Error()
-	case rc.Server != r.last.Peer.String():
-		why = "signed by " + rc.Server + ", not the serving peer"
-	case rc.Requester != d.n.host.ID().String():
-		why = "made out to " + rc.Requester
-	case rc.Model != r.req.Model || rc.Outcome != receipts.Completed:
-		why = "wrong model or outcome"
-	case rc.TokensIn != res.Usage.PromptTokens || rc.TokensOut != res.Usage.CompletionTokens:
-		why = "token counts differ from the usage"
-	case sent != nil && out != *sent:
-		why = "result differs from the tokens received"
-	}
-	if why != "" {
-		d.stats.receiptsRefused.Add(1)
-		log.Warnw("serving peer's receipt refused; the task is metered without one", "peer", r.last.Peer, "model", r.req.Model, "why", why)
-		return out, false
-	}
-	return out, true
 }
 
 // meteredLocal meters the local-only requests a coordinator's clients send.
@@ -165,6 +134,6 @@ type meteredLocal struct {
 func (m meteredLocal) Generate(ctx context.Context, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
 	start := time.Now()
 	res, err := m.g.Generate(ctx, req, emit)
-	m.tm.record(ctx, req.Model, openai.Served{Route: "local", Attempts: 1}, res, err, time.Since(start))
+	m.tm.record(ctx, req.Model, inference.Served{Tier: inference.TierLocal, Attempts: 1}, res, err, time.Since(start))
 	return res, err
 }

@@ -3,8 +3,8 @@
 // registry, the capability probe and announcer, discovery, the reputation store, the
 // participation gate (consent, policy, live conditions: participation.go), the backend
 // (synthetic, or an OpenAI-compatible upstream) with its peer inference server and receipts
-// log, the router's executor (dispatch.go, verify.go) and the privacy gate in front of it,
-// the OpenAI-compatible API (behind the coordinator's key check and gateway with
+// log, the executor (node/dispatch) that runs API requests which may leave this device and
+// the privacy gate in front of it (inference/localonly), the OpenAI-compatible API (behind the coordinator's key check and gateway with
 // RoleCoordinator: gateway.go), and the local console.
 //
 // New starts the parts in dependency order; if one fails, New closes what it started and
@@ -47,6 +47,7 @@ import (
 	"github.com/meshinfer/meshinfer/mesh/receipts"
 	"github.com/meshinfer/meshinfer/mesh/registry"
 	"github.com/meshinfer/meshinfer/node/console"
+	"github.com/meshinfer/meshinfer/node/dispatch"
 	"github.com/meshinfer/meshinfer/reputation"
 	"github.com/meshinfer/meshinfer/transport"
 	"github.com/meshinfer/meshinfer/transport/gateway"
@@ -79,15 +80,15 @@ type Node struct {
 	rep       *reputation.Store
 	backend   inference.Backend // nil when the node serves no model itself
 	infer     *infer.Server
-	part      *partGate         // participation: consent, policy, live conditions
-	receipts  *receipts.Log     // tasks served for peers; nil without a data dir
-	rtc       *webrtc.Transport // WebRTC direct paths (webrtc.go)
-	dialer    host.Host         // host, with addresses of unconnected peers found in the DHT
-	keys      *gateway.KeyStore // coordinator: the API keys of thin clients
-	meter     *gateway.Meter    // coordinator: usage per key
-	tasks     taskMeter         // meters API requests (a no-op but on a coordinator)
-	router    *dispatcher       // routes API requests that may leave this device
-	gate      *localonly.Gate   // serves local-only API requests; holds no network handle
+	part      *partGate          // participation: consent, policy, live conditions
+	receipts  *receipts.Log      // tasks served for peers; nil without a data dir
+	rtc       *webrtc.Transport  // WebRTC direct paths (webrtc.go)
+	dialer    host.Host          // host, with addresses of unconnected peers found in the DHT
+	keys      *gateway.KeyStore  // coordinator: the API keys of thin clients
+	meter     *gateway.Meter     // coordinator: usage per key
+	tasks     taskMeter          // meters API requests (a no-op but on a coordinator)
+	exec      *dispatch.Executor // runs API requests that may leave this device
+	gate      *localonly.Gate    // serves local-only API requests; holds no network handle
 	api       *openai.Server
 
 	closers   []func() error // in start order; Close runs them backwards
@@ -282,9 +283,23 @@ func (n *Node) start() error {
 			clientOpts = append(clientOpts, infer.WithReceipts())
 		}
 		peers := infer.NewClient(n.dialer, clientOpts...)
-		n.router = newDispatcher(n, peers, cloud, cfg.CloudModels, uint64(cfg.Now().UnixNano()))
-		n.router.rtc, n.router.direct = n.rtc, peers
-		n.closers = append(n.closers, n.router.Close) // after the API's close: no request left
+		dcfg := dispatch.Config{
+			Mesh: cfg.Mesh, Local: n.ownerBackend(), Peers: peers,
+			Cloud: cloud, CloudModels: cfg.CloudModels, CloudUSDPerMTok: cfg.CloudUSDPerMTok,
+			CloudAllowed: n.part.cloudAllowed,
+			Registry:     n.reg, Latency: h.Peerstore().LatencyEWMA, Rep: n.rep,
+			Degraded: n.probe.Refresh,
+			WebRTC:   n.rtc, Streams: peers,
+			VerifySample: cfg.VerifySample, VerifyProbationSample: cfg.VerifyProbationSample,
+			Self: h.ID(), Dialer: n.dialer, Now: cfg.Now, Seed: uint64(cfg.Now().UnixNano()),
+		}
+		if coordinator {
+			dcfg.Meter = n.tasks
+		}
+		if n.exec, err = dispatch.New(dcfg); err != nil {
+			return err
+		}
+		n.closers = append(n.closers, n.exec.Close) // after the API's close: no request left
 		n.gate = localonly.New(n.onDevice())
 		opts := []openai.Option{openai.WithPublic(cfg.APIPublic), openai.WithDefaultPrefs(cfg.Prefs)}
 		if cfg.TLSCert != "" {
@@ -299,7 +314,7 @@ func (n *Node) start() error {
 		} else {
 			opts = append(opts, openai.WithLocal(n.gate))
 		}
-		n.api, err = openai.New(cfg.APIAddr, n.router, opts...)
+		n.api, err = openai.New(cfg.APIAddr, n.exec, opts...)
 		if err != nil {
 			return err
 		}
@@ -367,7 +382,11 @@ func (n *Node) ownerBackend() inference.Backend {
 	if n.backend == nil {
 		return nil
 	}
-	return consentBackend{Backend: n.backend, g: n.part}
+	b := consentBackend{Backend: n.backend, g: n.part}
+	if ld, ok := n.backend.(dispatch.Loader); ok {
+		return consentLoader{consentBackend: b, ld: ld}
+	}
+	return b
 }
 
 // maxPubsubMessage caps any GossipSub message this node will handle: capability vectors are

@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"github.com/meshinfer/meshinfer/mesh/participation"
 	"github.com/meshinfer/meshinfer/mesh/probe"
 	"github.com/meshinfer/meshinfer/node/console"
+	"github.com/meshinfer/meshinfer/node/dispatch"
 )
 
 // partGate applies the participation policy (mesh/participation) to this node: the
@@ -275,14 +275,17 @@ func (b consentBackend) Generate(ctx context.Context, req *inference.Request, em
 	return b.Backend.Generate(ctx, req, emit)
 }
 
-// Load loads a model when the owner allows local runs and the backend can load on its own.
-func (b consentBackend) Load(ctx context.Context, model string) error {
+// consentLoader is a consentBackend whose backend can load a model ahead of a request
+// (dispatch.Loader): the executor speculates only with such a backend.
+type consentLoader struct {
+	consentBackend
+	ld dispatch.Loader
+}
+
+// Load loads a model when the owner allows local runs.
+func (b consentLoader) Load(ctx context.Context, model string) error {
 	if !b.g.runLocal() {
 		return errNoLocalConsent
 	}
-	ld, ok := b.Backend.(loader)
-	if !ok {
-		return fmt.Errorf("backend cannot load %s ahead of a request", model)
-	}
-	return ld.Load(ctx, model)
+	return b.ld.Load(ctx, model)
 }

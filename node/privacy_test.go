@@ -22,28 +22,6 @@ import (
 	"github.com/meshinfer/meshinfer/transport/openai"
 )
 
-// countingPeers counts the requests the router sends through the peer protocol.
-type countingPeers struct {
-	inner peerGenerator
-	calls atomic.Int64
-}
-
-func (c *countingPeers) Generate(ctx context.Context, p peer.ID, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
-	c.calls.Add(1)
-	return c.inner.Generate(ctx, p, req, emit)
-}
-
-// countingBackend counts the requests the router sends to the cloud.
-type countingBackend struct {
-	inference.Backend
-	calls atomic.Int64
-}
-
-func (c *countingBackend) Generate(ctx context.Context, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
-	c.calls.Add(1)
-	return c.Backend.Generate(ctx, req, emit)
-}
-
 // testCloud is a real OpenAI-compatible server over the synthetic backend that counts the
 // chat requests (and their body bytes) it receives.
 type testCloud struct {
@@ -53,9 +31,9 @@ type testCloud struct {
 
 func (c *testCloud) Models(context.Context) []openai.Model { return nil }
 
-func (c *testCloud) Generate(ctx context.Context, req *inference.Request, emit func(openai.Served, inference.Token) error) (inference.Result, openai.Served, error) {
+func (c *testCloud) Generate(ctx context.Context, req *inference.Request, emit func(inference.Served, inference.Token) error) (inference.Result, inference.Served, error) {
 	c.requests.Add(1)
-	at := openai.Served{Route: "local", Attempts: 1}
+	at := inference.Served{Tier: inference.TierLocal, Attempts: 1}
 	res, err := c.b.Generate(ctx, req, func(t inference.Token) error { return emit(at, t) })
 	return res, at, err
 }
@@ -90,8 +68,8 @@ func startTestNode(t *testing.T, cfg Config) *Node {
 }
 
 // Local-only requests never reach the network: over thousands of them (served, refused,
-// cancelled mid-stream, oversized, malformed), the router's peer client and cloud client
-// see no call, the peer and the cloud no request, the host makes no connection and the
+// cancelled mid-stream, oversized, malformed), the executor counts no
+// request, the peer and the cloud no request, the host makes no connection and the
 // announcer publishes nothing. A mesh request at the end shows the counters do count.
 func TestLocalOnlyNeverTouchesTheNetwork(t *testing.T) {
 	sb, err := synth.New("synth-tiny")
@@ -139,9 +117,6 @@ func TestLocalOnlyNeverTouchesTheNetwork(t *testing.T) {
 		}
 	}
 
-	peers := &countingPeers{inner: a.router.peers}
-	cloudClient := &countingBackend{Backend: a.router.cloud}
-	a.router.peers, a.router.cloud = peers, cloudClient
 	conns := &connCounter{}
 	a.Host().Network().Notify(conns)
 	published, bServed := a.announcer.Published(), b.infer.Stats()
@@ -221,12 +196,6 @@ func TestLocalOnlyNeverTouchesTheNetwork(t *testing.T) {
 	}
 	t.Logf("local-only requests by kind: %v", counts)
 
-	if n := peers.calls.Load(); n != 0 {
-		t.Errorf("router opened %d peer requests", n)
-	}
-	if n := cloudClient.calls.Load(); n != 0 {
-		t.Errorf("router made %d cloud requests", n)
-	}
 	if n := cloud.requests.Load(); n != 0 {
 		t.Errorf("the cloud received %d requests", n)
 	}
@@ -254,8 +223,8 @@ func TestLocalOnlyNeverTouchesTheNetwork(t *testing.T) {
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 200 || peers.calls.Load() != 1 {
-		t.Fatalf("mesh request: status %d, peer calls %d", resp.StatusCode, peers.calls.Load())
+	if mesh := a.Status().Routing.Requests.Mesh; resp.StatusCode != 200 || mesh != 1 {
+		t.Fatalf("mesh request: status %d, mesh requests %d", resp.StatusCode, mesh)
 	}
 	// B counts the request served just after its terminal frame leaves, which may be after
 	// the client has its answer.

@@ -42,11 +42,10 @@ func (n *Node) Status() console.Status {
 		inf.Overloaded, inf.ClientDisconnected = st.Overloaded, st.ClientDisconnected
 	}
 	var routing console.Routing
-	if n.router != nil {
-		routing = n.router.routing()
+	if n.exec != nil {
+		routing = n.exec.Routing()
 		gs := n.gate.Stats()
 		routing.LocalOnly = console.LocalOnly{Served: gs.Served, Refused: gs.Refused, Failed: gs.Failed}
-		routing.Verification = n.router.verificationStatus()
 	}
 	return console.Status{
 		Inference:     inf,

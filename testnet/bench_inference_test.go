@@ -278,8 +278,8 @@ func (d localDispatcher) Models(ctx context.Context) []openai.Model {
 	return out
 }
 
-func (d localDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(openai.Served, inference.Token) error) (inference.Result, openai.Served, error) {
-	at := openai.Served{Route: "local", Attempts: 1}
+func (d localDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(inference.Served, inference.Token) error) (inference.Result, inference.Served, error) {
+	at := inference.Served{Tier: inference.TierLocal, Attempts: 1}
 	res, err := d.be.Generate(ctx, req, d.probe.wrap(req.Model, func(t inference.Token) error { return emit(at, t) }))
 	return res, at, err
 }
@@ -296,8 +296,9 @@ type peerDispatcher struct {
 
 func (d peerDispatcher) Models(context.Context) []openai.Model { return d.models }
 
-func (d peerDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(openai.Served, inference.Token) error) (inference.Result, openai.Served, error) {
-	at := openai.Served{Route: d.route, Attempts: 1}
+func (d peerDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(inference.Served, inference.Token) error) (inference.Result, inference.Served, error) {
+	at, _ := inference.ParseRoute(d.route)
+	at.Attempts = 1
 	res, err := d.client.Generate(ctx, d.peer, req, d.probe.wrap(req.Model, func(t inference.Token) error { return emit(at, t) }))
 	return res, at, err
 }

@@ -85,10 +85,10 @@ func (d cloudDispatcher) Models(ctx context.Context) []openai.Model {
 	return out
 }
 
-func (d cloudDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(openai.Served, inference.Token) error) (inference.Result, openai.Served, error) {
+func (d cloudDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(inference.Served, inference.Token) error) (inference.Result, inference.Served, error) {
 	c := d.c
 	c.requests.Add(1)
-	at := openai.Served{Route: "local", Attempts: 1}
+	at := inference.Served{Tier: inference.TierLocal, Attempts: 1}
 	t := time.NewTimer(c.latency)
 	defer t.Stop()
 	select {

@@ -49,8 +49,8 @@ func (d *synthDispatcher) Models(ctx context.Context) []openai.Model {
 	return out
 }
 
-func (d *synthDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(openai.Served, inference.Token) error) (inference.Result, openai.Served, error) {
-	at := openai.Served{Route: "local", Attempts: 1}
+func (d *synthDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(inference.Served, inference.Token) error) (inference.Result, inference.Served, error) {
+	at := inference.Served{Tier: inference.TierLocal, Attempts: 1}
 	if d.before != nil {
 		if err := d.before(ctx); err != nil {
 			return inference.Result{}, at, err

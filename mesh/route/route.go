@@ -5,18 +5,20 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/mesh/registry"
 	"github.com/meshinfer/meshinfer/reputation"
 )
 
-// Tier is where a target runs.
-type Tier string
+// Tier is where a target runs: inference's tiers, so that a decision's target and where a
+// request was served (inference.Served) name a tier the same way.
+type Tier = inference.Tier
 
 // Tiers, in the order that wins ties.
 const (
-	TierLocal Tier = "local" // this node's own backend
-	TierMesh  Tier = "mesh"  // a peer
-	TierCloud Tier = "cloud" // the configured cloud API
+	TierLocal = inference.TierLocal // this node's own backend
+	TierMesh  = inference.TierMesh  // a peer
+	TierCloud = inference.TierCloud // the configured cloud API
 )
 
 // CloudTarget is the cloud tier's key in the reputation store. Peer IDs are multihashes in

@@ -46,9 +46,9 @@ func (d *wsDispatcher) Models(context.Context) []openai.Model {
 	return []openai.Model{{ID: "synth-tiny", Warm: true, Routes: []string{"local"}}}
 }
 
-func (d *wsDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(openai.Served, inference.Token) error) (inference.Result, openai.Served, error) {
+func (d *wsDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(inference.Served, inference.Token) error) (inference.Result, inference.Served, error) {
 	d.calls.Add(1)
-	at := openai.Served{Route: "local", Attempts: 1}
+	at := inference.Served{Tier: inference.TierLocal, Attempts: 1}
 	if d.hold != nil {
 		if err := d.hold(ctx); err != nil {
 			return inference.Result{}, at, err

@@ -29,10 +29,10 @@ func (f *forbiddenDispatcher) Models(context.Context) []Model {
 	return nil
 }
 
-func (f *forbiddenDispatcher) Generate(_ context.Context, req *inference.Request, _ func(Served, inference.Token) error) (inference.Result, Served, error) {
+func (f *forbiddenDispatcher) Generate(_ context.Context, req *inference.Request, _ func(inference.Served, inference.Token) error) (inference.Result, inference.Served, error) {
 	f.calls.Add(1)
 	f.t.Errorf("Dispatcher.Generate called for model %q, prefs %+v", req.Model, req.Prefs)
-	return inference.Result{}, Served{}, inference.Errorf(inference.CodeUnavailable, "forbidden")
+	return inference.Result{}, inference.Served{}, inference.Errorf(inference.CodeUnavailable, "forbidden")
 }
 
 // holdMarker is the user message that makes holdingLocal hold the stream after its first
@@ -177,7 +177,7 @@ func TestLocalOnlyNeverReachesDispatcher(t *testing.T) {
 			return fmt.Errorf("request %d (kind %d, source %d, stream %v): status %d, want %d: %s",
 				i, kind, source, stream, resp.StatusCode, wantStatus, out)
 		}
-		// Served and refused requests were tried on the local backend, and say so.
+		// inference.Served and refused requests were tried on the local backend, and say so.
 		wantRoute := want == served || want == refused
 		if got := resp.Header.Get("X-Meshinfer-Route"); (got == "local") != wantRoute || (got == "") == wantRoute {
 			return fmt.Errorf("request %d: X-Meshinfer-Route %q", i, got)

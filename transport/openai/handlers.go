@@ -167,7 +167,7 @@ func (h *handler) chat(w http.ResponseWriter, r *http.Request) {
 }
 
 // generateFunc is Dispatcher.Generate's signature: what serves one decoded request.
-type generateFunc func(ctx context.Context, req *inference.Request, emit func(Served, inference.Token) error) (inference.Result, Served, error)
+type generateFunc func(ctx context.Context, req *inference.Request, emit func(inference.Served, inference.Token) error) (inference.Result, inference.Served, error)
 
 // gate is the privacy gate: a local-only request is served by the Local and never by the
 // Dispatcher, which does not see it at all.
@@ -180,12 +180,12 @@ func (h *handler) gate(req *inference.Request) generateFunc {
 
 // generateLocal serves a local-only request on the Local. Its route is "local" and it is
 // one attempt: there is never a second target.
-func (h *handler) generateLocal(ctx context.Context, req *inference.Request, emit func(Served, inference.Token) error) (inference.Result, Served, error) {
+func (h *handler) generateLocal(ctx context.Context, req *inference.Request, emit func(inference.Served, inference.Token) error) (inference.Result, inference.Served, error) {
 	if h.local == nil {
-		return inference.Result{}, Served{}, inference.Errorf(inference.CodeLocalUnavailable,
+		return inference.Result{}, inference.Served{}, inference.Errorf(inference.CodeLocalUnavailable,
 			"this API serves no local-only requests: it was given no local backend")
 	}
-	at := Served{Route: routeLocal, Attempts: 1}
+	at := inference.Served{Tier: inference.TierLocal, Attempts: 1}
 	res, err := h.local.Generate(ctx, req, func(t inference.Token) error { return emit(at, t) })
 	return res, at, err
 }
@@ -268,7 +268,7 @@ func (h *handler) complete(w http.ResponseWriter, r *http.Request, req *chatRequ
 		seq  sequence
 		text strings.Builder
 	)
-	res, at, err := gen(r.Context(), &req.Request, func(_ Served, t inference.Token) error {
+	res, at, err := gen(r.Context(), &req.Request, func(_ inference.Served, t inference.Token) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if err := seq.accept(t); err != nil {
@@ -307,12 +307,12 @@ func (h *handler) complete(w http.ResponseWriter, r *http.Request, req *chatRequ
 }
 
 // setServed writes the visibility headers of at; nothing when no route is known.
-func setServed(h http.Header, at Served) {
-	if at.Route == "" {
+func setServed(h http.Header, at inference.Served) {
+	if at.Route() == "" {
 		return
 	}
-	h.Set(headerRoute, at.Route)
-	if tier := at.Tier(); tier != "" {
+	h.Set(headerRoute, at.Route())
+	if tier := string(at.Tier); tier != "" {
 		h.Set(headerTier, tier)
 	}
 	h.Set(headerAttempts, strconv.Itoa(at.Attempts))

@@ -261,15 +261,15 @@ func TestDispatcherContract(t *testing.T) {
 		gen  func(d *synthDispatcher) dispatchFunc
 	}{
 		{"index gap", func(d *synthDispatcher) dispatchFunc {
-			return func(ctx context.Context, req *inference.Request, emit func(Served, inference.Token) error) (inference.Result, Served, error) {
-				return d.Generate(ctx, req, func(at Served, tok inference.Token) error {
+			return func(ctx context.Context, req *inference.Request, emit func(inference.Served, inference.Token) error) (inference.Result, inference.Served, error) {
+				return d.Generate(ctx, req, func(at inference.Served, tok inference.Token) error {
 					tok.Index++
 					return emit(at, tok)
 				})
 			}
 		}},
 		{"no finish reason", func(d *synthDispatcher) dispatchFunc {
-			return func(ctx context.Context, req *inference.Request, emit func(Served, inference.Token) error) (inference.Result, Served, error) {
+			return func(ctx context.Context, req *inference.Request, emit func(inference.Served, inference.Token) error) (inference.Result, inference.Served, error) {
 				res, at, err := d.Generate(ctx, req, emit)
 				res.FinishReason = ""
 				return res, at, err
@@ -298,7 +298,7 @@ func TestDispatcherContract(t *testing.T) {
 	}
 }
 
-type dispatchFunc func(context.Context, *inference.Request, func(Served, inference.Token) error) (inference.Result, Served, error)
+type dispatchFunc func(context.Context, *inference.Request, func(inference.Served, inference.Token) error) (inference.Result, inference.Served, error)
 
 // customDispatcher lists the models of d and generates with gen.
 type customDispatcher struct {
@@ -307,7 +307,7 @@ type customDispatcher struct {
 }
 
 func (c customDispatcher) Models(ctx context.Context) []Model { return c.d.Models(ctx) }
-func (c customDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(Served, inference.Token) error) (inference.Result, Served, error) {
+func (c customDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(inference.Served, inference.Token) error) (inference.Result, inference.Served, error) {
 	return c.gen(ctx, req, emit)
 }
 

@@ -30,7 +30,7 @@ func ptr[T any](v T) *T { return &v }
 // always come from the backend.
 type synthDispatcher struct {
 	b  *synth.Backend
-	at Served
+	at inference.Served
 	// before, if set, runs before generation; a non-nil error is Generate's outcome.
 	before func(ctx context.Context) error
 	// after, if set, runs after each token has been emitted; a non-nil error ends Generate
@@ -44,19 +44,19 @@ func newDispatcher(t testing.TB) *synthDispatcher {
 	if err != nil {
 		t.Fatalf("synth.New: %v", err)
 	}
-	return &synthDispatcher{b: b, at: Served{Route: "local", Attempts: 1}}
+	return &synthDispatcher{b: b, at: inference.Served{Tier: inference.TierLocal, Attempts: 1}}
 }
 
 func (d *synthDispatcher) Models(ctx context.Context) []Model {
 	infos, _ := d.b.Models(ctx) // never fails
 	out := make([]Model, 0, len(infos))
 	for _, m := range infos {
-		out = append(out, Model{ID: m.Name, Warm: m.Warm, Routes: []string{d.at.Route}})
+		out = append(out, Model{ID: m.Name, Warm: m.Warm, Routes: []string{d.at.Route()}})
 	}
 	return out
 }
 
-func (d *synthDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(Served, inference.Token) error) (inference.Result, Served, error) {
+func (d *synthDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(inference.Served, inference.Token) error) (inference.Result, inference.Served, error) {
 	if d.before != nil {
 		if err := d.before(ctx); err != nil {
 			return inference.Result{}, d.at, err

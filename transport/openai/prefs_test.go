@@ -24,7 +24,7 @@ type spyDispatcher struct {
 
 func (s *spyDispatcher) Models(ctx context.Context) []Model { return s.next.Models(ctx) }
 
-func (s *spyDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(Served, inference.Token) error) (inference.Result, Served, error) {
+func (s *spyDispatcher) Generate(ctx context.Context, req *inference.Request, emit func(inference.Served, inference.Token) error) (inference.Result, inference.Served, error) {
 	s.mu.Lock()
 	s.seen = append(s.seen, *req)
 	s.mu.Unlock()

@@ -20,7 +20,7 @@ func TestServedVisibility(t *testing.T) {
 	const peerA, peerB = "peer:12D3KooWPeerA", "peer:12D3KooWPeerB"
 	at := func(route string, attempts int) func(*synthDispatcher) Dispatcher {
 		return func(d *synthDispatcher) Dispatcher {
-			d.at = Served{Route: route, Attempts: attempts}
+			d.at = servedAt(route, attempts)
 			return d
 		}
 	}
@@ -48,12 +48,12 @@ func TestServedVisibility(t *testing.T) {
 		{name: "resumed on another peer", dispatch: resumedOn(peerA, peerB), status: 200,
 			header: &wireServed{peerB, "mesh", 2}, streamHeader: &wireServed{peerA, "mesh", 1}, body: wireServed{peerB, "mesh", 2}},
 		{name: "error after failover", dispatch: func(d *synthDispatcher) Dispatcher {
-			d.at = Served{Route: "cloud", Attempts: 2}
+			d.at = servedAt("cloud", 2)
 			d.before = func(context.Context) error { return inference.Errorf(inference.CodeOverloaded, "cloud quota") }
 			return d
 		}, status: 429, header: &wireServed{"cloud", "cloud", 2}, streamHeader: &wireServed{"cloud", "cloud", 2}},
 		{name: "error with nothing tried", dispatch: func(d *synthDispatcher) Dispatcher {
-			d.at = Served{}
+			d.at = inference.Served{}
 			d.before = func(context.Context) error { return inference.Errorf(inference.CodeNoPeer, "nobody serves it") }
 			return d
 		}, status: 503},
@@ -129,9 +129,9 @@ func TestServedVisibility(t *testing.T) {
 // stream cut and resumed on another peer.
 func resumedOn(first, then string) func(*synthDispatcher) Dispatcher {
 	return func(d *synthDispatcher) Dispatcher {
-		a, b := Served{Route: first, Attempts: 1}, Served{Route: then, Attempts: 2}
-		return customDispatcher{d, func(ctx context.Context, req *inference.Request, emit func(Served, inference.Token) error) (inference.Result, Served, error) {
-			res, _, err := d.Generate(ctx, req, func(_ Served, tok inference.Token) error {
+		a, b := servedAt(first, 1), servedAt(then, 2)
+		return customDispatcher{d, func(ctx context.Context, req *inference.Request, emit func(inference.Served, inference.Token) error) (inference.Result, inference.Served, error) {
+			res, _, err := d.Generate(ctx, req, func(_ inference.Served, tok inference.Token) error {
 				if tok.Index < 2 {
 					return emit(a, tok)
 				}
@@ -142,13 +142,9 @@ func resumedOn(first, then string) func(*synthDispatcher) Dispatcher {
 	}
 }
 
-// TestServedTier: Served.Tier for every form of route.
-func TestServedTier(t *testing.T) {
-	for route, want := range map[string]string{
-		"local": "local", "cloud": "cloud", "peer:12D3KooWX": "mesh", "": "", "elsewhere": "",
-	} {
-		if got := (Served{Route: route}).Tier(); got != want {
-			t.Errorf("Served{Route: %q}.Tier() = %q, want %q", route, got, want)
-		}
-	}
+// servedAt is where a request was served, from its route string.
+func servedAt(route string, attempts int) inference.Served {
+	at, _ := inference.ParseRoute(route)
+	at.Attempts = attempts
+	return at
 }

@@ -126,7 +126,7 @@ func (s *stream) setModel(model string) {
 
 // emit writes one token event and flushes it. It is the emit of the Dispatcher (or of the
 // Local); its error (a broken contract, or the client gone) stops Generate.
-func (s *stream) emit(at Served, t inference.Token) error {
+func (s *stream) emit(at inference.Served, t inference.Token) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.failed != nil {
@@ -157,7 +157,7 @@ func (s *stream) emit(at Served, t inference.Token) error {
 
 // finish writes the terminal outcome of Generate: the final chunk (and usage chunk) then
 // [DONE], or an error. It is called once, after Generate returned.
-func (s *stream) finish(ctx context.Context, res inference.Result, at Served, err error) {
+func (s *stream) finish(ctx context.Context, res inference.Result, at inference.Served, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.seq.done = true
@@ -209,7 +209,7 @@ func (s *stream) finish(ctx context.Context, res inference.Result, at Served, er
 
 // start writes the headers of a 200 event stream, where at is where its first token (or, with
 // none, its outcome) was served.
-func (s *stream) start(at Served) {
+func (s *stream) start(at inference.Served) {
 	h := s.w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")

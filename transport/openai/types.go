@@ -2,7 +2,6 @@ package openai
 
 import (
 	"context"
-	"strings"
 
 	"github.com/meshinfer/meshinfer/inference"
 )
@@ -16,36 +15,13 @@ type Dispatcher interface {
 	// returns where the terminal outcome came from (Route "" when nothing could be tried).
 	// Contract as inference.Backend: exactly one return, emit never after return, contiguous
 	// indices (a stream resumed on another target continues the indices).
-	Generate(ctx context.Context, req *inference.Request, emit func(at Served, t inference.Token) error) (inference.Result, Served, error)
+	Generate(ctx context.Context, req *inference.Request, emit func(at inference.Served, t inference.Token) error) (inference.Result, inference.Served, error)
 }
 
 // Local serves local-only requests on this device's backend. Whatever implements it must
 // hold no network handle: it is the privacy gate's whole code path.
 type Local interface {
 	Generate(ctx context.Context, req *inference.Request, emit func(inference.Token) error) (inference.Result, error)
-}
-
-// Served says where a request is or was served.
-type Served struct {
-	// Route is "local", "peer:<peer id>" or "cloud".
-	Route string
-	// Attempts counts the targets tried so far, this one included (a resumption is an
-	// attempt).
-	Attempts int
-	// Model is the model serving the request when the router chose it (route auto); ""
-	// means the request's own. Responses name it.
-	Model string
-}
-
-// Tier is the route's tier: "local", "mesh" or "cloud" ("" for no route).
-func (s Served) Tier() string {
-	switch {
-	case s.Route == "local", s.Route == "cloud":
-		return s.Route
-	case strings.HasPrefix(s.Route, "peer:"):
-		return "mesh"
-	}
-	return ""
 }
 
 // Model is one model reachable from this node.
@@ -79,10 +55,12 @@ type servedInfo struct {
 	Route    string `json:"route"`
 	Tier     string `json:"tier"`
 	Attempts int    `json:"attempts"`
+	// Transport is how the serving peer was reached (libp2p or webrtc); mesh tier only.
+	Transport inference.Transport `json:"transport,omitempty"`
 }
 
-func newServedInfo(at Served) servedInfo {
-	return servedInfo{Route: at.Route, Tier: at.Tier(), Attempts: at.Attempts}
+func newServedInfo(at inference.Served) servedInfo {
+	return servedInfo{Route: at.Route(), Tier: string(at.Tier), Attempts: at.Attempts, Transport: at.Transport}
 }
 
 // completion is the non-streaming response (object "chat.completion").

@@ -60,9 +60,9 @@ func (d *dispatcher) Models(context.Context) []openai.Model {
 	return []openai.Model{{ID: testModel, Warm: true, Routes: []string{"local"}}}
 }
 
-func (d *dispatcher) Generate(ctx context.Context, req *inference.Request, emit func(openai.Served, inference.Token) error) (res inference.Result, at openai.Served, err error) {
+func (d *dispatcher) Generate(ctx context.Context, req *inference.Request, emit func(inference.Served, inference.Token) error) (res inference.Result, at inference.Served, err error) {
 	n := d.calls.Add(1)
-	at = openai.Served{Route: "local", Attempts: 1}
+	at = inference.Served{Tier: inference.TierLocal, Attempts: 1}
 	start := time.Now()
 	defer func() {
 		s, ok := gateway.SessionFrom(ctx)
@@ -73,7 +73,7 @@ func (d *dispatcher) Generate(ctx context.Context, req *inference.Request, emit 
 		if err != nil {
 			outcome = string(inference.CodeOf(err))
 		}
-		d.meter.Record(gateway.MeterEvent{Time: time.Now(), KeyID: s.KeyID, Model: req.Model, Peer: at.Route,
+		d.meter.Record(gateway.MeterEvent{Time: time.Now(), KeyID: s.KeyID, Model: req.Model, Peer: at.Route(),
 			TokensIn: res.Usage.PromptTokens, TokensOut: res.Usage.CompletionTokens,
 			DurationMS: time.Since(start).Milliseconds(), Outcome: outcome})
 	}()

@@ -1,9 +1,8 @@
-package node
+package dispatch
 
 import (
 	"slices"
 	"sync/atomic"
-	"time"
 
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/mesh/route"
@@ -15,10 +14,10 @@ import (
 // Sampled verification of mesh results.
 //
 // When a request completes on a peer serving its model deterministically, and the client
-// got the whole stream from that one peer (no resumption), the dispatcher draws whether to
+// got the whole stream from that one peer (no resumption), the executor draws whether to
 // verify it: with probability Config.VerifySample, or Config.VerifyProbationSample when
 // that is higher and the peer scores below probationScore. A verification runs in the
-// background, owned by the dispatcher (bg and bgWG: Close cancels it and waits), at most
+// background, owned by the executor (bg and bgWG: Close cancels it and waits), at most
 // maxVerifications at a time, and never delays the client's response:
 //
 //  1. a second peer serving the same model deterministically, picked by route.Decide over
@@ -27,10 +26,11 @@ import (
 //     cannot tell a verification from a task;
 //  2. the digests of the two outputs (token ids and texts) are compared; equal, both peers
 //     get reputation.VerificationPassed;
-//  3. different, a third peer runs it and two out of three decide (judge): the odd one out
-//     gets VerificationFailed, the two that agree VerificationPassed. No third peer, or
-//     three different outputs, is inconclusive and penalizes nobody; so is an execution
-//     that fails (timeout, peer lost...): a transport fault says nothing about integrity.
+//  3. different, a third peer runs it and two out of three decide (inference.Judge): the
+//     odd one out gets VerificationFailed, the two that agree VerificationPassed. No third
+//     peer, or three different outputs, is inconclusive and penalizes nobody; so is an
+//     execution that fails (timeout, peer lost...): a transport fault says nothing about
+//     integrity.
 //
 // With the default reputation parameters one VerificationFailed (-70 points) takes any peer
 // below the exclusion threshold (at most 100 - 70 = 30 < 40), so a liar leaves the candidate
@@ -48,10 +48,10 @@ const (
 	maxVerifications = 4
 )
 
-// verification is the dispatcher's verification state.
+// verification is the executor's verification state.
 type verification struct {
 	sampled, passed, failed, inconclusive, skipped atomic.Uint64
-	// running counts verifications in progress; it grows only under dispatcher.mu.
+	// running counts verifications in progress; it grows only under Executor.mu.
 	running atomic.Int32
 }
 
@@ -61,18 +61,17 @@ type verification struct {
 // ev is the request's meter event on a coordinator (nil elsewhere). When maybeVerify
 // returns true, the verification owns ev and records it once it has a verdict (a task that
 // failed verification is metered as zero); otherwise the caller records it.
-func (d *dispatcher) maybeVerify(r *run, ev *gateway.MeterEvent) bool {
+func (d *Executor) maybeVerify(r *run, ev *gateway.MeterEvent) bool {
 	t := r.last
-	if t.Tier != route.TierMesh || r.resumed || !r.deterministic(t) {
+	if t.Tier != inference.TierMesh || r.resumed || !r.deterministic(t) {
 		return false
 	}
-	cfg := &d.n.cfg
-	rate := cfg.VerifySample
-	if rate == VerifyOff {
+	rate := d.cfg.VerifySample
+	if rate == VerifyOff || rate <= 0 {
 		return false
 	}
-	if cfg.VerifyProbationSample > rate && d.n.rep.Score(t.RepKey(), cfg.Now()) < probationScore {
-		rate = cfg.VerifyProbationSample
+	if d.cfg.VerifyProbationSample > rate && d.cfg.Rep.Score(t.RepKey(), d.now()) < probationScore {
+		rate = d.cfg.VerifyProbationSample
 	}
 	d.mu.Lock()
 	sampled := d.rng.Float64() < rate
@@ -90,22 +89,22 @@ func (d *dispatcher) maybeVerify(r *run, ev *gateway.MeterEvent) bool {
 		d.ver.skipped.Add(1)
 		log.Debugw("verification skipped: too many running, or closing", "peer", t.Peer, "model", r.req.Model)
 		if ev != nil {
-			ev.Verification = gateway.VerificationSkipped
+			ev.Verification = string(inference.VerdictSkipped)
 		}
 		return false
 	}
 	// Ends when verify returns: its executions run under d.bg, which Close cancels. The
-	// meter closes after the dispatcher, so the event is recorded before it does.
+	// meter closes after the executor, so the event is recorded before it does.
 	go func() {
 		defer d.bgWG.Done()
 		defer d.ver.running.Add(-1)
 		verdict := d.verify(r)
 		if ev != nil {
-			ev.Verification, ev.Verified = verdict, verdict == gateway.VerificationPassed
-			if verdict == gateway.VerificationFailed {
+			ev.Verification, ev.Verified = string(verdict), verdict == inference.VerdictPassed
+			if verdict == inference.VerdictFailed {
 				ev.Outcome = gateway.OutcomeVerificationFailed
 			}
-			d.n.tasks.write(*ev)
+			d.cfg.Meter.Write(*ev)
 		}
 	}()
 	return true
@@ -114,7 +113,7 @@ func (d *dispatcher) maybeVerify(r *run, ev *gateway.MeterEvent) bool {
 // verify checks the output r's client received against other peers' executions of the same
 // request, gives the verdict to the reputation store and returns it: passed or failed for
 // the peer that served r, inconclusive, or skipped when no other peer could run it.
-func (d *dispatcher) verify(r *run) string {
+func (d *Executor) verify(r *run) inference.Verdict {
 	model := r.req.Model
 	ran := []route.Target{r.last}
 	first := inference.DigestOf(r.sent)
@@ -128,72 +127,46 @@ func (d *dispatcher) verify(r *run) string {
 			if len(ran) == 1 {
 				d.ver.skipped.Add(1)
 				log.Debugw("verification skipped: no other peer serves the model deterministically", "peer", r.last.Peer, "model", model)
-				return gateway.VerificationSkipped
+				return inference.VerdictSkipped
 			}
 			d.ver.inconclusive.Add(1)
 			log.Debugw("verification inconclusive: outputs differ and no third peer can decide", "peer", r.last.Peer, "model", model)
-			return gateway.VerificationInconclusive
+			return inference.VerdictInconclusive
 		}
 		sum, err := d.replay(t, r)
 		if err != nil {
 			d.ver.inconclusive.Add(1)
 			log.Debugw("verification inconclusive: an execution failed", "peer", t.Peer, "model", model, "err", err)
-			return gateway.VerificationInconclusive
+			return inference.VerdictInconclusive
 		}
 		ran, sums = append(ran, t), append(sums, sum)
-		odd, settled := judge(sums)
+		odd, settled := inference.Judge(sums)
 		switch {
 		case settled:
 			d.settle(model, ran, odd)
 			if odd == 0 {
-				return gateway.VerificationFailed
+				return inference.VerdictFailed
 			}
-			return gateway.VerificationPassed
+			return inference.VerdictPassed
 		case len(sums) == 3:
 			d.ver.inconclusive.Add(1)
 			log.Debugw("verification inconclusive: three different outputs", "peer", r.last.Peer, "model", model)
-			return gateway.VerificationInconclusive
+			return inference.VerdictInconclusive
 		}
 	}
-}
-
-// judge decides between the digests of two or three executions of one request. All equal:
-// nobody is wrong (odd -1). Two that differ are not settled: a third execution must decide.
-// Of three, the one that differs from the two equal others is odd; three different ones
-// are not settled, and neither is fewer than two.
-func judge(sums []inference.Digest) (odd int, settled bool) {
-	switch len(sums) {
-	case 2:
-		if sums[0] == sums[1] {
-			return -1, true
-		}
-	case 3:
-		a, b, c := sums[0], sums[1], sums[2]
-		switch {
-		case a == b && b == c:
-			return -1, true
-		case a == b:
-			return 2, true
-		case a == c:
-			return 1, true
-		case b == c:
-			return 0, true
-		}
-	}
-	return -1, false
 }
 
 // settle records a verdict: VerificationFailed for ran[odd] (none when odd is -1),
 // VerificationPassed for every other peer that ran the request.
-func (d *dispatcher) settle(model string, ran []route.Target, odd int) {
-	now := d.n.cfg.Now()
+func (d *Executor) settle(model string, ran []route.Target, odd int) {
+	now := d.now()
 	for i, t := range ran {
 		e := reputation.VerificationPassed
 		if i == odd {
 			e = reputation.VerificationFailed
 			log.Warnw("peer failed verification: its output differs from two other peers'", "peer", t.Peer, "model", model)
 		}
-		d.n.rep.Observe(t.RepKey(), e, now)
+		d.cfg.Rep.Observe(t.RepKey(), e, now)
 	}
 	if odd < 0 {
 		d.ver.passed.Add(1)
@@ -206,7 +179,7 @@ func (d *dispatcher) settle(model string, ran []route.Target, odd int) {
 // request's own snapshot, narrowed to the other peers announcing the model as
 // deterministic, mesh tier only, this model only. Scores are read as of now, so a peer
 // excluded since the request was decided is not picked.
-func (d *dispatcher) pickVerifier(r *run, ran []route.Target) (route.Target, bool) {
+func (d *Executor) pickVerifier(r *run, ran []route.Target) (route.Target, bool) {
 	s := *r.snap
 	s.Local, s.Cloud, s.Scratch = route.Local{}, route.Cloud{}, nil
 	s.Peers = make([]route.Peer, 0, len(r.snap.Peers))
@@ -222,9 +195,9 @@ func (d *dispatcher) pickVerifier(r *run, ran []route.Target) (route.Target, boo
 	// The decision's own copy: the request sent to the peer stays exactly the client's.
 	req := r.req
 	req.Prefs.Privacy, req.Prefs.Route = inference.PrivacyMesh, inference.RouteExplicit
-	dec := d.decide(&req, &s, d.n.cfg.Now())
+	dec := d.decide(&req, &s, d.now())
 	for _, t := range dec.Attempts {
-		if t.Tier == route.TierMesh {
+		if t.Tier == inference.TierMesh {
 			return t, true
 		}
 	}
@@ -233,30 +206,21 @@ func (d *dispatcher) pickVerifier(r *run, ran []route.Target) (route.Target, boo
 
 // replay runs r's request on peer t as ordinary work and returns its output's digest. The
 // outcome feeds the reputation store like any attempt's.
-func (d *dispatcher) replay(t route.Target, r *run) (inference.Digest, error) {
-	var (
-		h           = inference.NewDigester()
-		start       = time.Now()
-		first, last time.Time
-		got         int
-	)
+func (d *Executor) replay(t route.Target, r *run) (inference.Digest, error) {
+	h := inference.NewDigester()
+	m := d.measure()
 	_, err := d.peerGenerate(d.bg, t.Peer, &r.req, func(tok inference.Token) error {
-		now := time.Now()
-		if got == 0 {
-			first = now
-		}
-		got++
-		last = now
+		m.token()
 		h.Add(tok)
 		return nil
-	})
-	d.observe(t, r.req.Model, false, err, false, start, first, last, got)
+	}, nil)
+	d.observe(t, r.req.Model, false, err, false, m)
 	return h.Sum(), err
 }
 
 // verificationStatus is the "routing.verification" object of /api/status. The outcomes are
 // read before sampled, so sampled is never below their sum.
-func (d *dispatcher) verificationStatus() console.Verification {
+func (d *Executor) verificationStatus() console.Verification {
 	v := &d.ver
 	out := console.Verification{
 		Passed: v.passed.Load(), Failed: v.failed.Load(),

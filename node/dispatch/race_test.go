@@ -1,6 +1,6 @@
 //go:build race
 
-package node
+package dispatch
 
 // raceDetector is true in a -race build, where the synthetic model computes about 20 times
 // slower: long loops over it shrink (see TestHonestPeersPassThousandsOfVerifications).

@@ -1,6 +1,6 @@
 //go:build !race
 
-package node
+package dispatch
 
 // raceDetector is true in a -race build (see race_test.go).
 const raceDetector = false

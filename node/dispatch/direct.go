@@ -1,0 +1,172 @@
+package dispatch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/mesh/route"
+	"github.com/meshinfer/meshinfer/transport/frame"
+	"github.com/meshinfer/meshinfer/transport/gateway"
+	"github.com/meshinfer/meshinfer/transport/infer"
+)
+
+// Direct tasks (transport/infer's DirectID): a coordinator's thin client gets its tokens
+// over a WebRTC data channel straight from the serving peer. The executor (Relay) routes the
+// request to a mesh peer, sends it the request and relays the client's WebRTC signaling to
+// it and back, then reads the peer's result frame: the receipt, which it checks (signed by
+// that peer, made out to this node, for the model and the usage) and meters with its
+// countersignature. It never sees a token. A sample is verified like any mesh task, against
+// the receipt's digest of the output. The serving side is the node's (node/direct.go).
+
+// StreamOpener opens a libp2p stream to a peer (the node's routed host).
+type StreamOpener interface {
+	NewStream(ctx context.Context, p peer.ID, pids ...protocol.ID) (network.Stream, error)
+}
+
+// Relay is the coordinator's gateway.DirectRelay: see above.
+func (d *Executor) Relay(ctx context.Context, s gateway.Session, body json.RawMessage, sig *gateway.SignalPipe) (gateway.DirectResult, error) {
+	if d.cfg.Dialer == nil {
+		return gateway.DirectResult{}, inference.Errorf(inference.CodeUnavailable, "this node does not relay direct tasks")
+	}
+	start := d.now()
+	var req inference.Request
+	if err := json.Unmarshal(body, &req); err != nil {
+		return gateway.DirectResult{}, inference.Errorf(inference.CodeInvalidRequest, "body is not a chat completion request: %v", err)
+	}
+	if err := req.Validate(inference.DefaultLimits()); err != nil {
+		return gateway.DirectResult{}, err
+	}
+	req.Stream = true
+	t, r, err := d.directTarget(ctx, &req)
+	if err != nil {
+		return gateway.DirectResult{}, err
+	}
+	frameBody, err := infer.EncodeRequest(&r.req, true)
+	if err != nil {
+		return gateway.DirectResult{}, err
+	}
+	st, err := d.cfg.Dialer.NewStream(ctx, t.Peer, infer.DirectID)
+	if err != nil {
+		return gateway.DirectResult{}, inference.Errorf(inference.CodeUnavailable, "open a direct task on %s: %v", t.Peer, err)
+	}
+	stop := context.AfterFunc(ctx, func() { st.Reset() })
+	defer stop()
+	defer d.hold(t.Peer)() // the task counts against the peer's per-requester limit
+	if err := frame.Write(st, frameBody); err != nil {
+		st.Reset()
+		return gateway.DirectResult{}, inference.Errorf(inference.CodePeerLost, "send the task to %s: %v", t.Peer, err)
+	}
+	// The client's signaling to the peer, until the task ends (ctx or the peer's result).
+	relayCtx, stopRelay := context.WithCancel(ctx)
+	defer stopRelay()
+	var relayWG sync.WaitGroup
+	defer relayWG.Wait()
+	relayWG.Go(func() {
+		for {
+			msg, err := sig.Recv(relayCtx)
+			if err != nil {
+				return
+			}
+			if frame.Write(st, msg) != nil {
+				return
+			}
+		}
+	})
+	// The peer's signaling to the client, then its result.
+	rd := frame.NewReader(st, max(gateway.MaxSignalFrame, infer.MaxTerminalFrame))
+	var res inference.Result
+	for {
+		msg, err := rd.Next()
+		if err != nil {
+			st.Reset()
+			if ctx.Err() != nil {
+				return gateway.DirectResult{}, fmt.Errorf("direct task: %w", ctx.Err())
+			}
+			return gateway.DirectResult{}, inference.Errorf(inference.CodePeerLost, "direct task on %s ended without a result: %v", t.Peer, err)
+		}
+		if infer.IsResultFrame(msg) {
+			res, err = infer.DecodeResult(msg)
+			if _, typed := errors.AsType[*inference.Error](err); err != nil && !typed {
+				err = inference.Errorf(inference.CodePeerLost, "direct task on %s: %v", t.Peer, err) // a malformed result
+			}
+			st.Close()
+			if err != nil {
+				d.meterDirect(s, r, res, err, d.now().Sub(start))
+				return gateway.DirectResult{}, err
+			}
+			break
+		}
+		if err := sig.Send(msg); err != nil {
+			st.Reset()
+			return gateway.DirectResult{}, fmt.Errorf("direct task: %w", err)
+		}
+	}
+	stopRelay()
+	out := gateway.DirectResult{Peer: r.served().Route(), FinishReason: res.FinishReason, Usage: res.Usage}
+	out.Receipt, out.Countersig = d.meterDirect(s, r, res, nil, d.now().Sub(start))
+	return out, nil
+}
+
+// meterDirect checks a direct task's receipt, meters the task (after its verification's
+// verdict when it is sampled) and returns the receipt with its countersignature, both "" when
+// the receipt was refused or the task failed.
+func (d *Executor) meterDirect(s gateway.Session, r *run, res inference.Result, err error, took time.Duration) (rcpt, countersig string) {
+	d.stats.direct.Add(1)
+	if d.cfg.Meter == nil {
+		return "", ""
+	}
+	ev := gateway.MeterEvent{
+		Time: d.now(), KeyID: s.KeyID, Model: r.req.Model, Peer: r.served().Route(),
+		TokensIn: res.Usage.PromptTokens, TokensOut: res.Usage.CompletionTokens,
+		DurationMS: took.Milliseconds(), Outcome: gateway.OutcomeCompleted,
+	}
+	if err != nil {
+		ev.Outcome = string(inference.CodeOf(err))
+		d.cfg.Meter.Write(ev)
+		return "", ""
+	}
+	out, ok := d.receiptFor(r, res, nil)
+	if ok {
+		if sig, coord, err := d.cfg.Meter.Countersign(res.Receipt); err == nil {
+			ev.Receipt, ev.Countersig, ev.Coordinator = res.Receipt, sig, coord
+			countersig = sig
+		}
+		r.output = &out
+	}
+	// The same event; verified like any mesh task when sampled.
+	if !(ok && d.maybeVerify(r, &ev)) {
+		d.cfg.Meter.Write(ev)
+	}
+	if countersig != "" {
+		return res.Receipt, countersig
+	}
+	return "", ""
+}
+
+// directTarget picks the mesh peer that serves a direct task, as route.Decide would for a
+// mesh request of that model, and the run that verification and metering use.
+func (d *Executor) directTarget(ctx context.Context, req *inference.Request) (route.Target, *run, error) {
+	req.Prefs = inference.Prefs{Privacy: inference.PrivacyMesh, Priority: inference.PriorityLatency, Route: inference.RouteExplicit}
+	now := d.now()
+	snap, full := d.snapshot(ctx, now)
+	snap.Local = route.Local{} // the client wants a peer's channel, not this node's answer
+	snap.Cloud = route.Cloud{}
+	dec := d.decide(req, snap, now)
+	for _, t := range dec.Attempts {
+		if t.Tier == inference.TierMesh {
+			r := &run{d: d, snap: snap, req: *req, last: t, attempts: 1, via: inference.TransportWebRTC}
+			return t, r, nil
+		}
+	}
+	d.stats.none.Add(1)
+	return route.Target{}, nil, d.nothingServes(req, dec, full)
+}

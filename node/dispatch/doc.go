@@ -1,0 +1,33 @@
+// Package dispatch executes one request that may leave this device: it takes a snapshot
+// of this node, the peer registry and the cloud tier, asks mesh/route where to go, and runs
+// the attempts in order across the three tiers (local backend, a peer, the cloud):
+//
+//   - a failure before the first token moves the whole request to the next target
+//     (failover), with nothing kept of the failed attempt;
+//   - a failure after tokens streamed resumes on the next target when both serve the model
+//     deterministically: the new target regenerates from the start, the tokens the client
+//     already has are checked against it and skipped, so the client sees one contiguous
+//     stream; a regenerated prefix that differs ends the request with
+//     verification_failed; where resumption is impossible the request ends with the typed
+//     error;
+//   - a speculative decision (a cold local model, the cloud allowed) loads the local model
+//     while a cloud stream starts: whichever comes first, local ready or the cloud's first
+//     token, serves, and a losing cloud stream is cancelled;
+//   - a sample of the requests one peer served deterministically is verified afterwards on
+//     other peers, two out of three deciding (verify.go);
+//   - a coordinator's thin client can get its tokens straight from the serving peer over
+//     WebRTC; the executor picks the peer, relays the set-up and checks and meters the
+//     peer's receipt (direct.go).
+//
+// Every attempt's outcome goes to the reputation store, and a degraded route (a peer timing
+// out, the cloud failing) calls Config.Degraded (the node re-runs its capability probe).
+//
+// The executor holds no pointer to the node: everything it uses comes through Config, as
+// small interfaces declared here (Peers, Registry, Meter...) or plain values. Time comes
+// from Config.Now, randomness from Config.Seed, so that its tests run on virtual time
+// (testing/synctest) with in-memory targets. No lock is held across I/O: backend model
+// listings must answer from memory (inference.Backend), and every call out happens with
+// the executor's mutex released.
+//
+// Local-only requests never reach this package: the API hands them to inference/localonly.
+package dispatch

@@ -1,0 +1,379 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	logging "github.com/ipfs/go-log/v2"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/mesh/caps"
+	"github.com/meshinfer/meshinfer/mesh/registry"
+	"github.com/meshinfer/meshinfer/mesh/route"
+	"github.com/meshinfer/meshinfer/reputation"
+	"github.com/meshinfer/meshinfer/transport/infer"
+	"github.com/meshinfer/meshinfer/transport/openai"
+)
+
+var log = logging.Logger("node/dispatch")
+
+// Peers runs a request on a peer (transport/infer's Client).
+type Peers interface {
+	Generate(ctx context.Context, p peer.ID, req *inference.Request, emit func(inference.Token) error) (inference.Result, error)
+}
+
+// Registry lists the peers this node knows (mesh/registry's Registry).
+type Registry interface {
+	Entries(now time.Time) []registry.Entry
+}
+
+// Loader is implemented by backends that can load a model without running a request (the
+// synthetic backend); speculative dispatch needs it.
+type Loader interface {
+	Load(ctx context.Context, model string) error
+}
+
+// Config is what an Executor uses. Peers, Registry and Rep are required.
+type Config struct {
+	// Mesh is the mesh's name, for error messages.
+	Mesh string
+	// Local is this node's backend as its owner's consent allows it; nil: none. When it is
+	// a Loader, speculative decisions load it ahead of a request.
+	Local inference.Backend
+	// Peers runs requests on peers over libp2p streams.
+	Peers Peers
+	// Cloud is the cloud tier; nil: none. CloudModels are the models it is asked for
+	// (empty: any), at CloudUSDPerMTok.
+	Cloud           inference.Backend
+	CloudModels     []string
+	CloudUSDPerMTok float64
+	// CloudAllowed reports whether the owner agreed to cloud fallback, asked per decision;
+	// nil: allowed.
+	CloudAllowed func() bool
+	// Registry is the peer registry; Latency the measured round trip to a peer (0: unknown;
+	// nil: none measured).
+	Registry Registry
+	Latency  func(peer.ID) time.Duration
+	// Rep is the reputation store every attempt's outcome goes to.
+	Rep *reputation.Store
+	// Degraded is called when a route degraded (a peer timed out, the cloud failed); the
+	// node re-runs its capability probe. nil: nothing.
+	Degraded func()
+	// WebRTC opens data channels to peers and Streams runs requests on them, for requests
+	// whose transport preference is webrtc (webrtc.go). nil: libp2p streams only.
+	WebRTC  DirectPaths
+	Streams StreamGenerator
+	// VerifySample and VerifyProbationSample are the shares of deterministic mesh results
+	// verified (verify.go); VerifyOff (or 0) for none.
+	VerifySample, VerifyProbationSample float64
+	// Self is this node's peer ID: serving peers make their receipts out to it.
+	Self peer.ID
+	// Meter meters finished requests on a coordinator; nil: nothing is metered.
+	Meter Meter
+	// Dialer opens direct-task streams to peers (direct.go); nil: no direct tasks.
+	Dialer StreamOpener
+	// Now is the clock; nil: time.Now. Durations are measured on it too.
+	Now func() time.Time
+	// Seed seeds the executor's random source (weighted draws, exploration, sampling).
+	Seed uint64
+}
+
+// VerifyOff as a sample rate turns verification off.
+const VerifyOff = -1.0
+
+// Executor executes requests; see the package documentation. Its methods are safe for
+// concurrent use.
+type Executor struct {
+	cfg   Config
+	local inference.Backend // cfg.Local
+	now   func() time.Time
+
+	stats routingStats
+	ver   verification
+
+	mu        sync.Mutex
+	rng       *rand.Rand
+	localTPS  map[string]float64       // measured tokens/s per local model (EWMA)
+	localCold map[string]time.Duration // measured cold start per local model (EWMA)
+	cloudTTFT time.Duration            // measured cloud time to first token (EWMA)
+	cloudTPS  float64                  // measured cloud tokens/s (EWMA)
+	keys      map[peer.ID]string       // peer ID strings (encoding one costs ~1.5 µs)
+	inflight  map[peer.ID]int          // requests this node has running on each peer
+	scratch   route.Scratch            // Decide's working memory, used under mu
+	closed    bool                     // Close has begun: no more background work starts
+
+	// Background work runs under bg: local loads that a speculative request started and no
+	// longer waits for (the cloud won) until done, verifications (verify.go) and meter
+	// writes. Close cancels bg and waits.
+	bg       context.Context
+	bgCancel context.CancelFunc
+	bgWG     sync.WaitGroup
+}
+
+// New returns an executor over cfg.
+func New(cfg Config) (*Executor, error) {
+	switch {
+	case cfg.Peers == nil:
+		return nil, errors.New("dispatch: no peer client")
+	case cfg.Registry == nil:
+		return nil, errors.New("dispatch: no registry")
+	case cfg.Rep == nil:
+		return nil, errors.New("dispatch: no reputation store")
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Latency == nil {
+		cfg.Latency = func(peer.ID) time.Duration { return 0 }
+	}
+	if cfg.Degraded == nil {
+		cfg.Degraded = func() {}
+	}
+	bg, cancel := context.WithCancel(context.Background())
+	return &Executor{
+		cfg: cfg, local: cfg.Local, now: cfg.Now,
+		rng:      rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
+		localTPS: map[string]float64{}, localCold: map[string]time.Duration{},
+		keys: map[peer.ID]string{}, inflight: map[peer.ID]int{}, bg: bg, bgCancel: cancel,
+	}, nil
+}
+
+// Close cancels the background work and waits for it. It is idempotent; requests running
+// when it is called end on their own contexts.
+func (d *Executor) Close() error {
+	d.mu.Lock()
+	d.closed = true // background adds to bgWG under mu only while !closed: no Add races Wait
+	d.mu.Unlock()
+	d.bgCancel()
+	d.bgWG.Wait()
+	return nil
+}
+
+// Models lists this node's models, every model announced by a fresh peer, and the cloud's.
+func (d *Executor) Models(ctx context.Context) []openai.Model {
+	byID := map[string]*openai.Model{}
+	var order []string
+	add := func(id string, where inference.Served, warm bool) {
+		m, ok := byID[id]
+		if !ok {
+			m = &openai.Model{ID: id}
+			byID[id] = m
+			order = append(order, id)
+		}
+		m.Routes = append(m.Routes, where.Route())
+		m.Warm = m.Warm || warm
+	}
+	if d.local != nil {
+		if local, err := d.local.Models(ctx); err == nil {
+			for _, m := range local {
+				add(m.Name, inference.Served{Tier: inference.TierLocal}, m.Warm)
+			}
+		}
+	}
+	for _, e := range d.cfg.Registry.Entries(d.now()) {
+		if e.Stale || e.Vector == nil {
+			continue
+		}
+		for _, m := range e.Vector.Models {
+			add(m.Name, inference.Served{Tier: inference.TierMesh, Peer: e.Peer.String()}, m.State == caps.ModelWarm)
+		}
+	}
+	for _, m := range d.cfg.CloudModels {
+		add(m, inference.Served{Tier: inference.TierCloud}, true)
+	}
+	slices.Sort(order)
+	out := make([]openai.Model, 0, len(order))
+	for _, id := range order {
+		out = append(out, *byID[id])
+	}
+	return out
+}
+
+// perPeerLimit is how many requests from one requester a peer runs at once
+// (infer.DefaultMaxInFlightPerPeer; nodes do not change it). Past it the peer refuses at
+// once with overloaded, so the executor does not try: a peer with that many of this node's
+// requests running is left out of the decision, and a request that only such peers could
+// serve is refused with overloaded here, without a round trip. That is what keeps a
+// coordinator's refusals fast under load. The count is this node's own, exact; two
+// decisions racing for a peer's last slot can still meet the peer's own refusal.
+const perPeerLimit = infer.DefaultMaxInFlightPerPeer
+
+// snapshot gathers what route.Decide needs, as of now. full are the peers left out for
+// having perPeerLimit of this node's requests running. The backend's listing is read
+// before the lock is taken: a backend answers it from memory (inference.Backend), and no
+// decision or slot release waits behind it even if one does not.
+func (d *Executor) snapshot(ctx context.Context, now time.Time) (s *route.Snapshot, full []registry.Entry) {
+	s = &route.Snapshot{Rep: d.cfg.Rep, Tune: route.DefaultTuning()}
+	var infos []inference.ModelInfo
+	if d.local != nil {
+		if ms, err := d.local.Models(ctx); err == nil {
+			infos = ms
+			s.Local.Accepting = len(ms) > 0
+		}
+	}
+	entries := d.cfg.Registry.Entries(now)
+	cloud := d.cfg.Cloud != nil && (d.cfg.CloudAllowed == nil || d.cfg.CloudAllowed())
+	latency := make([]time.Duration, len(entries))
+	for i, e := range entries {
+		latency[i] = d.cfg.Latency(e.Peer)
+	}
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, m := range infos {
+		s.Local.Models = append(s.Local.Models, route.LocalModel{
+			Name: m.Name, Warm: m.Warm, Deterministic: m.Deterministic,
+			TokensPerSec: d.localTPS[m.Name], ColdStart: d.localCold[m.Name],
+		})
+	}
+	if len(d.keys) > 2*len(entries)+64 {
+		clear(d.keys) // forgotten peers
+	}
+	s.Peers = make([]route.Peer, 0, len(entries))
+	for i, e := range entries {
+		if d.inflight[e.Peer] >= perPeerLimit {
+			full = append(full, e)
+			continue
+		}
+		key, ok := d.keys[e.Peer]
+		if !ok {
+			key = e.Peer.String()
+			d.keys[e.Peer] = key
+		}
+		s.Peers = append(s.Peers, route.Peer{Entry: e, Key: key, RTT: latency[i]})
+	}
+	if cloud {
+		s.Cloud = route.Cloud{
+			Enabled: true, Models: d.cfg.CloudModels,
+			TTFT: d.cloudTTFT, TokensPerSec: d.cloudTPS, USDPerMTok: d.cfg.CloudUSDPerMTok,
+		}
+	}
+	return s, full
+}
+
+// Generate routes req and serves it; see the package documentation. emit receives each
+// token with where it is being served; the returned Served says where the request ended.
+func (d *Executor) Generate(ctx context.Context, req *inference.Request, emit func(inference.Served, inference.Token) error) (inference.Result, inference.Served, error) {
+	now := d.now()
+	snap, full := d.snapshot(ctx, now)
+	dec := d.decide(req, snap, now)
+	if len(dec.Attempts) == 0 {
+		d.stats.none.Add(1)
+		return inference.Result{}, inference.Served{}, d.nothingServes(req, dec, full)
+	}
+	r := &run{d: d, snap: snap, emit: emit, req: *req}
+	r.req.Model = dec.Model
+	start := d.now()
+	res, err := r.serve(ctx, dec)
+	d.stats.count(r.last.Tier)
+	// On a coordinator the task is metered, with the serving peer's receipt when it holds;
+	// a verified task is metered once the verification has its verdict. Checking the
+	// receipt, countersigning it and syncing the event take a few hundred microseconds,
+	// which the client's response does not wait for: they run in the background, or here
+	// when the executor is closing.
+	if d.cfg.Meter != nil {
+		if ev, metered := d.cfg.Meter.Event(ctx, r.req.Model, r.served(), res, err, d.now().Sub(start)); metered {
+			rr, rres := r, res
+			if !d.background(func() { d.meter(rr, rres, err, ev) }) {
+				d.meter(rr, rres, err, ev)
+			}
+			res.Receipt = ""
+			return res, r.served(), err
+		}
+	}
+	if err == nil {
+		d.maybeVerify(r, nil) // in the background: the client's response does not wait
+	}
+	res.Receipt = "" // the peer's record, not the client's
+	return res, r.served(), err
+}
+
+// background runs fn on a goroutine Close waits for, and reports whether it did: false once
+// Close has begun.
+func (d *Executor) background(fn func()) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return false
+	}
+	d.bgWG.Add(1)
+	go func() {
+		defer d.bgWG.Done()
+		fn()
+	}()
+	return true
+}
+
+// decide runs route.Decide over snap with the executor's working memory and random source,
+// which it uses under mu. Decide is pure and does no I/O.
+func (d *Executor) decide(req *inference.Request, snap *route.Snapshot, now time.Time) route.Decision {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	snap.Scratch = &d.scratch
+	defer func() { snap.Scratch = nil }()
+	return route.Decide(req, snap, now, d.rng)
+}
+
+// nothingServes is the error for a decision without targets, saying why per tier: overloaded
+// when a peer left out as full serves the model, model_not_found otherwise.
+func (d *Executor) nothingServes(req *inference.Request, dec route.Decision, full []registry.Entry) error {
+	for _, e := range full {
+		if _, serves := modelIn(e.Vector, req.Model); !e.Stale && (req.Model == "" || serves) {
+			d.stats.fullRefusals.Add(1)
+			return inference.Errorf(inference.CodeOverloaded,
+				"every peer serving model %q that this node could use is busy with %d of its requests; retry shortly",
+				req.Model, perPeerLimit)
+		}
+	}
+	why := ""
+	for _, e := range dec.Estimates {
+		if !e.OK && e.Why != "" {
+			why += fmt.Sprintf("; %s: %s", e.Tier, e.Why)
+		}
+	}
+	model := dec.Model
+	if model == "" {
+		model = req.Model
+	}
+	return inference.Errorf(inference.CodeModelNotFound,
+		"no target in mesh %q can serve model %q%s; GET /v1/models lists what is available", d.cfg.Mesh, model, why)
+}
+
+// hold counts a request of this node running on peer p (perPeerLimit) until the returned
+// function is called.
+func (d *Executor) hold(p peer.ID) (release func()) {
+	d.mu.Lock()
+	d.inflight[p]++
+	d.mu.Unlock()
+	return func() {
+		d.mu.Lock()
+		if d.inflight[p]--; d.inflight[p] <= 0 {
+			delete(d.inflight, p)
+		}
+		d.mu.Unlock()
+	}
+}
+
+// modelIn returns what v announces of model, and whether it announces it.
+func modelIn(v *caps.Vector, model string) (caps.Model, bool) {
+	if v != nil {
+		for _, m := range v.Models {
+			if m.Name == model {
+				return m, true
+			}
+		}
+	}
+	return caps.Model{}, false
+}
+
+// deterministicIn reports whether v announces model as deterministic.
+func deterministicIn(v *caps.Vector, model string) bool {
+	m, _ := modelIn(v, model)
+	return m.Deterministic
+}

@@ -1,0 +1,230 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/mesh/route"
+)
+
+// run is one request's way through its attempts.
+type run struct {
+	d    *Executor
+	snap *route.Snapshot
+	emit func(inference.Served, inference.Token) error
+	req  inference.Request
+
+	attempts int
+	last     route.Target        // the target of the latest attempt
+	via      inference.Transport // how the latest mesh attempt reached its peer
+	sent     []inference.Token   // what the client has, in order
+	// sentDet is true while every token the client has came from a deterministic target,
+	// which is what makes a resumption possible.
+	sentDet bool
+	// resumed is true once an attempt continued a stream another target began: the client's
+	// output then comes from more than one target and is not verified.
+	resumed bool
+	// output is the digest of what the client received when this node never saw it (a
+	// direct task: the serving peer's receipt names it); nil: the digest of sent.
+	output *inference.Digest
+}
+
+// served says where the run's latest attempt ran.
+func (r *run) served() inference.Served {
+	if r.attempts == 0 {
+		return inference.Served{}
+	}
+	return r.at(r.last)
+}
+
+// at is where an attempt of the run on t is served.
+func (r *run) at(t route.Target) inference.Served {
+	s := inference.Served{Tier: t.Tier, Attempts: r.attempts, Model: r.req.Model}
+	if t.Tier == inference.TierMesh {
+		s.Peer, s.Transport = t.Peer.String(), r.via
+	}
+	return s
+}
+
+// serve runs the decision's attempts until one completes or no target is left.
+func (r *run) serve(ctx context.Context, dec route.Decision) (inference.Result, error) {
+	attempts := dec.Attempts
+	var lastErr error
+	if ld, ok := r.d.local.(Loader); ok && dec.Speculative {
+		res, err, done, cloudLeft := r.speculate(ctx, ld, attempts[0], attempts[1])
+		if done {
+			return res, err
+		}
+		// Nothing reached the client and neither side completed. The remaining targets
+		// follow, the cloud again if it was only cancelled.
+		lastErr = err
+		if cloudLeft {
+			attempts = attempts[1:]
+		} else {
+			attempts = attempts[2:]
+		}
+	}
+	// A backend that cannot load ahead (an upstream server) just runs the plan in order.
+	for _, t := range attempts {
+		if len(r.sent) > 0 && !(r.sentDet && r.deterministic(t)) {
+			continue // this target cannot continue the stream the client has
+		}
+		if r.attempts > 0 {
+			if len(r.sent) > 0 {
+				r.d.stats.resumptions.Add(1)
+				log.Debugw("resuming a cut stream", "target", t, "model", r.req.Model, "sent", len(r.sent))
+			} else {
+				r.d.stats.failovers.Add(1)
+				log.Debugw("target failed before streaming; trying the next", "target", t, "model", r.req.Model, "err", lastErr)
+			}
+		}
+		res, err, final := r.try(ctx, t)
+		if final {
+			return res, err
+		}
+		lastErr = err
+	}
+	if lastErr == nil {
+		lastErr = inference.Errorf(inference.CodeUnavailable, "no target could serve model %q", r.req.Model)
+	}
+	return inference.Result{}, lastErr
+}
+
+// errResumeMismatch stops an attempt whose regenerated prefix differs from what the client
+// already has.
+var errResumeMismatch = errors.New("resumed stream differs from the tokens already sent")
+
+// try runs one attempt on t. final is true when the request must end with (res, err):
+// success, the client gone, a mismatch, or an error that another target would not fix.
+func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, err error, final bool) {
+	r.attempts++
+	r.last = t
+	r.via = r.d.transportFor(&r.req)
+	skip := len(r.sent)
+	det := r.deterministic(t)
+	if skip == 0 {
+		r.sentDet = det
+	} else {
+		r.resumed = true
+	}
+	var (
+		emitErr, mismatch error
+		m                 = r.d.measure()
+	)
+	forward := func(tok inference.Token) error {
+		m.token()
+		if tok.Index < skip {
+			if had := r.sent[tok.Index]; had.Text != tok.Text || had.ID != tok.ID {
+				mismatch = fmt.Errorf("%w: token %d", errResumeMismatch, tok.Index)
+				return mismatch
+			}
+			return nil
+		}
+		if emitErr = r.emit(r.at(t), tok); emitErr != nil {
+			return emitErr
+		}
+		r.sent = append(r.sent, tok)
+		return nil
+	}
+	res, err = r.d.runOn(ctx, t, &r.req, forward, &r.via)
+	r.d.observe(t, r.req.Model, r.coldAt(t), err, emitErr != nil, m)
+	switch {
+	case err == nil:
+		return res, nil, true
+	case mismatch != nil:
+		r.d.stats.resumeMismatches.Add(1)
+		return inference.Result{}, inference.Errorf(inference.CodeVerificationFailed,
+			"resuming on %s: %v; the stream cannot be continued faithfully", t, mismatch), true
+	case emitErr != nil || ctx.Err() != nil:
+		return inference.Result{}, err, true
+	case !inference.CodeOf(err).Retryable():
+		return inference.Result{}, err, true
+	}
+	return inference.Result{}, err, false
+}
+
+// runOn runs req on one target. via is set to the transport a mesh attempt ended up on.
+func (d *Executor) runOn(ctx context.Context, t route.Target, req *inference.Request, emit func(inference.Token) error, via *inference.Transport) (inference.Result, error) {
+	switch t.Tier {
+	case inference.TierLocal:
+		return d.local.Generate(ctx, req, emit)
+	case inference.TierCloud:
+		return d.cfg.Cloud.Generate(ctx, req, emit)
+	}
+	return d.peerGenerate(ctx, t.Peer, req, emit, via)
+}
+
+// transportFor is the transport a mesh attempt of req starts on.
+func (d *Executor) transportFor(req *inference.Request) inference.Transport {
+	if req.Prefs.Transport == inference.TransportWebRTC && d.cfg.WebRTC != nil {
+		return inference.TransportWebRTC
+	}
+	return inference.TransportLibp2p
+}
+
+// peerGenerate runs req on peer p, counted in the peer's in-flight requests from this node.
+// via, when not nil, is set to the transport the attempt ended up on.
+func (d *Executor) peerGenerate(ctx context.Context, p peer.ID, req *inference.Request, emit func(inference.Token) error, via *inference.Transport) (inference.Result, error) {
+	defer d.hold(p)()
+	if d.transportFor(req) == inference.TransportWebRTC {
+		return d.viaWebRTC(ctx, p, req, emit, via)
+	}
+	return d.cfg.Peers.Generate(ctx, p, req, emit)
+}
+
+// deterministic reports whether t serves the run's model deterministically.
+func (r *run) deterministic(t route.Target) bool {
+	switch t.Tier {
+	case inference.TierLocal:
+		for _, m := range r.snap.Local.Models {
+			if m.Name == r.req.Model {
+				return m.Deterministic
+			}
+		}
+	case inference.TierMesh:
+		for _, p := range r.snap.Peers {
+			if p.Entry.Peer == t.Peer {
+				return deterministicIn(p.Entry.Vector, r.req.Model)
+			}
+		}
+	}
+	return false // the cloud is not assumed to be
+}
+
+// coldAt reports whether the run's model was cold at t when the request was decided.
+func (r *run) coldAt(t route.Target) bool {
+	if t.Tier != inference.TierLocal {
+		return false
+	}
+	for _, m := range r.snap.Local.Models {
+		if m.Name == r.req.Model {
+			return !m.Warm
+		}
+	}
+	return false
+}
+
+// timing measures one attempt on the executor's clock: when it started, its first and
+// latest token, and how many tokens came.
+type timing struct {
+	now                func() time.Time
+	start, first, last time.Time
+	tokens             int
+}
+
+func (d *Executor) measure() *timing { return &timing{now: d.now, start: d.now()} }
+
+// token notes a token's arrival.
+func (m *timing) token() {
+	t := m.now()
+	if m.tokens == 0 {
+		m.first = t
+	}
+	m.tokens++
+	m.last = t
+}
