@@ -83,11 +83,18 @@ type Backend struct {
 	ownClient        bool // client was made by New: Close closes its idle connections
 	firstToken, idle time.Duration
 
-	// The upstream's latest model listing and when it was taken: Models reuses it for
-	// listingTTL, since the router asks on every request.
-	listMu   sync.Mutex
-	listing  map[string]struct{}
-	listedAt time.Time
+	// The upstream's latest model listing and when it was taken. Models answers from it at
+	// once; one older than listingTTL is refreshed in the background, one request at a time,
+	// under the backend's own context (never a caller's: a client that hangs up must not
+	// leave "nothing warm" behind), so that no routing decision waits on the upstream.
+	listMu     sync.Mutex
+	listing    map[string]struct{}
+	listedAt   time.Time
+	refreshing bool
+	// The refresh goroutine's owner is the backend: Close cancels bg and waits for it.
+	bg       context.Context
+	bgCancel context.CancelFunc
+	bgWG     sync.WaitGroup
 }
 
 var _ inference.Backend = (*Backend)(nil)
@@ -130,6 +137,7 @@ func New(baseURL string, models []string, opts ...Option) (*Backend, error) {
 	if b.client == nil {
 		return nil, errors.New("upstream: nil http client")
 	}
+	b.bg, b.bgCancel = context.WithCancel(context.Background())
 	return b, nil
 }
 
@@ -149,21 +157,24 @@ func parseBase(raw string) (string, error) {
 	return strings.TrimSuffix(u.String(), "/"), nil
 }
 
-// Close releases the idle connections of the backend's own HTTP client (not those of a
-// client given with WithHTTPClient). Requests in flight are not affected, and the backend
-// stays usable. It always returns nil.
+// Close stops a model listing in progress and releases the idle connections of the
+// backend's own HTTP client (not those of a client given with WithHTTPClient). Requests in
+// flight are not affected, and the backend stays usable for them (Models then answers from
+// its last listing). It always returns nil.
 func (b *Backend) Close() error {
+	b.bgCancel()
+	b.bgWG.Wait()
 	if b.ownClient {
 		b.client.CloseIdleConnections()
 	}
 	return nil
 }
 
-// Models lists the configured models; Warm is true for those the upstream's GET /v1/models
-// lists. It never fails: an upstream that does not answer leaves every model cold (see the
-// package documentation).
-func (b *Backend) Models(ctx context.Context) ([]inference.ModelInfo, error) {
-	listed := b.cachedListing(ctx)
+// Models lists the configured models; Warm is true for those the upstream's latest GET
+// /v1/models listed. It answers from memory and never fails: before the first listing, and
+// while the upstream does not answer, every model is cold (see the package documentation).
+func (b *Backend) Models(context.Context) ([]inference.ModelInfo, error) {
+	listed := b.cachedListing()
 	infos := make([]inference.ModelInfo, 0, len(b.names))
 	for _, name := range b.names {
 		_, warm := listed[name]
@@ -172,15 +183,26 @@ func (b *Backend) Models(ctx context.Context) ([]inference.ModelInfo, error) {
 	return infos, nil
 }
 
-// cachedListing returns the upstream's listing, asking again once it is listingTTL old.
-// Concurrent callers with a stale listing wait for one request, not one each.
-func (b *Backend) cachedListing(ctx context.Context) map[string]struct{} {
+// cachedListing returns the latest listing and, when it is listingTTL old (or there is
+// none yet), starts one refresh in the background unless one is running.
+func (b *Backend) cachedListing() map[string]struct{} {
 	b.listMu.Lock()
 	defer b.listMu.Unlock()
-	if !b.listedAt.IsZero() && time.Since(b.listedAt) < listingTTL {
-		return b.listing
+	stale := b.listedAt.IsZero() || time.Since(b.listedAt) >= listingTTL
+	if stale && !b.refreshing && b.bg.Err() == nil {
+		b.refreshing = true
+		b.bgWG.Add(1)
+		go func() { // ends when the listing request does: modelsTimeout, or Close
+			defer b.bgWG.Done()
+			listing := b.listed(b.bg)
+			b.listMu.Lock()
+			defer b.listMu.Unlock()
+			b.refreshing = false
+			if b.bg.Err() == nil {
+				b.listing, b.listedAt = listing, time.Now()
+			}
+		}()
 	}
-	b.listing, b.listedAt = b.listed(ctx), time.Now()
 	return b.listing
 }
 

@@ -89,7 +89,12 @@ func TestStopStringEqualsSynth(t *testing.T) {
 func TestModels(t *testing.T) {
 	srv := serveAPI(t, newDispatcher(t))
 	b := newBackend(t, srv.URL+"/v1/", []string{testModel, "llama-3-8b"})
-	got, err := b.Models(context.Background())
+	got, err := b.Models(context.Background()) // before any listing: all cold, at once
+	if err != nil || len(got) != 2 || got[0].Warm || got[1].Warm {
+		t.Errorf("Models before the first listing = %+v, %v; want both cold", got, err)
+	}
+	waitWarm(t, b)
+	got, err = b.Models(context.Background())
 	want := []inference.ModelInfo{{Name: testModel, Warm: true}, {Name: "llama-3-8b", Warm: false}}
 	if err != nil || !slices.Equal(got, want) {
 		t.Errorf("Models = %+v, %v; want %+v", got, err, want)
@@ -102,6 +107,42 @@ func TestModels(t *testing.T) {
 	if err != nil || !slices.Equal(got, want) {
 		t.Errorf("Models of a closed port = %+v, %v; want %+v", got, err, want)
 	}
+}
+
+// Models answers at once while the upstream's /v1/models hangs, and requests are served
+// meanwhile; once the listing comes, the model is warm. A caller's context never cuts the
+// listing short.
+func TestModelsNeverWaitsForTheUpstream(t *testing.T) {
+	api := openai.Handler(newDispatcher(t))
+	release := make(chan struct{})
+	var listings atomic.Int64
+	srv := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/models" {
+			listings.Add(1)
+			select {
+			case <-release:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		api.ServeHTTP(w, r)
+	}))
+	b := newBackend(t, srv.URL, []string{testModel})
+	gone, cancel := context.WithCancel(context.Background())
+	cancel() // a client that already hung up
+	for range 100 {
+		if got, err := b.Models(gone); err != nil || got[0].Warm {
+			t.Fatalf("Models while the listing hangs = %+v, %v; want cold, at once", got, err)
+		}
+	}
+	if r := generate(context.Background(), b, testRequest()); r.err != nil {
+		t.Fatalf("Generate while the listing hangs: %v", r.err)
+	}
+	if n := listings.Load(); n != 1 {
+		t.Fatalf("%d listing requests, want one at a time", n)
+	}
+	close(release)
+	waitWarm(t, b)
 }
 
 // The API key goes out as a bearer token on every request, and no header goes out without one.
@@ -124,9 +165,7 @@ func TestAPIKeyHeader(t *testing.T) {
 		if r := generate(context.Background(), b, testRequest()); r.err != nil {
 			t.Fatalf("key %q: Generate: %v", key, r.err)
 		}
-		if models, _ := b.Models(context.Background()); !models[0].Warm {
-			t.Errorf("key %q: model cold: the models request did not reach the server", key)
-		}
+		waitWarm(t, b) // the models request reached the server
 		if seen.Load() != 2 {
 			t.Errorf("key %q: server saw %d requests, want 2", key, seen.Load())
 		}

@@ -45,6 +45,10 @@ func stalling(t testing.TB) string {
 // fastTimeouts keeps the timeout cases of the tests short.
 var fastTimeouts = upstream.WithTimeouts(200*time.Millisecond, 200*time.Millisecond)
 
+// stallTimeouts give the first token all the time a loaded machine may need and a stall
+// after it a short idle timeout: the two tokens before the stall always arrive in time.
+var stallTimeouts = upstream.WithTimeouts(time.Minute, time.Second)
+
 // Each failure, produced by a real condition (a closed port, our own API refusing or failing
 // a request, a server that stalls), maps to its typed code, after the tokens that preceded it.
 func TestErrorMapping(t *testing.T) {
@@ -96,7 +100,7 @@ func TestErrorMapping(t *testing.T) {
 				}
 				return nil
 			}
-		}, opts: []upstream.Option{fastTimeouts}, want: inference.CodeTimeout, tokens: 2},
+		}, opts: []upstream.Option{stallTimeouts}, want: inference.CodeTimeout, tokens: 2},
 	}
 	for _, tt := range tests {
 		var base string

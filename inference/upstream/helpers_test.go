@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -134,5 +135,20 @@ func checkStream(t testing.TB, tokens []inference.Token) {
 		if tok.Index != i || tok.Text == "" || tok.ID != -1 {
 			t.Fatalf("token %d = %+v, want index %d, non-empty text, id -1", i, tok, i)
 		}
+	}
+}
+
+// waitWarm waits until b lists its first model warm: its background listing has answered.
+func waitWarm(t testing.TB, b *upstream.Backend) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if models, _ := b.Models(context.Background()); models[0].Warm {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the model never became warm: no listing reached the upstream")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
