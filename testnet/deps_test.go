@@ -138,3 +138,28 @@ func depsUnder(t *testing.T, roots []string, pkgs ...string) map[string][]string
 	}
 	return found
 }
+
+// TestExecutionLivesInTheExecutor: node assembles parts and holds no execution logic. The
+// routing decision is called only from the executor (node/dispatch), so node itself does not
+// import mesh/route; the executor holds no pointer back to the node, so it does not depend
+// on node. The executor's own dependency on mesh/route is the control.
+func TestExecutionLivesInTheExecutor(t *testing.T) {
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	imports := func(pkg string) []string {
+		out, err := exec.Command(gobin, "list", "-f", `{{join .Imports " "}}`, pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list %s: %v\n%s", pkg, err, out)
+		}
+		return strings.Fields(string(out))
+	}
+	route, node, exec := module+"/mesh/route", module+"/node", module+"/node/dispatch"
+	if slices.Contains(imports(node), route) {
+		t.Errorf("%s imports %s: routing decisions belong to %s", node, route, exec)
+	}
+	if !slices.Contains(imports(exec), route) {
+		t.Errorf("control: %s does not import %s; the check sees nothing", exec, route)
+	}
+	if deps := depsUnder(t, []string{node}, exec)[exec]; slices.Contains(deps, node) {
+		t.Errorf("%s depends on %s: the executor must not reach back into the node", exec, node)
+	}
+}
