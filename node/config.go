@@ -183,7 +183,7 @@ type Config struct {
 	Loopback bool
 	// VerifySample is the probability (in [0, 1]) that a request served by one peer with a
 	// deterministic model is run again on a second peer and the two outputs compared (see
-	// node/verify.go). A zero value means DefaultVerifySample, so a real 0 cannot be
+	// node/dispatch/verify.go). A zero value means DefaultVerifySample, so a real 0 cannot be
 	// written: VerifyOff turns verification off (probation included).
 	VerifySample float64
 	// VerifyProbationSample is the probability used instead when it is higher and the

@@ -51,7 +51,7 @@ func (n *Node) startGateway() (func(http.Handler) http.Handler, error) {
 }
 
 // openMeter opens the coordinator's usage meter in the data dir. It closes after whatever
-// is started later (the dispatcher and its verifications, the gateway, the API).
+// is started later (the executor and its verifications, the gateway, the API).
 func (n *Node) openMeter() error {
 	var err error
 	if n.meter, err = gateway.OpenMeter(n.cfg.DataDir); err != nil {

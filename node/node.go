@@ -274,8 +274,8 @@ func (n *Node) start() error {
 		coordinator := cfg.HasRole(RoleCoordinator)
 		var clientOpts []infer.ClientOption
 		if coordinator {
-			// The meter opens first and closes last: the dispatcher's verifications record
-			// in it until the dispatcher has closed.
+			// The meter opens first and closes last: the executor's verifications record
+			// in it until the executor has closed.
 			if err := n.openMeter(); err != nil {
 				return err
 			}

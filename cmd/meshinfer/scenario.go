@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/mesh/participation"
 	"github.com/meshinfer/meshinfer/node"
 	"github.com/meshinfer/meshinfer/testnet"
@@ -37,7 +38,7 @@ func batteryDrain(ctx context.Context, w io.Writer, tn *testnet.Testnet, step ti
 	names := map[string]string{"local": "node 0 itself", "cloud": "the cloud"}
 	for i := range tn.Len() {
 		if nd := tn.Node(i); nd != nil {
-			names["peer:"+nd.ID().String()] = fmt.Sprintf("node %d", i)
+			names[inference.Served{Tier: inference.TierMesh, Peer: nd.ID().String()}.Route()] = fmt.Sprintf("node %d", i)
 		}
 	}
 	fmt.Fprintf(w, "\nscenario battery-drain: node 1's battery drains below the %d%% floor, then charges; "+

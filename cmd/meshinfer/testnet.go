@@ -15,6 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/node"
 	"github.com/meshinfer/meshinfer/testnet"
 )
@@ -211,7 +212,7 @@ func demo(ctx context.Context, w io.Writer, tn *testnet.Testnet) {
 	names := map[string]string{"local": "itself", "cloud": "the cloud"}
 	for i := range tn.Len() {
 		if n := tn.Node(i); n != nil {
-			names["peer:"+n.ID().String()] = fmt.Sprintf("node %d", i)
+			names[inference.Served{Tier: inference.TierMesh, Peer: n.ID().String()}.Route()] = fmt.Sprintf("node %d", i)
 		}
 	}
 	n := tn.Node(0)

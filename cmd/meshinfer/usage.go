@@ -10,6 +10,7 @@ import (
 	"slices"
 	"text/tabwriter"
 
+	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/mesh/receipts"
 	"github.com/meshinfer/meshinfer/transport/gateway"
 )
@@ -52,7 +53,8 @@ func checkReceipts(path string) (*receiptCheck, error) {
 			return
 		}
 		r, err := receipts.VerifyCountersig(e.Coordinator, e.Receipt, e.Countersig)
-		if err != nil || "peer:"+r.Server != e.Peer || r.Model != e.Model {
+		at, _ := inference.ParseRoute(e.Peer)
+		if err != nil || at.Tier != inference.TierMesh || at.Peer != r.Server || r.Model != e.Model {
 			c.Invalid++
 			return
 		}
