@@ -80,15 +80,13 @@ func TestCoordinatorKeysAndUsage(t *testing.T) {
 		Key   struct{ ID string }
 		Usage gateway.Usage
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	within(t, 10*time.Second, "three metered requests", func() bool {
 		resp, body := call(http.MethodGet, "/v1/usage", key, "")
 		if resp.StatusCode != http.StatusOK || json.Unmarshal([]byte(body), &u) != nil {
 			t.Fatalf("usage: status %d body %s", resp.StatusCode, body)
 		}
-		if u.Usage.Requests >= 3 || time.Now().After(deadline) {
-			break
-		}
-	}
+		return u.Usage.Requests >= 3
+	})
 	if u.Key.ID != k.ID || u.Usage.Requests != 3 || u.Usage.Completed != 3 || u.Usage.TokensOut == 0 {
 		t.Fatalf("usage %+v", u)
 	}
@@ -161,13 +159,7 @@ func selfSigned(t *testing.T, dir string) (certFile, keyFile string) {
 func TestConnectionsPreferTLS(t *testing.T) {
 	b := startTestNode(t, Config{})
 	a := startTestNode(t, Config{Bootstrap: []peer.AddrInfo{b.AddrInfo()}})
-	deadline := time.Now().Add(10 * time.Second)
-	for len(a.Host().Network().ConnsToPeer(b.ID())) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("A never connected to B")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	within(t, 10*time.Second, "A connects to B", func() bool { return len(a.Host().Network().ConnsToPeer(b.ID())) > 0 })
 	for _, c := range a.Host().Network().ConnsToPeer(b.ID()) {
 		if sec := c.ConnState().Security; sec != libp2ptls.ID {
 			t.Fatalf("connection %s secured by %q, want %q", c.RemoteMultiaddr(), sec, libp2ptls.ID)

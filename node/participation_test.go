@@ -26,7 +26,7 @@ func TestConsentGivenAndWithdrawnWhileRunning(t *testing.T) {
 	if st.Consent.Given || st.Admission != "paused" || len(st.Reasons) == 0 || st.Reasons[0] != "no_consent" {
 		t.Fatalf("status without consent: %+v", st)
 	}
-	within(t, 5*time.Second, func() bool { return n.Own() != nil })
+	within(t, 5*time.Second, "the first announcement", func() bool { return n.Own() != nil })
 	if n.Own().Load.Accepting {
 		t.Fatal("announced as accepting without consent")
 	}
@@ -48,7 +48,7 @@ func TestConsentGivenAndWithdrawnWhileRunning(t *testing.T) {
 	if err := n.part.admit(peerID); err != nil {
 		t.Fatalf("admission after consent (and the recovery heartbeats): %v", err)
 	}
-	within(t, 5*time.Second, func() bool { return n.announcer.Published() > published && n.Own().Load.Accepting })
+	within(t, 5*time.Second, "an announcement accepting work", func() bool { return n.announcer.Published() > published && n.Own().Load.Accepting })
 
 	published = n.announcer.Published()
 	if err := participation.WithdrawConsent(dir); err != nil {
@@ -57,7 +57,7 @@ func TestConsentGivenAndWithdrawnWhileRunning(t *testing.T) {
 	if err := n.part.admit(peerID); inference.CodeOf(err) != inference.CodePolicyPaused {
 		t.Fatalf("admission right after withdrawal: %v", err)
 	}
-	within(t, 5*time.Second, func() bool { return n.announcer.Published() > published && !n.Own().Load.Accepting })
+	within(t, 5*time.Second, "an announcement refusing work", func() bool { return n.announcer.Published() > published && !n.Own().Load.Accepting })
 	if n.part.cloudAllowed() {
 		t.Fatal("cloud allowed after withdrawal")
 	}
@@ -74,16 +74,5 @@ func TestNoLocalRunsWithoutThatConsent(t *testing.T) {
 	}
 	if err := n.part.admit(n.ID()); err != nil {
 		t.Fatalf("contribution was consented: %v", err)
-	}
-}
-
-func within(t *testing.T, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v", d)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -3,7 +3,6 @@ package node
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,13 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/inference/synth"
-	"github.com/meshinfer/meshinfer/mesh/participation"
 	"github.com/meshinfer/meshinfer/transport/openai"
 )
 
@@ -46,27 +43,6 @@ type connCounter struct {
 
 func (c *connCounter) Connected(network.Network, network.Conn) { c.n.Add(1) }
 
-func startTestNode(t *testing.T, cfg Config) *Node {
-	t.Helper()
-	key, _, err := crypto.GenerateEd25519Key(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Identity, cfg.Loopback = key, true
-	cfg.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"}
-	cfg.ConsoleAddr, cfg.APIAddr = ConsoleOff, "127.0.0.1:0"
-	if cfg.Consent == nil && cfg.DataDir == "" { // with a data dir, consent.json decides
-		cfg.Consent = &participation.Consent{Version: participation.ConsentVersion, RunLocal: true, Contribute: true,
-			CloudFallback: true, BatteryFloor: participation.DefaultBatteryFloor}
-	}
-	n, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { n.Close() })
-	return n
-}
-
 // Local-only requests never reach the network: over thousands of them (served, refused,
 // cancelled mid-stream, oversized, malformed), the executor counts no
 // request, the peer and the cloud no request, the host makes no connection and the
@@ -90,25 +66,18 @@ func TestLocalOnlyNeverTouchesTheNetwork(t *testing.T) {
 		Bootstrap: []peer.AddrInfo{b.AddrInfo()},
 		CloudURL:  "http://" + cloudSrv.Addr(), CloudModels: []string{"synth-tiny"},
 	})
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	within(t, 15*time.Second, "A and B see each other's announcements", func() bool {
 		ea, okA := a.Registry().Get(b.ID(), time.Now())
 		eb, okB := b.Registry().Get(a.ID(), time.Now())
-		if okA && okB && !ea.Stale && !eb.Stale {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("A and B never saw each other's announcements")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return okA && okB && !ea.Stale && !eb.Stale
+	})
 
 	// The announcer may still owe one publish from the join (it coalesces triggers at least
 	// a second apart): wait until its count holds still for longer than that gap, so that a
 	// publish during the requests could only come from them.
 	quietFor, last, since := 2500*time.Millisecond, a.announcer.Published(), time.Now()
-	for time.Since(since) < quietFor {
-		if time.Now().After(deadline.Add(10 * time.Second)) {
+	for deadline := since.Add(10 * time.Second); time.Since(since) < quietFor; {
+		if time.Now().After(deadline) {
 			t.Fatal("announcer never went quiet")
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -228,5 +197,5 @@ func TestLocalOnlyNeverTouchesTheNetwork(t *testing.T) {
 	}
 	// B counts the request served just after its terminal frame leaves, which may be after
 	// the client has its answer.
-	within(t, 5*time.Second, func() bool { return b.infer.Stats().Served == bServed.Served+1 })
+	within(t, 5*time.Second, "B counts the mesh request", func() bool { return b.infer.Stats().Served == bServed.Served+1 })
 }
