@@ -26,8 +26,9 @@ const (
 	// DefaultIdleTimeout bounds the gap between two tokens: the peer protocol's idle timeout
 	// (transport/infer), since a peer served through this backend waits no longer anyway.
 	DefaultIdleTimeout = 30 * time.Second
-	// modelsTimeout bounds GET /v1/models; a listing is quick or the upstream is in trouble.
-	modelsTimeout = 2 * time.Second
+	// DefaultModelsTimeout bounds GET /v1/models; a listing is quick or the upstream is in
+	// trouble.
+	DefaultModelsTimeout = 2 * time.Second
 	// listingTTL is how long a listing (or the failure to get one) answers Models: the node
 	// asks on every routed request, every announcement and every /v1/models of its API, and
 	// a model's warm state may lag by this much.
@@ -60,6 +61,17 @@ func WithHTTPClient(c *http.Client) Option {
 	return func(b *Backend) { b.client, b.ownClient = c, false }
 }
 
+// WithModelsTimeout sets how long a model listing (GET /v1/models) may take; zero or
+// negative keeps DefaultModelsTimeout. The listing runs in the background, so this bounds
+// how stale the warm states can get, not how long a caller waits.
+func WithModelsTimeout(d time.Duration) Option {
+	return func(b *Backend) {
+		if d > 0 {
+			b.modelsTimeout = d
+		}
+	}
+}
+
 // WithTimeouts sets the first-token and idle timeouts; a zero or negative value keeps that
 // default (DefaultFirstTokenTimeout, DefaultIdleTimeout).
 func WithTimeouts(firstToken, idle time.Duration) Option {
@@ -82,6 +94,7 @@ type Backend struct {
 	client           *http.Client
 	ownClient        bool // client was made by New: Close closes its idle connections
 	firstToken, idle time.Duration
+	modelsTimeout    time.Duration
 
 	// The upstream's latest model listing and when it was taken. Models answers from it at
 	// once; one older than listingTTL is refreshed in the background, one request at a time,
@@ -121,10 +134,11 @@ func New(baseURL string, models []string, opts ...Option) (*Backend, error) {
 		}
 	}
 	b := &Backend{
-		base:       base,
-		names:      slices.Clone(models),
-		firstToken: DefaultFirstTokenTimeout,
-		idle:       DefaultIdleTimeout,
+		base:          base,
+		names:         slices.Clone(models),
+		firstToken:    DefaultFirstTokenTimeout,
+		idle:          DefaultIdleTimeout,
+		modelsTimeout: DefaultModelsTimeout,
 	}
 	if t, ok := http.DefaultTransport.(*http.Transport); ok {
 		b.client, b.ownClient = &http.Client{Transport: t.Clone()}, true
@@ -192,7 +206,7 @@ func (b *Backend) cachedListing() map[string]struct{} {
 	if stale && !b.refreshing && b.bg.Err() == nil {
 		b.refreshing = true
 		b.bgWG.Add(1)
-		go func() { // ends when the listing request does: modelsTimeout, or Close
+		go func() { // ends when the listing request does: its timeout, or Close
 			defer b.bgWG.Done()
 			listing := b.listed(b.bg)
 			b.listMu.Lock()
@@ -208,7 +222,7 @@ func (b *Backend) cachedListing() map[string]struct{} {
 
 // listed returns the ids the upstream lists, or nil when it cannot tell.
 func (b *Backend) listed(ctx context.Context) map[string]struct{} {
-	ctx, cancel := context.WithTimeout(ctx, modelsTimeout)
+	ctx, cancel := context.WithTimeout(ctx, b.modelsTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.base+"/v1/models", nil)
 	if err != nil {

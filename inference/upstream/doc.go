@@ -87,7 +87,7 @@
 //
 // Models answers with the configured names, in their order, at once and without failing: it
 // marks a model warm when the upstream's latest GET {base}/v1/models (bounded by
-// modelsTimeout, 2 s, and a 4 MiB body) listed it. A listing (or the failure to get one) is
+// DefaultModelsTimeout, 2 s, and a 4 MiB body) listed it. A listing (or the failure to get one) is
 // reused for 3 s (listingTTL); an older one is refreshed in the background, one request at
 // a time, so that the node's router, which asks on every request, never waits on the
 // upstream, even one whose /v1/models hangs. Before the first listing every model is cold. An upstream that does not answer, or whose answer does not

@@ -41,7 +41,8 @@ func TestDecisionsDoNotWaitForAHangingModelListing(t *testing.T) {
 	t.Cleanup(srv.Close)
 	t.Cleanup(func() { close(release) }) // runs first: the hanging listing returns
 
-	ub, err := upstream.New(srv.URL, []string{model})
+	// The listing may hang for an hour: a backend that waited for it could not answer.
+	ub, err := upstream.New(srv.URL, []string{model}, upstream.WithModelsTimeout(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,8 +59,8 @@ func TestDecisionsDoNotWaitForAHangingModelListing(t *testing.T) {
 			t.Fatalf("request %d: %v at %+v after %d tokens", i, err, at, got)
 		}
 	}
-	// A backend that waited for the listing (bounded by its 2 s timeout) would have given
-	// up on it before the first request could be decided.
+	// A backend that waited for the listing would have given up on it (at the request's
+	// deadline) before the first request could be decided.
 	if n, gaveUp := listings.Load(), abandoned.Load(); n != 1 || gaveUp != 0 {
 		t.Fatalf("the upstream saw %d listing requests, %d abandoned; want one, still hanging", n, gaveUp)
 	}
