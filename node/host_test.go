@@ -17,8 +17,6 @@ import (
 	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
 	"github.com/libp2p/go-libp2p/p2p/net/swarm"
 	ma "github.com/multiformats/go-multiaddr"
-
-	"github.com/meshinfer/meshinfer/transport/mux"
 )
 
 func delays(t *testing.T, ranked []network.AddrDelay) map[string]time.Duration {
@@ -63,9 +61,9 @@ func TestRankDialsPrefersTCPOnPrivateAddresses(t *testing.T) {
 	}
 }
 
-// A node and a peer that offers only yamux (another libp2p program, an older node) agree on
-// yamux, and streams between them work; two nodes agree on transport/mux.
-func TestHostMultiplexerFallsBackToYamux(t *testing.T) {
+// Two nodes, and a node and another libp2p program, multiplex TCP connections with yamux,
+// and streams between them carry more than one initial 256 KiB window.
+func TestHostMultiplexesWithYamux(t *testing.T) {
 	newNodeHost := func() host.Host {
 		key, _, err := crypto.GenerateEd25519Key(rand.Reader)
 		if err != nil {
@@ -90,7 +88,7 @@ func TestHostMultiplexerFallsBackToYamux(t *testing.T) {
 		name string
 		peer host.Host
 		want protocol.ID
-	}{{"node to node", newNodeHost(), mux.ID}, {"node to yamux-only peer", plain, yamux.ID}} {
+	}{{"node to node", newNodeHost(), yamux.ID}, {"node to plain libp2p host", plain, yamux.ID}} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.peer.SetStreamHandler(echo, func(s network.Stream) {
 				io.Copy(s, s)

@@ -36,7 +36,6 @@ import (
 
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/transport/infer"
-	"github.com/meshinfer/meshinfer/transport/mux"
 	"github.com/meshinfer/meshinfer/transport/openai"
 )
 
@@ -47,19 +46,17 @@ import (
 //	direct     client → openai.Server (local dispatcher) → backend
 //	rp         client → httputil.ReverseProxy → direct's openai.Server → backend
 //	mesh-tcp   client → openai.Server A (peer dispatcher) → infer.Client → libp2p TCP+TLS,
-//	           streams on transport/mux → infer.Server B → backend (what nodes on a LAN use:
+//	           streams on yamux → infer.Server B → backend (what nodes on a LAN use:
 //	           node's dial ranking puts TCP first on private addresses)
 //	mesh-quic  the same over libp2p QUIC (informational: what nodes use on public addresses)
 //	mesh-tcp-pp32  mesh-tcp with the infer server's per-peer limit raised from 8 to c=32
 //	           (B3 only: with one requesting peer the default limit refuses requests)
-//	mesh-yamux mesh-tcp with yamux instead of transport/mux (informational: the multiplexer
-//	           nodes used before, and what they use with peers that lack transport/mux)
 //
 // The backend is a benchmark instrument written here (bench-fast: 8 fixed tokens at once;
 // bench-ttft: 25 ms, then the same 8 tokens; bench-stream: 100 tokens 2 ms apart, each
 // carrying its send time). node has no hook to plug a backend, so the mesh path is assembled
 // here from the parts node assembles, minus route.Plan and the reputation bookkeeping; the
-// hosts use node's transport choices (TLS first, then Noise; transport/mux, then yamux; libp2p's default
+// hosts use node's transport choices (TLS first, then Noise; yamux; libp2p's default
 // resource manager, which like node's keeps its metrics reporter on).
 //
 // Rules of §7.1: all paths interleaved in one run (the order rotates every iteration),
@@ -319,7 +316,7 @@ type inferBenchEnv struct {
 	rpSrv     *http.Server
 	hosts     []host.Host
 	servers   []*infer.Server
-	paths     []benchPath // indexed by path: pDirect … pMeshYamux (pathNames)
+	paths     []benchPath // indexed by path: pDirect … pMeshTCPWide (pathNames)
 	peerRoute map[string]string
 	probe     *stageProbe // shared by every dispatcher: B2 runs one stream at a time
 
@@ -332,11 +329,10 @@ const (
 	pMeshTCP
 	pMeshQUIC
 	pMeshTCPWide // mesh-tcp, its server allowing b3Conc requests per peer (B3 only)
-	pMeshYamux   // mesh-tcp on yamux, as before transport/mux (B1, B2; informational)
 	nPaths
 )
 
-var pathNames = [nPaths]string{"direct", "rp", "mesh-tcp", "mesh-quic", "mesh-tcp-pp32", "mesh-yamux"}
+var pathNames = [nPaths]string{"direct", "rp", "mesh-tcp", "mesh-quic", "mesh-tcp-pp32"}
 
 // newBenchTransport is the one set of http.Transport settings of the client side of every
 // path and of the ReverseProxy's upstream side: keep-alive, enough idle connections per host
@@ -356,7 +352,7 @@ func newBenchTransport(dials *atomic.Int64) *http.Transport {
 }
 
 // benchHost builds a libp2p host with node's transport choices for path p's one transport:
-// QUIC for mesh-quic, else TCP (mesh-yamux: without transport/mux).
+// QUIC for mesh-quic, else TCP.
 func benchHost(b *testing.B, p int) host.Host {
 	b.Helper()
 	opts := []libp2p.Option{
@@ -366,9 +362,6 @@ func benchHost(b *testing.B, p int) host.Host {
 		libp2p.DisableRelay(),
 		libp2p.DisableMetrics(),
 		libp2p.ForceReachabilityPublic(),
-	}
-	if p != pMeshYamux {
-		opts = append([]libp2p.Option{libp2p.Muxer(mux.ID, &mux.Transport{})}, opts...)
 	}
 	if p == pMeshQUIC {
 		opts = append(opts, libp2p.Transport(quic.NewTransport), libp2p.ListenAddrStrings("/ip4/127.0.0.1/udp/0/quic-v1"))
@@ -417,7 +410,7 @@ func newInferBenchEnv(b *testing.B) *inferBenchEnv {
 	e.paths[pRP] = benchPath{"rp", "http://" + ln.Addr().String() + "/v1/chat/completions"}
 
 	// The mesh paths: A (API + infer client) → B (infer server + backend), a pair of hosts each.
-	for _, p := range []int{pMeshTCP, pMeshQUIC, pMeshTCPWide, pMeshYamux} {
+	for _, p := range []int{pMeshTCP, pMeshQUIC, pMeshTCPWide} {
 		ha, hb := benchHost(b, p), benchHost(b, p)
 		e.hosts = append(e.hosts, ha, hb)
 		var opts []infer.ServerOption // production defaults: 64 in flight, 8 per peer
@@ -580,7 +573,7 @@ func rotated(paths []int, i int) []int {
 	return append(slices.Clone(paths[k:]), paths[:k]...)
 }
 
-func allPaths() []int { return []int{pDirect, pRP, pMeshTCP, pMeshQUIC, pMeshYamux} }
+func allPaths() []int { return []int{pDirect, pRP, pMeshTCP, pMeshQUIC} }
 
 func b3Paths() []int { return []int{pDirect, pRP, pMeshTCP, pMeshQUIC, pMeshTCPWide} }
 
@@ -633,7 +626,7 @@ func benchB1(b *testing.B, e *inferBenchEnv, res *inferBenchResults) {
 		r.p99[p] = quantile(lat[p], 0.99)
 		r.cpuUs[p] = us(cpu[p]) / b1Requests
 	}
-	for _, m := range []int{pMeshTCP, pMeshQUIC, pMeshYamux} {
+	for _, m := range []int{pMeshTCP, pMeshQUIC} {
 		r.ratio50[m] = addedRatio(r.p50[m], r.p50[pRP], r.p50[pDirect])
 		r.ratio99[m] = addedRatio(r.p99[m], r.p99[pRP], r.p99[pDirect])
 	}
@@ -942,7 +935,7 @@ func benchB2(b *testing.B, e *inferBenchEnv, res *inferBenchResults) {
 		r.separate[p] = float64(separate) / float64(tokens)
 		r.stage[p] = [3]float64{quantile(toDisp, .5), quantile(dispWrite, .5), quantile(toClient, .5)}
 	}
-	for _, m := range []int{pMeshTCP, pMeshQUIC, pMeshYamux} {
+	for _, m := range []int{pMeshTCP, pMeshQUIC} {
 		r.ratio50[m] = addedRatio(r.p50[m], r.p50[pRP], r.p50[pDirect])
 		r.ratio99[m] = addedRatio(r.p99[m], r.p99[pRP], r.p99[pDirect])
 	}
@@ -1147,7 +1140,6 @@ func (r *inferBenchResults) table(leaked, base int) string {
 			verdictRow{name: "B1 cpu-µs/op mesh-tcp", value: r.b1.cpuUs[pMeshTCP], goal: nan},
 			verdictRow{name: "B1 ratio p50 (mesh-quic)", value: r.b1.ratio50[pMeshQUIC], goal: nan},
 			verdictRow{name: "B1 ratio p99 (mesh-quic)", value: r.b1.ratio99[pMeshQUIC], goal: nan},
-			verdictRow{name: "B1 ratio p50 (mesh-yamux)", value: r.b1.ratio50[pMeshYamux], goal: nan},
 		)
 	}
 	if r.ttft.ran {
@@ -1157,7 +1149,6 @@ func (r *inferBenchResults) table(leaked, base int) string {
 					r.ttft.med[pRP]-r.ttft.med[pDirect], r.ttft.med[pRP]/r.ttft.med[pDirect])},
 			verdictRow{name: "B1 TTFT ratio (rp)", value: r.ttft.med[pRP] / r.ttft.med[pDirect], goal: nan},
 			verdictRow{name: "B1 TTFT ratio (mesh-quic)", value: r.ttft.med[pMeshQUIC] / r.ttft.med[pDirect], goal: nan},
-			verdictRow{name: "B1 TTFT ratio (mesh-yamux)", value: r.ttft.med[pMeshYamux] / r.ttft.med[pDirect], goal: nan},
 		)
 	}
 	if r.b2.ran {
@@ -1172,7 +1163,6 @@ func (r *inferBenchResults) table(leaked, base int) string {
 			verdictRow{src: "§7.2", name: "B2 first-token added ms (mesh-tcp)", value: (r.b2.first[pMeshTCP] - r.b2.first[pDirect]) / 1000, goal: 0.5, floor: 0.5},
 			verdictRow{src: "§7.2", name: "B2 cv mesh − direct", value: r.b2.cv[pMeshTCP] - r.b2.cv[pDirect], goal: 0.05, floor: 0.05},
 			verdictRow{name: "B2 ratio p50 (mesh-quic)", value: r.b2.ratio50[pMeshQUIC], goal: nan},
-			verdictRow{name: "B2 ratio p50 (mesh-yamux)", value: r.b2.ratio50[pMeshYamux], goal: nan},
 			verdictRow{name: "B2 backend→dispatcher µs p50 mesh-tcp", value: r.b2.stage[pMeshTCP][0], goal: nan,
 				info: "the mesh crossing of one token (direct: " + fmt.Sprintf("%.1f", r.b2.stage[pDirect][0]) + ")"},
 		)
