@@ -26,7 +26,6 @@ bench:
 	$(GO) test -run='^$$' -bench=. ./mesh/... ./reputation/
 	$(GO) test -run='^$$' -bench=Coordinator -benchtime=300x ./transport/gateway/client/
 	$(GO) test -run='^$$' -bench=. -benchtime=300x ./transport/webrtc/
-	$(GO) test -run='^$$' -bench=Crossing -benchtime=300x ./transport/mux/
 
 # Each fuzz target for 60 s (T3: not part of CI; seeds run in `make test`).
 FUZZTIME ?= 60s
@@ -39,7 +38,7 @@ FUZZ_TARGETS := \
 	./transport/openai/:FuzzChatCompletionBody ./transport/webrtc/:FuzzDecodeSignal \
 	./transport/gateway/:FuzzDecodeKeys ./transport/gateway/:FuzzParseEvent \
 	./transport/gateway/:FuzzKeyFromHeader ./transport/gateway/:FuzzDecodeClientMessage \
-	./transport/gateway/:FuzzEventWriter ./transport/mux/:FuzzConnInput
+	./transport/gateway/:FuzzEventWriter
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; name=$${t##*:}; \

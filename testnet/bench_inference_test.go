@@ -35,8 +35,8 @@ import (
 	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/node"
 	"github.com/meshinfer/meshinfer/transport/infer"
-	"github.com/meshinfer/meshinfer/transport/mux"
 	"github.com/meshinfer/meshinfer/transport/openai"
 )
 
@@ -46,36 +46,40 @@ import (
 //
 //	direct     client → openai.Server (local dispatcher) → backend
 //	rp         client → httputil.ReverseProxy → direct's openai.Server → backend
-//	mesh-tcp   client → openai.Server A (peer dispatcher) → infer.Client → libp2p TCP+TLS,
-//	           streams on transport/mux → infer.Server B → backend (what nodes on a LAN use:
-//	           node's dial ranking puts TCP first on private addresses)
-//	mesh-quic  the same over libp2p QUIC (informational: what nodes use on public addresses)
-//	mesh-tcp-pp32  mesh-tcp with the infer server's per-peer limit raised from 8 to c=32
+//	mesh       client → node A's OpenAI API → A's router → libp2p → node B → backend: two
+//	           real nodes (a testnet of two); A serves nothing, so its router sends every
+//	           request to B, over the connection node's dial ranking chose (the summary
+//	           says which). B's backend is the instrument below (node.Config.WrapBackend).
+//	peer-tcp   client → openai.Server A (a dispatcher calling infer.Client directly, no
+//	           router) → libp2p TCP+TLS, streams on yamux → infer.Server B → backend
+//	           (diagnosis: the transport without the router)
+//	peer-quic  the same over libp2p QUIC
+//	peer-tcp-pp32  peer-tcp with the infer server's per-peer limit raised from 8 to c=32
 //	           (B3 only: with one requesting peer the default limit refuses requests)
-//	mesh-yamux mesh-tcp with yamux instead of transport/mux (informational: the multiplexer
-//	           nodes used before, and what they use with peers that lack transport/mux)
 //
 // The backend is a benchmark instrument written here (bench-fast: 8 fixed tokens at once;
 // bench-ttft: 25 ms, then the same 8 tokens; bench-stream: 100 tokens 2 ms apart, each
-// carrying its send time). node has no hook to plug a backend, so the mesh path is assembled
-// here from the parts node assembles, minus route.Plan and the reputation bookkeeping; the
-// hosts use node's transport choices (TLS first, then Noise; transport/mux, then yamux; libp2p's default
-// resource manager, which like node's keeps its metrics reporter on).
+// carrying its send time). The peer-* hosts use node's transport choices (TLS first, then
+// Noise; yamux; libp2p's default resource manager, which like node's keeps its metrics
+// reporter on). The per-stage probes (TTFT phases, B2's delay split) sit in the peer-*
+// dispatchers and the direct one; the mesh path has none of them (NaN).
 //
 // Rules of §7.1: all paths interleaved in one run (the order rotates every iteration),
 // warm-up discarded, medians (B1 with a paired bootstrap 95 % CI), CPU time per operation
 // from getrusage (the load generator's share included, the same on every path), the same
 // http.Transport settings for the client and for the ReverseProxy's upstream side, keep-alive
 // everywhere (the connections dialed are counted in the summary). The headline ratios use
-// mesh-tcp; mesh-quic is reported beside them. Where the figures go: the per-benchmark tables
-// and the summary (figure, goal, floor, verdict) are printed to stdout, since the testing
-// package cuts a benchmark's log after ten lines; b.ReportMetric carries the headlines.
+// mesh; peer-tcp and peer-quic are reported beside them. Where the figures go: the
+// per-benchmark tables and the summary (figure, goal, floor, verdict) are printed to stdout,
+// since the testing package cuts a benchmark's log after ten lines; b.ReportMetric carries
+// the headlines. B3's mesh path, like peer-tcp, meets node B's production limit of 8
+// requests per requesting peer: at c=32 from one node most requests are refused (429).
 //
 // Run:
 //
 //	go test -run='^$' -bench=InferencePaths -benchtime=1x -timeout 10m ./testnet/
 //
-// The benchmark reports; it does not fail on a floor. It takes about a minute on 2 cores.
+// The benchmark reports; it does not fail on a floor. It takes about 80 s on 2 cores.
 func BenchmarkInferencePaths(b *testing.B) {
 	baseGoroutines := runtime.NumGoroutine()
 	env := newInferBenchEnv(b)
@@ -99,7 +103,7 @@ func BenchmarkInferencePaths(b *testing.B) {
 // BenchmarkInferenceRequest times one small non-streaming request per path, b.N times in
 // sequence: plain ns/op figures for profiling one path at a time, e.g.
 //
-//	go test -run='^$' -bench='InferenceRequest/mesh-tcp' -benchtime=5000x -cpuprofile cpu.out ./testnet/
+//	go test -run='^$' -bench='InferenceRequest/mesh' -benchtime=5000x -cpuprofile cpu.out ./testnet/
 func BenchmarkInferenceRequest(b *testing.B) {
 	env := newInferBenchEnv(b)
 	defer env.close()
@@ -320,7 +324,9 @@ type inferBenchEnv struct {
 	rpSrv     *http.Server
 	hosts     []host.Host
 	servers   []*infer.Server
-	paths     []benchPath // indexed by path: pDirect … pMeshYamux (pathNames)
+	tn        *Testnet    // the mesh path's two nodes
+	link      string      // what the mesh path's connection runs on (meshLink), for the summary
+	paths     []benchPath // indexed by path: pDirect … pPeerTCPWide (pathNames)
 	peerRoute map[string]string
 	probe     *stageProbe // shared by every dispatcher: B2 runs one stream at a time
 
@@ -330,14 +336,14 @@ type inferBenchEnv struct {
 const (
 	pDirect = iota
 	pRP
-	pMeshTCP
-	pMeshQUIC
-	pMeshTCPWide // mesh-tcp, its server allowing b3Conc requests per peer (B3 only)
-	pMeshYamux   // mesh-tcp on yamux, as before transport/mux (B1, B2; informational)
+	pMesh // through node A's router to node B
+	pPeerTCP
+	pPeerQUIC
+	pPeerTCPWide // peer-tcp, its server allowing b3Conc requests per peer (B3 only)
 	nPaths
 )
 
-var pathNames = [nPaths]string{"direct", "rp", "mesh-tcp", "mesh-quic", "mesh-tcp-pp32", "mesh-yamux"}
+var pathNames = [nPaths]string{"direct", "rp", "mesh", "peer-tcp", "peer-quic", "peer-tcp-pp32"}
 
 // newBenchTransport is the one set of http.Transport settings of the client side of every
 // path and of the ReverseProxy's upstream side: keep-alive, enough idle connections per host
@@ -357,7 +363,7 @@ func newBenchTransport(dials *atomic.Int64) *http.Transport {
 }
 
 // benchHost builds a libp2p host with node's transport choices for path p's one transport:
-// QUIC for mesh-quic, else TCP (mesh-yamux: without transport/mux).
+// QUIC for peer-quic, else TCP.
 func benchHost(b *testing.B, p int) host.Host {
 	b.Helper()
 	opts := []libp2p.Option{
@@ -368,10 +374,7 @@ func benchHost(b *testing.B, p int) host.Host {
 		libp2p.DisableMetrics(),
 		libp2p.ForceReachabilityPublic(),
 	}
-	if p != pMeshYamux {
-		opts = append([]libp2p.Option{libp2p.Muxer(mux.ID, &mux.Transport{})}, opts...)
-	}
-	if p == pMeshQUIC {
+	if p == pPeerQUIC {
 		opts = append(opts, libp2p.Transport(quic.NewTransport), libp2p.ListenAddrStrings("/ip4/127.0.0.1/udp/0/quic-v1"))
 	} else {
 		opts = append(opts, libp2p.Transport(tcp.NewTCPTransport), libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"))
@@ -417,12 +420,12 @@ func newInferBenchEnv(b *testing.B) *inferBenchEnv {
 	go e.rpSrv.Serve(ln) // returns on Close
 	e.paths[pRP] = benchPath{"rp", "http://" + ln.Addr().String() + "/v1/chat/completions"}
 
-	// The mesh paths: A (API + infer client) → B (infer server + backend), a pair of hosts each.
-	for _, p := range []int{pMeshTCP, pMeshQUIC, pMeshTCPWide, pMeshYamux} {
+	// The peer-* paths: A (API + infer client) → B (infer server + backend), a pair of hosts each.
+	for _, p := range []int{pPeerTCP, pPeerQUIC, pPeerTCPWide} {
 		ha, hb := benchHost(b, p), benchHost(b, p)
 		e.hosts = append(e.hosts, ha, hb)
 		var opts []infer.ServerOption // production defaults: 64 in flight, 8 per peer
-		if p == pMeshTCPWide {
+		if p == pPeerTCPWide {
 			opts = append(opts, infer.WithMaxInFlight(infer.DefaultMaxInFlight, b3Conc))
 		}
 		e.servers = append(e.servers, infer.NewServer(hb, be, opts...))
@@ -446,9 +449,31 @@ func newInferBenchEnv(b *testing.B) *inferBenchEnv {
 		e.peerRoute[pathNames[p]] = route
 	}
 
+	// The mesh path: node 0 serves nothing, node 1 serves the instrument's models, so node
+	// 0's router sends every request to node 1. Verification off: it would send a sample of
+	// requests to a second peer, and there is none.
+	if e.tn, err = New(Options{Nodes: 2, NoConsole: true, ModelsFor: serveNothing,
+		Configure: func(i int, cfg *node.Config) {
+			cfg.VerifySample = node.VerifyOff
+			if i == 1 {
+				cfg.WrapBackend = func(inference.Backend) inference.Backend { return be }
+			}
+		}}); err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	err = e.tn.WaitConverged(ctx)
+	cancel()
+	if err != nil {
+		b.Fatal("mesh path: nodes did not converge:", err)
+	}
+	e.paths[pMesh] = benchPath{pathNames[pMesh], "http://" + e.tn.Node(0).APIAddr() + "/v1/chat/completions"}
+	e.peerRoute[pathNames[pMesh]] = "peer:" + e.tn.Node(1).ID().String()
+
 	e.clientTr = newBenchTransport(&e.clientDials)
 	e.client = &http.Client{Transport: e.clientTr, Timeout: 30 * time.Second}
 	e.checkCorrect(b)
+	e.link = e.meshLink()
 	return e
 }
 
@@ -473,7 +498,7 @@ func (e *inferBenchEnv) checkCorrect(b *testing.B) {
 			b.Fatalf("%s: status %d err %v body %+v", p.name, resp.StatusCode, err, c)
 		}
 		route := resp.Header.Get("X-Meshinfer-Route")
-		if i >= pMeshTCP && route != e.peerRoute[p.name] {
+		if i >= pMesh && route != e.peerRoute[p.name] {
 			b.Fatalf("%s: route %q, want %q", p.name, route, e.peerRoute[p.name])
 		}
 		if (i == pDirect || i == pRP) && route != "local" {
@@ -507,7 +532,27 @@ func (e *inferBenchEnv) close() {
 	for _, h := range e.hosts {
 		h.Close()
 	}
+	if e.tn != nil {
+		e.tn.Close()
+	}
 	idle()
+}
+
+// meshLink says what node 0's connections to node 1 run on, e.g. "tcp+/yamux/1.0.0".
+func (e *inferBenchEnv) meshLink() string {
+	if e.tn == nil {
+		return "?"
+	}
+	var out []string
+	for _, c := range e.tn.Node(0).Host().Network().ConnsToPeer(e.tn.Node(1).ID()) {
+		st := c.ConnState()
+		w := st.Transport
+		if st.StreamMultiplexer != "" {
+			w += "+" + string(st.StreamMultiplexer)
+		}
+		out = append(out, w)
+	}
+	return strings.Join(out, ", ")
 }
 
 func (e *inferBenchEnv) describe() string {
@@ -529,8 +574,8 @@ func (e *inferBenchEnv) describe() string {
 	if gogc == "" {
 		gogc = "default(100)"
 	}
-	return fmt.Sprintf("env: GOMAXPROCS=%d NumCPU=%d %s kernel=%s cpu=%q GOGC=%s; connections dialed: client %d, ReverseProxy upstream %d",
-		runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.Version(), kernel, cpu, gogc, e.clientDials.Load(), e.rpDials.Load())
+	return fmt.Sprintf("env: GOMAXPROCS=%d NumCPU=%d %s kernel=%s cpu=%q GOGC=%s; connections dialed: client %d, ReverseProxy upstream %d; mesh path on %s",
+		runtime.GOMAXPROCS(0), runtime.NumCPU(), runtime.Version(), kernel, cpu, gogc, e.clientDials.Load(), e.rpDials.Load(), e.link)
 }
 
 func utsString[T int8 | uint8](cs []T) string {
@@ -581,9 +626,9 @@ func rotated(paths []int, i int) []int {
 	return append(slices.Clone(paths[k:]), paths[:k]...)
 }
 
-func allPaths() []int { return []int{pDirect, pRP, pMeshTCP, pMeshQUIC, pMeshYamux} }
+func allPaths() []int { return []int{pDirect, pRP, pMesh, pPeerTCP, pPeerQUIC} }
 
-func b3Paths() []int { return []int{pDirect, pRP, pMeshTCP, pMeshQUIC, pMeshTCPWide} }
+func b3Paths() []int { return []int{pDirect, pRP, pMesh, pPeerTCP, pPeerQUIC, pPeerTCPWide} }
 
 // ---------------------------------------------------------------------------------------
 // B1 — routed-request overhead.
@@ -634,11 +679,11 @@ func benchB1(b *testing.B, e *inferBenchEnv, res *inferBenchResults) {
 		r.p99[p] = quantile(lat[p], 0.99)
 		r.cpuUs[p] = us(cpu[p]) / b1Requests
 	}
-	for _, m := range []int{pMeshTCP, pMeshQUIC, pMeshYamux} {
+	for _, m := range []int{pMesh, pPeerTCP, pPeerQUIC} {
 		r.ratio50[m] = addedRatio(r.p50[m], r.p50[pRP], r.p50[pDirect])
 		r.ratio99[m] = addedRatio(r.p99[m], r.p99[pRP], r.p99[pDirect])
 	}
-	r.ci50, r.ci99 = bootstrapAddedRatio(lat[pMeshTCP], lat[pRP], lat[pDirect])
+	r.ci50, r.ci99 = bootstrapAddedRatio(lat[pMesh], lat[pRP], lat[pDirect])
 
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "B1 %d sequential requests per path, interleaved (rotating order), warm-up %d discarded\n", b1Requests, b1Warmup)
@@ -647,16 +692,18 @@ func benchB1(b *testing.B, e *inferBenchEnv, res *inferBenchResults) {
 		fmt.Fprintf(&sb, "%-10s %9.1f %9.1f %11.1f %11.1f %9.1f\n", pathNames[p], r.p50[p], r.p99[p],
 			r.p50[p]-r.p50[pDirect], r.p99[p]-r.p99[pDirect], r.cpuUs[p])
 	}
-	fmt.Fprintf(&sb, "ratio (mesh-tcp) p50 %.2f [95%% CI %.2f–%.2f], p99 %.2f [%.2f–%.2f]; mesh-quic p50 %.2f p99 %.2f",
-		r.ratio50[pMeshTCP], r.ci50[0], r.ci50[1], r.ratio99[pMeshTCP], r.ci99[0], r.ci99[1], r.ratio50[pMeshQUIC], r.ratio99[pMeshQUIC])
+	fmt.Fprintf(&sb, "ratio (mesh) p50 %.2f [95%% CI %.2f–%.2f], p99 %.2f [%.2f–%.2f]; peer-tcp p50 %.2f p99 %.2f; peer-quic p50 %.2f p99 %.2f",
+		r.ratio50[pMesh], r.ci50[0], r.ci50[1], r.ratio99[pMesh], r.ci99[0], r.ci99[1],
+		r.ratio50[pPeerTCP], r.ratio99[pPeerTCP], r.ratio50[pPeerQUIC], r.ratio99[pPeerQUIC])
 	report(b, sb.String())
 
-	b.ReportMetric(r.ratio50[pMeshTCP], "b1-ratio-p50")
-	b.ReportMetric(r.ratio99[pMeshTCP], "b1-ratio-p99")
-	b.ReportMetric(r.p50[pMeshTCP]-r.p50[pDirect], "b1-added-mesh-us-p50")
+	b.ReportMetric(r.ratio50[pMesh], "b1-ratio-p50")
+	b.ReportMetric(r.ratio99[pMesh], "b1-ratio-p99")
+	b.ReportMetric(r.p50[pMesh]-r.p50[pDirect], "b1-added-mesh-us-p50")
 	b.ReportMetric(r.p50[pRP]-r.p50[pDirect], "b1-added-rp-us-p50")
-	b.ReportMetric(r.ratio50[pMeshQUIC], "b1-quic-ratio-p50")
-	b.ReportMetric(r.cpuUs[pMeshTCP]/r.cpuUs[pRP], "b1-cpu-ratio")
+	b.ReportMetric(r.ratio50[pPeerTCP], "b1-tcp-ratio-p50")
+	b.ReportMetric(r.ratio50[pPeerQUIC], "b1-quic-ratio-p50")
+	b.ReportMetric(r.cpuUs[pMesh]/r.cpuUs[pRP], "b1-cpu-ratio")
 }
 
 // addedRatio is (cand − direct) ÷ (ref − direct); NaN when the reference adds nothing.
@@ -710,6 +757,9 @@ func benchB1TTFT(b *testing.B, e *inferBenchEnv, res *inferBenchResults) {
 	one := func(p int) (time.Duration, [6]float64) {
 		req, _ := http.NewRequest(http.MethodPost, e.paths[p].url, bytes.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
+		for i := range e.probe.ttft {
+			e.probe.ttft[i].Store(0) // the mesh path marks only the backend's phases
+		}
 		t0, t0e := time.Now(), sinceEpoch()
 		resp, err := e.client.Do(req)
 		if err != nil {
@@ -744,7 +794,10 @@ func benchB1TTFT(b *testing.B, e *inferBenchEnv, res *inferBenchResults) {
 		marks := []int64{t0e, m[0], m[1], m[2], m[3], m[4], t0e + int64(ttft)}
 		var ph [6]float64
 		for i := range ph {
-			ph[i] = us(time.Duration(marks[i+1] - marks[i]))
+			ph[i] = math.NaN()
+			if marks[i] != 0 && marks[i+1] != 0 {
+				ph[i] = us(time.Duration(marks[i+1] - marks[i]))
+			}
 		}
 		return ttft, ph
 	}
@@ -785,8 +838,9 @@ func benchB1TTFT(b *testing.B, e *inferBenchEnv, res *inferBenchResults) {
 		sb.WriteString("\n")
 	}
 	report(b, sb.String())
-	b.ReportMetric(r.med[pMeshTCP]/r.med[pDirect], "b1-ttft-ratio")
-	b.ReportMetric(r.med[pMeshQUIC]/r.med[pDirect], "b1-ttft-quic-ratio")
+	b.ReportMetric(r.med[pMesh]/r.med[pDirect], "b1-ttft-ratio")
+	b.ReportMetric(r.med[pPeerTCP]/r.med[pDirect], "b1-ttft-tcp-ratio")
+	b.ReportMetric(r.med[pPeerQUIC]/r.med[pDirect], "b1-ttft-quic-ratio")
 	b.ReportMetric(r.med[pRP]/r.med[pDirect], "b1-ttft-rp-ratio")
 }
 
@@ -943,7 +997,7 @@ func benchB2(b *testing.B, e *inferBenchEnv, res *inferBenchResults) {
 		r.separate[p] = float64(separate) / float64(tokens)
 		r.stage[p] = [3]float64{quantile(toDisp, .5), quantile(dispWrite, .5), quantile(toClient, .5)}
 	}
-	for _, m := range []int{pMeshTCP, pMeshQUIC, pMeshYamux} {
+	for _, m := range []int{pMesh, pPeerTCP, pPeerQUIC} {
 		r.ratio50[m] = addedRatio(r.p50[m], r.p50[pRP], r.p50[pDirect])
 		r.ratio99[m] = addedRatio(r.p99[m], r.p99[pRP], r.p99[pDirect])
 	}
@@ -954,18 +1008,20 @@ func benchB2(b *testing.B, e *inferBenchEnv, res *inferBenchResults) {
 		fmt.Fprintf(&sb, "%-10s %9.1f %9.1f %10.1f %10.1f %9.1f %10.1f %7.3f %8.1f%%\n", pathNames[p], r.p50[p], r.p99[p],
 			r.p50[p]-r.p50[pDirect], r.p99[p]-r.p99[pDirect], r.tps[p], r.first[p], r.cv[p], 100*r.separate[p])
 	}
-	fmt.Fprintf(&sb, "ratio (mesh-tcp) p50 %.2f p99 %.2f; mesh-quic p50 %.2f p99 %.2f\n",
-		r.ratio50[pMeshTCP], r.ratio99[pMeshTCP], r.ratio50[pMeshQUIC], r.ratio99[pMeshQUIC])
+	fmt.Fprintf(&sb, "ratio (mesh) p50 %.2f p99 %.2f; peer-tcp p50 %.2f p99 %.2f; peer-quic p50 %.2f p99 %.2f\n",
+		r.ratio50[pMesh], r.ratio99[pMesh], r.ratio50[pPeerTCP], r.ratio99[pPeerTCP], r.ratio50[pPeerQUIC], r.ratio99[pPeerQUIC])
 	fmt.Fprintf(&sb, "delay split at the API server's dispatcher, p50 µs: backend → emit | SSE write+flush | flushed → client read\n")
 	for _, p := range paths {
 		fmt.Fprintf(&sb, "%-10s %9.1f %9.1f %9.1f\n", pathNames[p], r.stage[p][0], r.stage[p][1], r.stage[p][2])
 	}
 	report(b, sb.String())
-	b.ReportMetric(r.ratio50[pMeshTCP], "b2-ratio-p50")
-	b.ReportMetric(r.ratio99[pMeshTCP], "b2-ratio-p99")
-	b.ReportMetric(r.tps[pMeshTCP]/r.tps[pDirect], "b2-tps-ratio")
-	b.ReportMetric(r.separate[pMeshTCP], "b2-separate-frac")
-	b.ReportMetric(r.p50[pMeshTCP]-r.p50[pDirect], "b2-added-mesh-us-p50")
+	b.ReportMetric(r.ratio50[pMesh], "b2-ratio-p50")
+	b.ReportMetric(r.ratio99[pMesh], "b2-ratio-p99")
+	b.ReportMetric(r.ratio50[pPeerTCP], "b2-tcp-ratio-p50")
+	b.ReportMetric(r.ratio50[pPeerQUIC], "b2-quic-ratio-p50")
+	b.ReportMetric(r.tps[pMesh]/r.tps[pDirect], "b2-tps-ratio")
+	b.ReportMetric(r.separate[pMesh], "b2-separate-frac")
+	b.ReportMetric(r.p50[pMesh]-r.p50[pDirect], "b2-added-mesh-us-p50")
 	b.ReportMetric(r.p50[pRP]-r.p50[pDirect], "b2-added-rp-us-p50")
 }
 
@@ -1046,7 +1102,7 @@ func benchB3(b *testing.B, e *inferBenchEnv, res *inferBenchResults) {
 	}
 	var perRep []string
 	for i := range b3Reps {
-		perRep = append(perRep, fmt.Sprintf("%.3f", rps[pMeshTCP][i]/rps[pRP][i]))
+		perRep = append(perRep, fmt.Sprintf("%.3f", rps[pMesh][i]/rps[pRP][i]))
 	}
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "B3 closed loop, c=%d, %v × %d repetitions per path (rotating order); CPU includes the load generator\n", b3Conc, b3Window, b3Reps)
@@ -1054,13 +1110,14 @@ func benchB3(b *testing.B, e *inferBenchEnv, res *inferBenchResults) {
 	for _, p := range paths {
 		fmt.Fprintf(&sb, "%-10s %10.0f %28s %11.1f %8d  %v\n", pathNames[p], r.rps[p], fmt.Sprintf("%.0f", rps[p]), r.cpu[p], fails[p], statuses[p])
 	}
-	fmt.Fprintf(&sb, "rps ratio mesh-tcp/rp per repetition: %s", strings.Join(perRep, " "))
+	fmt.Fprintf(&sb, "rps ratio mesh/rp per repetition: %s", strings.Join(perRep, " "))
 	report(b, sb.String())
-	b.ReportMetric(r.rps[pMeshTCP]/r.rps[pRP], "b3-rps-ratio")
-	b.ReportMetric(r.cpu[pMeshTCP]/r.cpu[pRP], "b3-cpu-ratio")
-	b.ReportMetric(r.rps[pMeshQUIC]/r.rps[pRP], "b3-quic-rps-ratio")
-	b.ReportMetric(float64(fails[pMeshTCP]), "b3-mesh-fails")
-	b.ReportMetric(r.rps[pMeshTCPWide]/r.rps[pRP], "b3-pp32-rps-ratio")
+	b.ReportMetric(r.rps[pMesh]/r.rps[pRP], "b3-rps-ratio")
+	b.ReportMetric(r.cpu[pMesh]/r.cpu[pRP], "b3-cpu-ratio")
+	b.ReportMetric(r.rps[pPeerTCP]/r.rps[pRP], "b3-tcp-rps-ratio")
+	b.ReportMetric(r.rps[pPeerQUIC]/r.rps[pRP], "b3-quic-rps-ratio")
+	b.ReportMetric(float64(fails[pMesh]), "b3-mesh-fails")
+	b.ReportMetric(r.rps[pPeerTCPWide]/r.rps[pRP], "b3-pp32-rps-ratio")
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1135,59 +1192,62 @@ func (r *inferBenchResults) table(leaked, base int) string {
 	var rows []verdictRow
 	if r.b1.ran {
 		rows = append(rows,
-			verdictRow{src: "issue", name: "B1 ratio p50 (mesh-tcp)", value: r.b1.ratio50[pMeshTCP], goal: 2, floor: 3,
+			verdictRow{src: "issue", name: "B1 ratio p50 (mesh)", value: r.b1.ratio50[pMesh], goal: 2, floor: 3,
 				info: fmt.Sprintf("CI95 %.2f–%.2f", r.b1.ci50[0], r.b1.ci50[1])},
-			verdictRow{src: "issue", name: "B1 ratio p99 (mesh-tcp)", value: r.b1.ratio99[pMeshTCP], goal: 2, floor: 3,
+			verdictRow{src: "issue", name: "B1 ratio p99 (mesh)", value: r.b1.ratio99[pMesh], goal: 2, floor: 3,
 				info: fmt.Sprintf("CI95 %.2f–%.2f", r.b1.ci99[0], r.b1.ci99[1])},
-			verdictRow{name: "B1 added µs p50 mesh-tcp", value: r.b1.p50[pMeshTCP] - r.b1.p50[pDirect], goal: nan},
+			verdictRow{name: "B1 added µs p50 mesh", value: r.b1.p50[pMesh] - r.b1.p50[pDirect], goal: nan},
 			verdictRow{name: "B1 added µs p50 rp", value: r.b1.p50[pRP] - r.b1.p50[pDirect], goal: nan},
-			verdictRow{name: "B1 added µs p99 mesh-tcp", value: r.b1.p99[pMeshTCP] - r.b1.p99[pDirect], goal: nan},
+			verdictRow{name: "B1 added µs p99 mesh", value: r.b1.p99[pMesh] - r.b1.p99[pDirect], goal: nan},
 			verdictRow{name: "B1 added µs p99 rp", value: r.b1.p99[pRP] - r.b1.p99[pDirect], goal: nan},
 			verdictRow{name: "B1 cpu-µs/op direct", value: r.b1.cpuUs[pDirect], goal: nan},
 			verdictRow{name: "B1 cpu-µs/op rp", value: r.b1.cpuUs[pRP], goal: nan},
-			verdictRow{name: "B1 cpu-µs/op mesh-tcp", value: r.b1.cpuUs[pMeshTCP], goal: nan},
-			verdictRow{name: "B1 ratio p50 (mesh-quic)", value: r.b1.ratio50[pMeshQUIC], goal: nan},
-			verdictRow{name: "B1 ratio p99 (mesh-quic)", value: r.b1.ratio99[pMeshQUIC], goal: nan},
-			verdictRow{name: "B1 ratio p50 (mesh-yamux)", value: r.b1.ratio50[pMeshYamux], goal: nan},
+			verdictRow{name: "B1 cpu-µs/op mesh", value: r.b1.cpuUs[pMesh], goal: nan},
+			verdictRow{name: "B1 ratio p50 (peer-tcp)", value: r.b1.ratio50[pPeerTCP], goal: nan},
+			verdictRow{name: "B1 ratio p50 (peer-quic)", value: r.b1.ratio50[pPeerQUIC], goal: nan},
+			verdictRow{name: "B1 ratio p99 (peer-tcp)", value: r.b1.ratio99[pPeerTCP], goal: nan},
+			verdictRow{name: "B1 ratio p99 (peer-quic)", value: r.b1.ratio99[pPeerQUIC], goal: nan},
 		)
 	}
 	if r.ttft.ran {
 		rows = append(rows,
-			verdictRow{src: "issue", name: "B1 TTFT ratio (mesh-tcp)", value: r.ttft.med[pMeshTCP] / r.ttft.med[pDirect], goal: 1.005, floor: 1.01,
-				info: fmt.Sprintf("added %.0f µs; rp adds %.0f µs (rp ratio %.4f)", r.ttft.med[pMeshTCP]-r.ttft.med[pDirect],
+			verdictRow{src: "issue", name: "B1 TTFT ratio (mesh)", value: r.ttft.med[pMesh] / r.ttft.med[pDirect], goal: 1.005, floor: 1.01,
+				info: fmt.Sprintf("added %.0f µs; rp adds %.0f µs (rp ratio %.4f)", r.ttft.med[pMesh]-r.ttft.med[pDirect],
 					r.ttft.med[pRP]-r.ttft.med[pDirect], r.ttft.med[pRP]/r.ttft.med[pDirect])},
 			verdictRow{name: "B1 TTFT ratio (rp)", value: r.ttft.med[pRP] / r.ttft.med[pDirect], goal: nan},
-			verdictRow{name: "B1 TTFT ratio (mesh-quic)", value: r.ttft.med[pMeshQUIC] / r.ttft.med[pDirect], goal: nan},
-			verdictRow{name: "B1 TTFT ratio (mesh-yamux)", value: r.ttft.med[pMeshYamux] / r.ttft.med[pDirect], goal: nan},
+			verdictRow{name: "B1 TTFT ratio (peer-tcp)", value: r.ttft.med[pPeerTCP] / r.ttft.med[pDirect], goal: nan},
+			verdictRow{name: "B1 TTFT ratio (peer-quic)", value: r.ttft.med[pPeerQUIC] / r.ttft.med[pDirect], goal: nan},
 		)
 	}
 	if r.b2.ran {
 		rows = append(rows,
-			verdictRow{src: "issue", name: "B2 ratio p50 (mesh-tcp)", value: r.b2.ratio50[pMeshTCP], goal: 2, floor: 3,
-				info: fmt.Sprintf("added %.1f vs %.1f µs", r.b2.p50[pMeshTCP]-r.b2.p50[pDirect], r.b2.p50[pRP]-r.b2.p50[pDirect])},
-			verdictRow{name: "B2 ratio p99 (mesh-tcp)", value: r.b2.ratio99[pMeshTCP], goal: nan,
-				info: fmt.Sprintf("added %.1f vs %.1f µs", r.b2.p99[pMeshTCP]-r.b2.p99[pDirect], r.b2.p99[pRP]-r.b2.p99[pDirect])},
-			verdictRow{src: "§7.2", name: "B2 tokens/s mesh ÷ direct", value: r.b2.tps[pMeshTCP] / r.b2.tps[pDirect], goal: 0.995, floor: 0.995, higher: true},
-			verdictRow{src: "§7.1", name: "B2 separate reads (mesh-tcp)", value: r.b2.separate[pMeshTCP], goal: 0.99, floor: 0.99, higher: true,
+			verdictRow{src: "issue", name: "B2 ratio p50 (mesh)", value: r.b2.ratio50[pMesh], goal: 2, floor: 3,
+				info: fmt.Sprintf("added %.1f vs %.1f µs", r.b2.p50[pMesh]-r.b2.p50[pDirect], r.b2.p50[pRP]-r.b2.p50[pDirect])},
+			verdictRow{name: "B2 ratio p99 (mesh)", value: r.b2.ratio99[pMesh], goal: nan,
+				info: fmt.Sprintf("added %.1f vs %.1f µs", r.b2.p99[pMesh]-r.b2.p99[pDirect], r.b2.p99[pRP]-r.b2.p99[pDirect])},
+			verdictRow{src: "§7.2", name: "B2 tokens/s mesh ÷ direct", value: r.b2.tps[pMesh] / r.b2.tps[pDirect], goal: 0.995, floor: 0.995, higher: true},
+			verdictRow{src: "§7.1", name: "B2 separate reads (mesh)", value: r.b2.separate[pMesh], goal: 0.99, floor: 0.99, higher: true,
 				info: fmt.Sprintf("direct %.3f, rp %.3f (client-side read timing)", r.b2.separate[pDirect], r.b2.separate[pRP])},
-			verdictRow{src: "§7.2", name: "B2 first-token added ms (mesh-tcp)", value: (r.b2.first[pMeshTCP] - r.b2.first[pDirect]) / 1000, goal: 0.5, floor: 0.5},
-			verdictRow{src: "§7.2", name: "B2 cv mesh − direct", value: r.b2.cv[pMeshTCP] - r.b2.cv[pDirect], goal: 0.05, floor: 0.05},
-			verdictRow{name: "B2 ratio p50 (mesh-quic)", value: r.b2.ratio50[pMeshQUIC], goal: nan},
-			verdictRow{name: "B2 ratio p50 (mesh-yamux)", value: r.b2.ratio50[pMeshYamux], goal: nan},
-			verdictRow{name: "B2 backend→dispatcher µs p50 mesh-tcp", value: r.b2.stage[pMeshTCP][0], goal: nan,
+			verdictRow{src: "§7.2", name: "B2 first-token added ms (mesh)", value: (r.b2.first[pMesh] - r.b2.first[pDirect]) / 1000, goal: 0.5, floor: 0.5},
+			verdictRow{src: "§7.2", name: "B2 cv mesh − direct", value: r.b2.cv[pMesh] - r.b2.cv[pDirect], goal: 0.05, floor: 0.05},
+			verdictRow{name: "B2 ratio p50 (peer-tcp)", value: r.b2.ratio50[pPeerTCP], goal: nan},
+			verdictRow{name: "B2 ratio p50 (peer-quic)", value: r.b2.ratio50[pPeerQUIC], goal: nan},
+			verdictRow{name: "B2 backend→dispatcher µs p50 peer-tcp", value: r.b2.stage[pPeerTCP][0], goal: nan,
 				info: "the mesh crossing of one token (direct: " + fmt.Sprintf("%.1f", r.b2.stage[pDirect][0]) + ")"},
 		)
 	}
 	if r.b3.ran {
 		rows = append(rows,
-			verdictRow{src: "issue", name: "B3 rps ratio (mesh-tcp ÷ rp)", value: r.b3.rps[pMeshTCP] / r.b3.rps[pRP], goal: 1.0, floor: 0.75, higher: true,
-				info: fmt.Sprintf("%.0f vs %.0f rps; mesh fails %d", r.b3.rps[pMeshTCP], r.b3.rps[pRP], r.b3.fails[pMeshTCP])},
-			verdictRow{src: "§7.2", name: "B3 cpu ratio (mesh-tcp ÷ rp)", value: r.b3.cpu[pMeshTCP] / r.b3.cpu[pRP], goal: 1.5, floor: 1.5,
-				info: fmt.Sprintf("%.1f vs %.1f cpu-µs/req", r.b3.cpu[pMeshTCP], r.b3.cpu[pRP])},
-			verdictRow{name: "B3 rps ratio (mesh-quic ÷ rp)", value: r.b3.rps[pMeshQUIC] / r.b3.rps[pRP], goal: nan,
-				info: fmt.Sprintf("%.0f rps; fails %d", r.b3.rps[pMeshQUIC], r.b3.fails[pMeshQUIC])},
-			verdictRow{name: "B3 rps ratio (mesh-tcp-pp32 ÷ rp)", value: r.b3.rps[pMeshTCPWide] / r.b3.rps[pRP], goal: nan,
-				info: fmt.Sprintf("%.0f rps, %.1f cpu-µs/req; fails %d", r.b3.rps[pMeshTCPWide], r.b3.cpu[pMeshTCPWide], r.b3.fails[pMeshTCPWide])},
+			verdictRow{src: "issue", name: "B3 rps ratio (mesh ÷ rp)", value: r.b3.rps[pMesh] / r.b3.rps[pRP], goal: 1.0, floor: 0.75, higher: true,
+				info: fmt.Sprintf("%.0f vs %.0f rps; mesh fails %d", r.b3.rps[pMesh], r.b3.rps[pRP], r.b3.fails[pMesh])},
+			verdictRow{src: "§7.2", name: "B3 cpu ratio (mesh ÷ rp)", value: r.b3.cpu[pMesh] / r.b3.cpu[pRP], goal: 1.5, floor: 1.5,
+				info: fmt.Sprintf("%.1f vs %.1f cpu-µs/req", r.b3.cpu[pMesh], r.b3.cpu[pRP])},
+			verdictRow{name: "B3 rps ratio (peer-tcp ÷ rp)", value: r.b3.rps[pPeerTCP] / r.b3.rps[pRP], goal: nan,
+				info: fmt.Sprintf("%.0f rps; fails %d", r.b3.rps[pPeerTCP], r.b3.fails[pPeerTCP])},
+			verdictRow{name: "B3 rps ratio (peer-quic ÷ rp)", value: r.b3.rps[pPeerQUIC] / r.b3.rps[pRP], goal: nan,
+				info: fmt.Sprintf("%.0f rps; fails %d", r.b3.rps[pPeerQUIC], r.b3.fails[pPeerQUIC])},
+			verdictRow{name: "B3 rps ratio (peer-tcp-pp32 ÷ rp)", value: r.b3.rps[pPeerTCPWide] / r.b3.rps[pRP], goal: nan,
+				info: fmt.Sprintf("%.0f rps, %.1f cpu-µs/req; fails %d", r.b3.rps[pPeerTCPWide], r.b3.cpu[pPeerTCPWide], r.b3.fails[pPeerTCPWide])},
 			verdictRow{name: "B3 rps direct (reference)", value: r.b3.rps[pDirect], goal: nan},
 		)
 	}

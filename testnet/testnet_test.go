@@ -5,9 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
 	"go.uber.org/goleak"
-
-	"github.com/meshinfer/meshinfer/transport/mux"
 )
 
 // fastHeartbeat makes staleness observable in seconds: stale after 2×1 s + 1 s, forgotten
@@ -49,15 +48,15 @@ func TestFiveNodesConvergeAndStopCleanly(t *testing.T) {
 			t.Errorf("node %s status: known %d ready %v capability %v", n.ID(), st.Mesh.PeersKnown, st.Ready, st.Capability != nil)
 		}
 		// Loopback peers dial TCP first (node's dial ranking), and TCP connections between
-		// nodes run on meshinfer's multiplexer, as /api/peers shows.
+		// nodes run on yamux, as /api/peers shows.
 		for _, p := range n.Peers() {
 			for _, c := range p.Conns {
 				if c.Transport != "tcp" {
 					continue
 				}
 				tcp++
-				if c.Muxer != string(mux.ID) || c.Security == "" || c.Direction == "" {
-					t.Errorf("node %s: a TCP connection %+v, want multiplexed by %q", n.ID(), c, mux.ID)
+				if c.Muxer != string(yamux.ID) || c.Security == "" || c.Direction == "" {
+					t.Errorf("node %s: a TCP connection %+v, want multiplexed by %q", n.ID(), c, yamux.ID)
 				}
 			}
 		}

@@ -263,8 +263,8 @@ func TestStatusAgainstTestnet(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("status exit code = %d, want 0\nstderr:\n%s", code, stderr)
 	}
-	// Two nodes on loopback connect over TCP with meshinfer's multiplexer.
-	for _, s := range []string{n0.ID().String(), "PEER", shortID(n1.ID().String()), "connected (tcp+mux"} {
+	// Two nodes on loopback connect over TCP (node's dial ranking), multiplexed by yamux.
+	for _, s := range []string{n0.ID().String(), "PEER", shortID(n1.ID().String()), "connected (tcp+yamux"} {
 		if !strings.Contains(stdout, s) {
 			t.Errorf("status output does not contain %q:\n%s", s, stdout)
 		}

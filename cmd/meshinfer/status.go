@@ -135,7 +135,7 @@ func renderStatus(w io.Writer, st console.Status, peers []console.Peer) {
 	tw.Flush()
 }
 
-// linkWords names what a peer's connections run on: " (tcp+mux)", " (quic)", " (tcp+yamux,
+// linkWords names what a peer's connections run on: " (tcp+yamux)", " (quic)", " (tcp+yamux,
 // relayed)"; several connections are joined with "; ".
 func linkWords(conns []console.Conn) string {
 	var parts []string
@@ -143,8 +143,6 @@ func linkWords(conns []console.Conn) string {
 		w := strings.TrimSuffix(c.Transport, "-v1")
 		switch {
 		case c.Muxer == "":
-		case strings.Contains(c.Muxer, "/meshinfer/mux/"):
-			w += "+mux"
 		case strings.Contains(c.Muxer, "yamux"):
 			w += "+yamux"
 		default:

@@ -231,8 +231,8 @@ type Peer struct {
 // Conn is one libp2p connection to a peer: what its streams (inference included) run on.
 type Conn struct {
 	Transport string `json:"transport"` // "tcp", "quic-v1", …
-	// Muxer is the stream multiplexer: "/meshinfer/mux/1.0.0" between nodes on TCP,
-	// "/yamux/1.0.0" with peers without it, empty where the transport multiplexes (QUIC).
+	// Muxer is the stream multiplexer: "/yamux/1.0.0" on TCP, empty where the transport
+	// multiplexes (QUIC).
 	Muxer     string `json:"muxer"`
 	Security  string `json:"security"`  // "/tls/1.0.0", "/noise", empty where built in (QUIC)
 	Direction string `json:"direction"` // "inbound" or "outbound"

@@ -7,14 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/libp2p/go-libp2p"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
-	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
-
-	"github.com/meshinfer/meshinfer/transport/mux"
 )
 
 // B4: WebRTC data channels against libp2p streams between the same two hosts, and the
@@ -156,38 +152,6 @@ func benchWarmRTT(b *testing.B) {
 	b.ReportMetric(float64(dcRTT.Nanoseconds())/1e3, "dc_rtt_us")
 	b.ReportMetric(float64(lpRTT.Nanoseconds())/1e3, "libp2p_rtt_us")
 	b.ReportMetric(float64(dcRTT)/float64(lpRTT), "rtt_ratio")
-}
-
-// Warm round trip on a libp2p stream between two hosts that multiplex with transport/mux,
-// as nodes do (informational: the data channel's reference above is yamux, the stream
-// BENCHMARKS.md's B4 names), interleaved with the yamux stream.
-func BenchmarkWarmRTTMux(b *testing.B) {
-	muxHost := func() host.Host {
-		h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableRelay(),
-			libp2p.Muxer(mux.ID, &mux.Transport{}), libp2p.Muxer(yamux.ID, yamux.DefaultTransport))
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { h.Close() })
-		return h
-	}
-	ctx := context.Background()
-	open := func(ha, hb host.Host) network.Stream {
-		hb.SetStreamHandler(benchPingID, func(st network.Stream) {
-			pong(st)
-			st.Close()
-		})
-		connect(b, ha, hb)
-		s, err := ha.NewStream(ctx, hb.ID(), benchPingID)
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { s.Close() })
-		return s
-	}
-	mRTT, yRTT := interleavedRTT(b, open(muxHost(), muxHost()), open(newHost(b), newHost(b)))
-	b.ReportMetric(float64(mRTT.Nanoseconds())/1e3, "mux_rtt_us")
-	b.ReportMetric(float64(yRTT.Nanoseconds())/1e3, "yamux_rtt_us")
 }
 
 // Cold set-up on loopback: OpenStream on a fresh Transport pair, in ms and in loopback
