@@ -11,9 +11,9 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/internal/frame"
 	"github.com/meshinfer/meshinfer/mesh/receipts"
 	"github.com/meshinfer/meshinfer/mesh/route"
-	"github.com/meshinfer/meshinfer/transport/frame"
 	"github.com/meshinfer/meshinfer/transport/gateway"
 	"github.com/meshinfer/meshinfer/transport/infer"
 )

@@ -165,7 +165,7 @@ func writeJSON(ctx context.Context, ws *websocket.Conn, v any) error {
 }
 
 // signal is a webrtc.SignalStream over the gateway's "signal" messages: each frame written
-// (one whole frame per Write, as transport/frame writes them) goes out as one message, and
+// (one whole frame per Write, as internal/frame writes them) goes out as one message, and
 // the frames of incoming messages are read back as a byte stream.
 type signal struct {
 	ctx context.Context
