@@ -34,7 +34,8 @@ FUZZ_TARGETS := \
 	./mesh/probe/:FuzzParseMeminfo ./mesh/probe/:FuzzParseNVIDIASMI ./mesh/probe/:FuzzParseCPUInfo \
 	./mesh/receipts/:FuzzParse ./mesh/receipts/:FuzzParseTask \
 	./mesh/participation/:FuzzDecodeOverrides ./mesh/participation/:FuzzDecodeConsent \
-	./inference/:FuzzRequestJSON ./inference/upstream/:FuzzSSE ./transport/frame/:FuzzReader \
+	./inference/:FuzzRequestJSON ./inference/upstream/:FuzzSSE ./internal/frame/:FuzzReader \
+	./internal/jsonlog/:FuzzScan ./internal/sse/:FuzzReaderSplit \
 	./transport/openai/:FuzzChatCompletionBody ./transport/webrtc/:FuzzDecodeSignal \
 	./transport/gateway/:FuzzDecodeKeys ./transport/gateway/:FuzzParseEvent \
 	./transport/gateway/:FuzzKeyFromHeader ./transport/gateway/:FuzzDecodeClientMessage \

@@ -40,5 +40,7 @@
 // This package is a leaf of the dependency graph (ARCHITECTURE.md): standard library only.
 // It must not import other meshinfer packages, libp2p or pion; the test in
 // testnet/deps_test.go enforces it. Its subpackages (synth, and upstream, the client of an
-// OpenAI-compatible server) follow the same rule, except that they may import this package.
+// OpenAI-compatible server) follow the same rule, except that they may import this package
+// and the project's internal/ leaves (standard library only themselves: upstream reads its
+// event stream with internal/sse).
 package inference

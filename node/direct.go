@@ -9,7 +9,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 
 	"github.com/meshinfer/meshinfer/inference"
-	"github.com/meshinfer/meshinfer/transport/frame"
+	"github.com/meshinfer/meshinfer/internal/frame"
 	"github.com/meshinfer/meshinfer/transport/infer"
 )
 

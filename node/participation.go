@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -11,6 +10,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/internal/atomicfile"
 	"github.com/meshinfer/meshinfer/mesh/participation"
 	"github.com/meshinfer/meshinfer/mesh/probe"
 	"github.com/meshinfer/meshinfer/node/console"
@@ -35,15 +35,8 @@ type partGate struct {
 	rate        participation.RateLimiter
 	consent     participation.Consent
 	haveConsent bool
-	consentStat fileStamp // the consent file as last read
+	consentStat atomicfile.Stamp // the consent file as last read
 	state       participation.State
-}
-
-// fileStamp identifies a version of a file cheaply (a stat per check, no read).
-type fileStamp struct {
-	exists bool
-	mod    time.Time
-	size   int64
 }
 
 func newPartGate(cfg Config) (*partGate, error) {
@@ -85,12 +78,9 @@ func (g *partGate) refreshConsent() {
 	if g.fixed != nil || g.dir == "" {
 		return
 	}
-	var st fileStamp
-	if fi, err := os.Stat(filepath.Join(g.dir, participation.ConsentFile)); err == nil {
-		st = fileStamp{exists: true, mod: fi.ModTime(), size: fi.Size()}
-	}
+	st, _ := atomicfile.Stat(filepath.Join(g.dir, participation.ConsentFile)) // unreadable: as absent
 	g.mu.Lock()
-	same := st == g.consentStat && (st.exists || !g.haveConsent)
+	same := st.Same(g.consentStat) && (st.Exists() || !g.haveConsent)
 	g.mu.Unlock()
 	if same {
 		return

@@ -24,8 +24,13 @@ func TestDependencyDirection(t *testing.T) {
 		return first
 	}
 	// forbidden[a] lists what packages under top-level folder a must not depend on. Prefixes
-	// ending in "/" name a whole tree outside the module.
+	// ending in "/" name a whole tree outside the module. "@project" is every project package
+	// outside a's own folder and internal/ (every package may use the internal leaves);
+	// "@stdlib" is everything but the standard library.
 	forbidden := map[string][]string{
+		// internal/* are leaves that mesh and transport both use: the standard library only,
+		// so not even another internal package (stricter than "@project").
+		"internal":   {"@stdlib"},
 		"reputation": {"@project", "github.com/libp2p/", "github.com/pion/"},
 		"inference":  {"@project", "github.com/libp2p/", "github.com/pion/"},
 		// mesh/route decides on an inference.Request: inference is a leaf of plain types
@@ -49,8 +54,12 @@ func TestDependencyDirection(t *testing.T) {
 			inProject := strings.HasPrefix(dep, module+"/")
 			for _, rule := range forbidden[from] {
 				switch {
+				case rule == "@stdlib":
+					if first, _, _ := strings.Cut(dep, "/"); strings.Contains(first, ".") {
+						t.Errorf("%s depends on %s: %s must depend on the standard library only", pkg, dep, from)
+					}
 				case rule == "@project":
-					if inProject && top(dep) != from {
+					if inProject && top(dep) != from && top(dep) != "internal" {
 						t.Errorf("%s imports %s: %s must not import other project packages", pkg, dep, from)
 					}
 				case strings.HasSuffix(rule, "/"):
@@ -92,7 +101,7 @@ func TestLocalOnlyPathDependencies(t *testing.T) {
 		module + "/mesh",
 		module + "/node",
 		module + "/transport/infer",
-		module + "/transport/frame",
+		module + "/internal/frame",
 	}
 	found := depsUnder(t, network, path...)
 	for _, pkg := range path {

@@ -1,6 +1,6 @@
-// Package transport is the home of the node's wire protocols and network-facing servers:
+// Package transport is the home of the node's wire protocols and network-facing servers
+// (their varint-length frames are internal/frame, shared with mesh):
 //
-//	transport/frame    varint-length frames with hard size caps, shared by stream protocols
 //	transport/infer    the peer inference protocol /meshinfer/infer/1.0.0 (client and server)
 //	transport/openai   the OpenAI-compatible HTTP API a node serves on 127.0.0.1:9337
 //	transport/gateway  the coordinator's API keys, key authentication, usage metering and the

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -17,6 +16,7 @@ import (
 	"syscall"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/internal/sse"
 	"github.com/meshinfer/meshinfer/transport/gateway/client"
 	"github.com/meshinfer/meshinfer/transport/gateway/client/direct"
 )
@@ -200,15 +200,17 @@ func chat(ctx context.Context, api string, cr chatRequest, onText func(string)) 
 	if resp.StatusCode != http.StatusOK {
 		return out, apiError(resp)
 	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 0, 4096), maxSSELine)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok {
-			continue
-		}
-		if data == "[DONE]" {
+	sr := sse.NewReader(resp.Body, maxSSELine)
+	for {
+		data, err := sr.Next()
+		if errors.Is(err, io.EOF) { // [DONE]
 			return out, nil
+		}
+		if errors.Is(err, sse.ErrNoDone) {
+			return out, fmt.Errorf("stream ended without [DONE]")
+		}
+		if err != nil {
+			return out, fmt.Errorf("stream broke: %w", err)
 		}
 		var ev struct {
 			Choices []struct {
@@ -221,7 +223,7 @@ func chat(ctx context.Context, api string, cr chatRequest, onText func(string)) 
 			} `json:"meshinfer"`
 			Error *struct{ Message, Code string } `json:"error"`
 		}
-		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+		if err := json.Unmarshal(data, &ev); err != nil {
 			return out, fmt.Errorf("bad event from the API: %w", err)
 		}
 		if ev.Error != nil {
@@ -240,10 +242,6 @@ func chat(ctx context.Context, api string, cr chatRequest, onText func(string)) 
 			}
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return out, fmt.Errorf("stream broke: %w", err)
-	}
-	return out, fmt.Errorf("stream ended without [DONE]")
 }
 
 func apiError(resp *http.Response) error {

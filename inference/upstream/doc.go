@@ -24,10 +24,10 @@
 //
 // # Streaming
 //
-// The response is read line by line, each line bounded by maxLine (1 MiB); a longer line
-// fails the request. Only "data:" lines matter (comments, event:, id: and retry: lines are
-// ignored, and each data line is one event: OpenAI-compatible servers never split an event's
-// JSON over several lines). Every non-empty delta.content of choice 0 is emitted as Tokens
+// The response is read line by line (internal/sse), each line bounded by maxLine (1 MiB); a
+// longer line fails the request. Only "data:" lines matter (comments, event:, id: and retry:
+// lines are ignored, and each data line is one event: OpenAI-compatible servers never split
+// an event's JSON over several lines). Every non-empty delta.content of choice 0 is emitted as Tokens
 // with ID −1 and contiguous indices from 0; a delta longer than maxTokenText (1 KiB) is cut
 // at UTF-8 boundaries into several Tokens, so that one token always fits the peer protocol's
 // token frame.

@@ -1,7 +1,6 @@
 package upstream
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -9,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/internal/sse"
 )
 
 // streamChunk is the part of one chat.completion.chunk event this backend reads; an error
@@ -25,18 +25,12 @@ type streamChunk struct {
 	Error json.RawMessage  `json:"error"`
 }
 
-var (
-	dataPrefix = []byte("data:")
-	doneData   = []byte("[DONE]")
-)
-
 // readStream reads a chat-completion event stream from r and emits its tokens. It returns
 // the Result once the stream has ended well (a finish reason or [DONE] seen), emit's error
 // unchanged if emit fails, or an *inference.Error. It reads r to its end or to [DONE], never
 // more than maxLine bytes at a time.
 func readStream(r io.Reader, emit func(inference.Token) error) (inference.Result, error) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 4<<10), maxLine)
+	sr := sse.NewReader(r, maxLine)
 	var (
 		finish inference.FinishReason // "" until a finish reason arrives
 		usage  *inference.Usage       // the last usage the stream carried
@@ -44,16 +38,20 @@ func readStream(r io.Reader, emit func(inference.Token) error) (inference.Result
 		deltas int                    // content deltas received
 		done   bool                   // [DONE] seen
 	)
-	for !done && sc.Scan() {
-		line := sc.Bytes()
-		data, ok := bytes.CutPrefix(line, dataPrefix)
-		if !ok {
-			continue // blank line, comment, event:, id: or retry:
-		}
-		data = bytes.TrimPrefix(data, []byte(" "))
-		if bytes.Equal(bytes.TrimSpace(data), doneData) {
+	for {
+		data, err := sr.Next()
+		if errors.Is(err, io.EOF) {
 			done = true
 			break
+		}
+		if errors.Is(err, sse.ErrNoDone) {
+			break
+		}
+		if errors.Is(err, sse.ErrTooLong) {
+			return inference.Result{}, inference.Errorf(inference.CodeUnavailable, "upstream sent an event line over %d bytes", maxLine)
+		}
+		if err != nil {
+			return inference.Result{}, inference.Errorf(inference.CodeUnavailable, "reading the upstream stream: %w", err)
 		}
 		var c streamChunk
 		if err := json.Unmarshal(data, &c); err != nil {
@@ -84,12 +82,6 @@ func readStream(r io.Reader, emit func(inference.Token) error) (inference.Result
 				finish = mapFinish(*ch.FinishReason)
 			}
 		}
-	}
-	if err := sc.Err(); err != nil {
-		if errors.Is(err, bufio.ErrTooLong) {
-			return inference.Result{}, inference.Errorf(inference.CodeUnavailable, "upstream sent an event line over %d bytes", maxLine)
-		}
-		return inference.Result{}, inference.Errorf(inference.CodeUnavailable, "reading the upstream stream: %w", err)
 	}
 	if !done && finish == "" {
 		return inference.Result{}, inference.Errorf(inference.CodeUnavailable,

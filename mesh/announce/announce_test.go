@@ -3,6 +3,7 @@ package announce
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"strings"
@@ -15,8 +16,8 @@ import (
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
-	"github.com/multiformats/go-varint"
 
+	"github.com/meshinfer/meshinfer/internal/frame"
 	"github.com/meshinfer/meshinfer/mesh/caps"
 	"github.com/meshinfer/meshinfer/mesh/registry"
 )
@@ -332,8 +333,7 @@ func TestSyncFromForgerChangesNothing(t *testing.T) {
 	genuine := signed(t, honest, 50, now, time.Minute, nil)
 	r.attacker.SetStreamHandler(SyncProtocol(testMesh), func(s network.Stream) {
 		for _, d := range [][]byte{forged, genuine} {
-			s.Write(varint.ToUvarint(uint64(len(d))))
-			s.Write(d)
+			frame.Write(s, d)
 		}
 		s.Close()
 	})
@@ -346,7 +346,7 @@ func TestSyncFromForgerChangesNothing(t *testing.T) {
 	}
 	// An oversized frame length is refused before anything is read.
 	r.attacker.SetStreamHandler(SyncProtocol(testMesh), func(s network.Stream) {
-		s.Write(varint.ToUvarint(caps.MaxEncodedSize + 1))
+		s.Write(binary.AppendUvarint(nil, caps.MaxEncodedSize+1))
 		s.Write(make([]byte, 1024))
 		s.Close()
 	})
@@ -355,8 +355,7 @@ func TestSyncFromForgerChangesNothing(t *testing.T) {
 	}
 	// A genuine answer is taken.
 	r.attacker.SetStreamHandler(SyncProtocol(testMesh), func(s network.Stream) {
-		s.Write(varint.ToUvarint(uint64(len(genuine))))
-		s.Write(genuine)
+		frame.Write(s, genuine)
 		s.Close()
 	})
 	if n, err := r.victim.syncFrom(context.Background(), r.attacker.ID()); err != nil || n != 1 {

@@ -11,8 +11,8 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
-	"github.com/multiformats/go-varint"
 
+	"github.com/meshinfer/meshinfer/internal/frame"
 	"github.com/meshinfer/meshinfer/mesh/caps"
 )
 
@@ -76,15 +76,14 @@ func (a *Announcer) writeSync(s network.Stream) error {
 		}
 	}
 	w := bufio.NewWriter(s)
+	var buf []byte
 	for _, v := range vecs[:min(len(vecs), syncMaxVectors)] {
 		data, err := caps.Encode(v)
 		if err != nil {
 			return err
 		}
-		if _, err := w.Write(varint.ToUvarint(uint64(len(data)))); err != nil {
-			return err
-		}
-		if _, err := w.Write(data); err != nil {
+		buf = frame.Append(buf[:0], data)
+		if _, err := w.Write(buf); err != nil {
 			return err
 		}
 	}
@@ -110,7 +109,7 @@ func (a *Announcer) syncFrom(ctx context.Context, p peer.ID) (int, error) {
 		s.Reset()
 		return 0, err
 	}
-	added, err := a.readSync(bufio.NewReader(s), p)
+	added, err := a.readSync(frame.NewReader(s, caps.MaxEncodedSize), p)
 	if err != nil {
 		s.Reset()
 		return added, err
@@ -119,21 +118,19 @@ func (a *Announcer) syncFrom(ctx context.Context, p peer.ID) (int, error) {
 	return added, nil
 }
 
-func (a *Announcer) readSync(r *bufio.Reader, from peer.ID) (int, error) {
+// readSync reads frames of at most caps.MaxEncodedSize bytes from r (the size is checked
+// before the body is read).
+func (a *Announcer) readSync(r *frame.Reader, from peer.ID) (int, error) {
 	added := 0
 	for range syncMaxVectors {
-		n, err := varint.ReadUvarint(r)
+		buf, err := r.Next()
 		if errors.Is(err, io.EOF) {
 			return added, nil
 		}
+		if errors.Is(err, frame.ErrTooLarge) {
+			return added, fmt.Errorf("%w: %w", errSyncMisbehaved, err)
+		}
 		if err != nil {
-			return added, fmt.Errorf("read frame length: %w", err)
-		}
-		if n > caps.MaxEncodedSize {
-			return added, fmt.Errorf("%w: frame of %d bytes", errSyncMisbehaved, n)
-		}
-		buf := make([]byte, n)
-		if _, err := io.ReadFull(r, buf); err != nil {
 			return added, fmt.Errorf("read frame: %w", err)
 		}
 		ok, err := a.acceptSynced(buf)

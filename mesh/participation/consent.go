@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/meshinfer/meshinfer/internal/atomicfile"
 	"github.com/meshinfer/meshinfer/mesh/caps"
 )
 
@@ -173,26 +174,7 @@ func SaveConsent(dir string, c Consent) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("save consent: create data dir: %w", err)
 	}
-	f, err := os.CreateTemp(dir, ".consent-*.tmp") // mode 0600
-	if err != nil {
-		return fmt.Errorf("save consent: %w", err)
-	}
-	tmp := f.Name()
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, filepath.Join(dir, ConsentFile))
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("save consent: %w", err)
-	}
-	if err := syncDir(dir); err != nil {
+	if _, err := atomicfile.WriteFile(filepath.Join(dir, ConsentFile), data); err != nil {
 		return fmt.Errorf("save consent: %w", err)
 	}
 	return nil
@@ -209,21 +191,8 @@ func WithdrawConsent(dir string) error {
 	if err != nil {
 		return fmt.Errorf("withdraw consent: %w", err)
 	}
-	if err := syncDir(dir); err != nil {
+	if err := atomicfile.SyncDir(dir); err != nil {
 		return fmt.Errorf("withdraw consent: %w", err)
 	}
 	return nil
-}
-
-// syncDir makes a rename or removal in dir durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }

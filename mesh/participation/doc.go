@@ -2,8 +2,8 @@
 // consent, the deployer's profile, the live device conditions, hysteresis and a rate limit.
 // It is policy as plain functions. It starts no goroutines, keeps no package state and reads
 // no clock: every call that needs the time takes now. Apart from the consent and overrides
-// files it does no I/O. It imports the standard library and mesh/caps (for the thermal state
-// names), nothing else. The node owns the heartbeat loop, the sensors and the lock: every
+// files it does no I/O. It imports the standard library, mesh/caps (for the thermal state
+// names) and internal/atomicfile (the consent file's replacement), nothing else. The node owns the heartbeat loop, the sensors and the lock: every
 // heartbeat it reads the Conditions, calls Governor.Observe and announces State.Accepting;
 // when a peer's task arrives it asks the Governor and a RateLimiter.
 //

@@ -9,8 +9,8 @@ import (
 	"testing"
 )
 
-// TestLeafPackage guards the package doc's promises: standard library and mesh/caps only, no
-// clock, no goroutines, no package state, no init.
+// TestLeafPackage guards the package doc's promises: standard library, mesh/caps and
+// internal/atomicfile only, no clock, no goroutines, no package state, no init.
 func TestLeafPackage(t *testing.T) {
 	files, err := filepath.Glob("*.go")
 	if err != nil {
@@ -28,8 +28,9 @@ func TestLeafPackage(t *testing.T) {
 		for _, imp := range f.Imports {
 			path := strings.Trim(imp.Path.Value, `"`)
 			first, _, _ := strings.Cut(path, "/")
-			if strings.Contains(first, ".") && path != "github.com/meshinfer/meshinfer/mesh/caps" {
-				t.Errorf("%s imports %s: only the standard library and mesh/caps are allowed", name, path)
+			allowed := path == "github.com/meshinfer/meshinfer/mesh/caps" || path == "github.com/meshinfer/meshinfer/internal/atomicfile"
+			if strings.Contains(first, ".") && !allowed {
+				t.Errorf("%s imports %s: only the standard library, mesh/caps and internal/atomicfile are allowed", name, path)
 			}
 		}
 		for _, d := range f.Decls {

@@ -1,13 +1,12 @@
 package receipts
 
 import (
-	"bufio"
-	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"time"
+
+	"github.com/meshinfer/meshinfer/internal/jsonlog"
 )
 
 // Read streams the log at path line by line, calling fn with each verified receipt (and a nil
@@ -31,36 +30,14 @@ func Read(path string, fn func(Receipt, error) bool) error {
 }
 
 func read(rd io.Reader, fn func(Receipt, error) bool) error {
-	br := bufio.NewReaderSize(rd, MaxLineSize)
 	var sc scanState
-	for n := 1; ; n++ {
-		line, err := br.ReadSlice('\n')
-		if errors.Is(err, bufio.ErrBufferFull) {
-			// Too long: skip to the end of the line, one buffer at a time.
-			for errors.Is(err, bufio.ErrBufferFull) {
-				_, err = br.ReadSlice('\n')
-			}
-			if err != nil && !errors.Is(err, io.EOF) {
-				return err
-			}
+	return jsonlog.Scan(rd, MaxLineSize, func(n int, line []byte, err error) bool {
+		if err != nil { // jsonlog.ErrTooLong, the only error it passes
 			sc.bad++
-			if !fn(Receipt{}, &LineError{Line: n, Err: ErrTooLong}) || errors.Is(err, io.EOF) {
-				return nil
-			}
-			continue
+			return fn(Receipt{}, &LineError{Line: n, Err: ErrTooLong})
 		}
-		if err != nil && !errors.Is(err, io.EOF) {
-			return err
-		}
-		eof := errors.Is(err, io.EOF)
-		line = bytes.TrimSuffix(line, []byte{'\n'})
-		if len(line) > 0 && !sc.deliver(n, line, fn) {
-			return nil
-		}
-		if eof {
-			return nil
-		}
-	}
+		return sc.deliver(n, line, fn)
+	})
 }
 
 // scanState follows the numbering through a log.

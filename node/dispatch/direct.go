@@ -13,8 +13,8 @@ import (
 	"github.com/libp2p/go-libp2p/core/protocol"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/internal/frame"
 	"github.com/meshinfer/meshinfer/mesh/route"
-	"github.com/meshinfer/meshinfer/transport/frame"
 	"github.com/meshinfer/meshinfer/transport/gateway"
 	"github.com/meshinfer/meshinfer/transport/infer"
 )

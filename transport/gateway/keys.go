@@ -19,6 +19,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/meshinfer/meshinfer/internal/atomicfile"
 )
 
 // KeyPrefix starts every API key. It makes a leaked key recognisable to secret scanners and
@@ -123,23 +125,11 @@ type entry struct {
 	hash [sha256.Size]byte
 }
 
-// fileStamp identifies one version of KeysFile: the file (device and inode, which change on
-// every write since writes replace it by rename), its size and its modification time. A
-// revocation always changes the size (null becomes a time), a creation too.
-type fileStamp struct {
-	fi fs.FileInfo // nil: the file does not exist
-}
-
-func (a fileStamp) same(b fileStamp) bool {
-	if a.fi == nil || b.fi == nil {
-		return a.fi == nil && b.fi == nil
-	}
-	return os.SameFile(a.fi, b.fi) && a.fi.Size() == b.fi.Size() && a.fi.ModTime().Equal(b.fi.ModTime())
-}
-
 // snapshot is one version of the store. Immutable once installed.
 type snapshot struct {
-	stamp   fileStamp
+	// stamp names the version of KeysFile read. Writes replace the file (atomicfile), so
+	// each changes its inode; a revocation changes the size as well (null becomes a time).
+	stamp   atomicfile.Stamp
 	entries []entry // in file order, which is creation order
 }
 
@@ -186,11 +176,11 @@ func (s *KeyStore) Path() string { return s.path }
 // the last read: one stat per call when it did not.
 func (s *KeyStore) refresh() (*snapshot, error) {
 	cur := s.snap.Load()
-	st, err := stat(s.path)
+	st, err := atomicfile.Stat(s.path)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("read keys: %w", err)
 	}
-	if st.same(cur.stamp) {
+	if st.Same(cur.stamp) {
 		return cur, nil
 	}
 	s.loadMu.Lock()
@@ -204,7 +194,7 @@ func (s *KeyStore) reloadLocked() (*snapshot, error) {
 	cur := s.snap.Load()
 	f, err := os.Open(s.path)
 	if errors.Is(err, fs.ErrNotExist) {
-		if cur.stamp.fi != nil {
+		if cur.stamp.Exists() {
 			cur = &snapshot{}
 			s.snap.Store(cur)
 		}
@@ -218,8 +208,8 @@ func (s *KeyStore) reloadLocked() (*snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read keys: %w", err)
 	}
-	st := fileStamp{fi: fi}
-	if st.same(cur.stamp) {
+	st := atomicfile.StampOf(fi)
+	if st.Same(cur.stamp) {
 		return cur, nil
 	}
 	data, err := io.ReadAll(io.LimitReader(f, maxKeysFile+1))
@@ -236,17 +226,6 @@ func (s *KeyStore) reloadLocked() (*snapshot, error) {
 	next := &snapshot{stamp: st, entries: entries}
 	s.snap.Store(next)
 	return next, nil
-}
-
-func stat(path string) (fileStamp, error) {
-	fi, err := os.Stat(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return fileStamp{}, nil
-	}
-	if err != nil {
-		return fileStamp{}, fmt.Errorf("read keys: %w", err)
-	}
-	return fileStamp{fi: fi}, nil
 }
 
 // List returns the keys, revoked ones included, in creation order. It reads the file again
@@ -556,53 +535,20 @@ func encodeKeys(entries []entry) ([]byte, error) {
 	return append(data, '\n'), nil
 }
 
-// writeLocked replaces KeysFile with entries: a temporary file (mode 0600) written, synced
-// and renamed over it, then the dir synced, so a crash leaves the old store or the new one,
-// never a torn one. The new version is installed as the current snapshot. writeMu and the
-// lock file are held.
+// writeLocked replaces KeysFile with entries (atomicfile.WriteFile: mode 0600, a crash
+// leaves the old store or the new one, never a torn one). The new version is installed as
+// the current snapshot. writeMu and the lock file are held.
 func (s *KeyStore) writeLocked(entries []entry) error {
 	data, err := encodeKeys(entries)
 	if err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(s.dir, ".keys-*.tmp") // mode 0600
+	st, err := atomicfile.WriteFile(s.path, data)
 	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	var fi fs.FileInfo
-	if err == nil {
-		fi, err = f.Stat() // rename keeps the inode, size and modification time
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, s.path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return err
+		return err // the next refresh reads whatever the file holds
 	}
 	s.loadMu.Lock()
-	s.snap.Store(&snapshot{stamp: fileStamp{fi: fi}, entries: entries})
+	s.snap.Store(&snapshot{stamp: st, entries: entries})
 	s.loadMu.Unlock()
-	return syncDir(s.dir)
-}
-
-// syncDir makes a rename in dir durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	return nil
 }

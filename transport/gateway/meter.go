@@ -1,8 +1,6 @@
 package gateway
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +12,7 @@ import (
 	"time"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/internal/jsonlog"
 )
 
 // UsageFile is the name of the meter's log inside the data dir, mode 0600. See the package
@@ -151,19 +150,14 @@ func (u *Usage) Add(e MeterEvent) {
 	u.Duration += time.Duration(e.DurationMS) * time.Millisecond
 }
 
-// Meter appends one MeterEvent per task to UsageFile and keeps each key's Usage: what the
-// file held at OpenMeter plus every event recorded since. Its methods are safe for
-// concurrent use.
+// Meter appends one MeterEvent per task to UsageFile (an internal/jsonlog log) and keeps each
+// key's Usage: what the file held at OpenMeter plus every event recorded since. Its methods
+// are safe for concurrent use.
 type Meter struct {
-	// syncing counts Records between their write and their sync, so that Close waits for
-	// them before closing the file.
-	syncing sync.WaitGroup
+	log *jsonlog.Log
 
-	// mu serializes writes, so lines never interleave, and guards the totals.
+	// mu guards the totals.
 	mu     sync.Mutex
-	f      *os.File
-	closed bool
-	torn   bool // the file may end inside a line: the next line starts with a newline
 	totals map[string]Usage
 }
 
@@ -174,46 +168,25 @@ func OpenMeter(dir string) (*Meter, error) {
 	if dir == "" {
 		return nil, errors.New("open meter: no data dir")
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("open meter: %w", err)
-	}
-	// O_APPEND: every write lands at the end, whatever else has the file open.
-	f, err := os.OpenFile(filepath.Join(dir, UsageFile), os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
+	jl, err := jsonlog.Open(filepath.Join(dir, UsageFile), MaxUsageLine)
 	if err != nil {
 		return nil, fmt.Errorf("open meter: %w", err)
 	}
-	m := &Meter{f: f, totals: make(map[string]Usage)}
-	if err := m.resume(); err != nil {
-		f.Close()
+	m := &Meter{log: jl, totals: make(map[string]Usage)}
+	if _, err := readEvents(jl.Opened(), m.add); err != nil {
+		jl.Close()
 		return nil, fmt.Errorf("open meter: %w", err)
 	}
 	return m, nil
 }
 
-// resume sums the file and sets torn from its last byte.
-func (m *Meter) resume() error {
-	st, err := m.f.Stat()
-	if err != nil {
-		return err
-	}
-	if !st.Mode().IsRegular() {
-		return fmt.Errorf("%s is not a regular file", m.f.Name())
-	}
-	size := st.Size()
-	if size == 0 {
-		return nil
-	}
-	var last [1]byte
-	if _, err := m.f.ReadAt(last[:], size-1); err != nil {
-		return err
-	}
-	m.torn = last[0] != '\n'
-	_, err = readEvents(io.NewSectionReader(m.f, 0, size), func(e MeterEvent) {
-		u := m.totals[e.KeyID]
-		u.Add(e)
-		m.totals[e.KeyID] = u
-	})
-	return err
+// add counts e in the totals.
+func (m *Meter) add(e MeterEvent) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	u := m.totals[e.KeyID]
+	u.Add(e)
+	m.totals[e.KeyID] = u
 }
 
 // Record appends e to the log and counts it. e.Time must be set (it is stored in UTC) and
@@ -233,47 +206,16 @@ func (m *Meter) Record(e MeterEvent) error {
 		return fmt.Errorf("record usage: %w", err)
 	}
 	line = append(line, '\n')
-	if len(line) > MaxUsageLine {
-		return fmt.Errorf("record usage: %d bytes encoded, max %d", len(line), MaxUsageLine)
+	// The event counts once its line is written (a partial line is not an event), before
+	// the sync.
+	err = m.log.Append(func() ([]byte, error) { return line, nil }, func() { m.add(e) })
+	if errors.Is(err, jsonlog.ErrClosed) {
+		return ErrMeterClosed
 	}
-	f, err := m.write(e, line)
 	if err != nil {
-		return err
-	}
-	// The sync runs outside mu: other Records may write meanwhile, and one sync covers
-	// them all. Close waits for it.
-	defer m.syncing.Done()
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("record usage: sync: %w", err)
+		return fmt.Errorf("record usage: %w", err)
 	}
 	return nil
-}
-
-// write writes line under mu and counts e. On success it has added one to m.syncing. The
-// lock is held across the write, which goes to the page cache, not across the sync: lines
-// must not interleave.
-func (m *Meter) write(e MeterEvent, line []byte) (*os.File, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
-		return nil, ErrMeterClosed
-	}
-	if m.torn {
-		line = append([]byte{'\n'}, line...)
-	}
-	n, err := m.f.Write(line)
-	if err != nil {
-		// Part of the line may be in the file: start the next one on a fresh line. The
-		// event is not counted: a partial line is not an event.
-		m.torn = m.torn || n > 0
-		return nil, fmt.Errorf("record usage: %w", err)
-	}
-	m.torn = false
-	u := m.totals[e.KeyID]
-	u.Add(e)
-	m.totals[e.KeyID] = u
-	m.syncing.Add(1)
-	return m.f, nil
 }
 
 // Usage returns the usage of the key with ID keyID: the file's at OpenMeter plus every
@@ -287,15 +229,7 @@ func (m *Meter) Usage(keyID string) Usage {
 // Close waits for Records being synced and closes the file. Idempotent; Record fails with
 // ErrMeterClosed afterwards, Usage keeps answering.
 func (m *Meter) Close() error {
-	m.mu.Lock()
-	if m.closed {
-		m.mu.Unlock()
-		return nil
-	}
-	m.closed = true
-	m.mu.Unlock()
-	m.syncing.Wait()
-	if err := m.f.Close(); err != nil {
+	if err := m.log.Close(); err != nil {
 		return fmt.Errorf("close meter: %w", err)
 	}
 	return nil
@@ -377,36 +311,17 @@ func readEvents(rd io.Reader, fn func(MeterEvent)) (*BadLinesError, error) {
 			bad.Lines = append(bad.Lines, n)
 		}
 	}
-	br := bufio.NewReaderSize(rd, MaxUsageLine)
-	for n := 1; ; n++ {
-		line, err := br.ReadSlice('\n')
-		if errors.Is(err, bufio.ErrBufferFull) {
-			for errors.Is(err, bufio.ErrBufferFull) { // too long: skip to the end of the line
-				_, err = br.ReadSlice('\n')
-			}
+	err := jsonlog.Scan(rd, MaxUsageLine, func(n int, line []byte, err error) bool {
+		if err != nil { // too long: skipped unread
 			skip(n)
-			if errors.Is(err, io.EOF) {
-				return bad, nil
-			}
-			if err != nil {
-				return bad, err
-			}
-			continue
+		} else if e, perr := parseEvent(line); perr != nil {
+			skip(n)
+		} else {
+			fn(e)
 		}
-		if err != nil && !errors.Is(err, io.EOF) {
-			return bad, err
-		}
-		if line = bytes.TrimSuffix(line, []byte{'\n'}); len(line) > 0 {
-			if e, perr := parseEvent(line); perr != nil {
-				skip(n)
-			} else {
-				fn(e)
-			}
-		}
-		if err != nil { // io.EOF
-			return bad, nil
-		}
-	}
+		return true
+	})
+	return bad, err
 }
 
 // parseEvent decodes one line (without its newline). Fields it does not know are ignored, so

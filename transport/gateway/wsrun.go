@@ -8,11 +8,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"sync"
 	"time"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/internal/sse"
 )
 
 // runKey identifies a request across connections: its session and idempotency key. The
@@ -297,22 +299,24 @@ func (w *eventWriter) Write(b []byte) (int, error) {
 		return len(b), nil
 	}
 	w.buf = append(w.buf, b...)
-	for !w.ended {
-		i := bytes.Index(w.buf, []byte("\n\n"))
-		if i < 0 {
-			break
+	rest, err := sse.Split(w.buf, MaxMessageBytes, w.event)
+	switch {
+	case errors.Is(err, io.EOF): // [DONE]
+		if !w.finish {
+			w.fail(inference.CodeUnavailable, "the API ended the stream without a finish reason")
+		} else {
+			w.done.done = true
+			w.r.finish(w.done)
+			w.ended = true
 		}
-		w.event(w.buf[:i])
-		w.buf = w.buf[i+2:]
+	case err != nil: // sse.ErrTooLong
+		w.fail(inference.CodeUnavailable, "the API wrote an event larger than the gateway accepts")
+		return 0, errStreamEnded
 	}
 	if w.ended {
 		return len(b), nil
 	}
-	if len(w.buf) > MaxMessageBytes {
-		w.fail(inference.CodeUnavailable, "the API wrote an event larger than the gateway accepts")
-		return 0, errStreamEnded
-	}
-	w.buf = append([]byte(nil), w.buf...) // do not keep the parsed prefix alive
+	w.buf = append([]byte(nil), rest...) // do not keep the parsed prefix alive
 	return len(b), nil
 }
 
@@ -329,49 +333,34 @@ type sseChunk struct {
 	Error     *errorDetail    `json:"error"`
 }
 
-// event handles one server-sent event of the API's stream.
-func (w *eventWriter) event(ev []byte) {
-	for line := range bytes.SplitSeq(ev, []byte("\n")) {
-		data, ok := bytes.CutPrefix(line, []byte("data:"))
-		if !ok {
-			continue // comments and other fields: none in this API
-		}
-		data = bytes.TrimSpace(data)
-		if string(data) == "[DONE]" {
-			if !w.finish {
-				w.fail(inference.CodeUnavailable, "the API ended the stream without a finish reason")
-				return
-			}
-			w.done.done = true
-			w.r.finish(w.done)
+// event handles the data of one server-sent event of the API's stream (internal/sse). It
+// reports whether to go on: false once the outcome is recorded.
+func (w *eventWriter) event(data []byte) bool {
+	var c sseChunk
+	if err := json.Unmarshal(data, &c); err != nil {
+		w.fail(inference.CodeUnavailable, "the API wrote an event the gateway cannot read")
+		return false
+	}
+	if c.Error != nil {
+		w.fail(inference.Code(c.Error.Code), c.Error.Message)
+		return false
+	}
+	for _, ch := range c.Choices {
+		if ch.Delta.Content != "" && !w.r.token(ch.Delta.Content) {
 			w.ended = true
-			return
+			return false
 		}
-		var c sseChunk
-		if err := json.Unmarshal(data, &c); err != nil {
-			w.fail(inference.CodeUnavailable, "the API wrote an event the gateway cannot read")
-			return
-		}
-		if c.Error != nil {
-			w.fail(inference.Code(c.Error.Code), c.Error.Message)
-			return
-		}
-		for _, ch := range c.Choices {
-			if ch.Delta.Content != "" && !w.r.token(ch.Delta.Content) {
-				w.ended = true
-				return
-			}
-			if ch.FinishReason != nil {
-				w.finish, w.done.finish = true, *ch.FinishReason
-			}
-		}
-		if len(c.Meshinfer) > 0 && string(c.Meshinfer) != "null" {
-			w.done.meshinfer = bytes.Clone(c.Meshinfer)
-		}
-		if len(c.Usage) > 0 && string(c.Usage) != "null" {
-			w.done.usage = bytes.Clone(c.Usage)
+		if ch.FinishReason != nil {
+			w.finish, w.done.finish = true, *ch.FinishReason
 		}
 	}
+	if len(c.Meshinfer) > 0 && string(c.Meshinfer) != "null" {
+		w.done.meshinfer = bytes.Clone(c.Meshinfer)
+	}
+	if len(c.Usage) > 0 && string(c.Usage) != "null" {
+		w.done.usage = bytes.Clone(c.Usage)
+	}
+	return true
 }
 
 func (w *eventWriter) fail(code inference.Code, msg string) {

@@ -15,7 +15,7 @@ import (
 // over a WebRTC data channel, while the coordinator routes, meters and verifies.
 //
 // The coordinator opens a stream to the serving peer with DirectID and writes, as frames
-// (transport/frame):
+// (internal/frame):
 //
 //	coordinator → peer   0x05 request   the task, as the request frame of ID (asking for a
 //	                                    receipt); read with frame.ReadOne, since what

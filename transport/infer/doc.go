@@ -4,7 +4,7 @@
 //
 // # Wire format
 //
-// Every message is a frame (transport/frame): an unsigned varint length, then the body. The
+// Every message is a frame (internal/frame): an unsigned varint length, then the body. The
 // first body byte is the frame type.
 //
 //	client → server   0x01 request   JSON of inference.Request          ≤ MaxRequestFrame

@@ -14,7 +14,7 @@ import (
 
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/inference/synth"
-	"github.com/meshinfer/meshinfer/transport/frame"
+	"github.com/meshinfer/meshinfer/internal/frame"
 )
 
 const model = "synth-tiny"

@@ -10,7 +10,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/protocol"
 
 	"github.com/meshinfer/meshinfer/inference"
-	"github.com/meshinfer/meshinfer/transport/frame"
+	"github.com/meshinfer/meshinfer/internal/frame"
 )
 
 // openStreams counts h's open streams to p speaking proto.

@@ -142,5 +142,5 @@
 // part of transport it must not import mesh, node or testnet: node connects them through the
 // Dispatcher and Local interfaces declared here. This package is on the local-only path, so
 // it must not depend, even indirectly, on libp2p, pion, multiformats or the mesh's peer
-// protocol either (transport/infer, transport/frame); testnet/deps_test.go enforces both.
+// protocol either (transport/infer, internal/frame); testnet/deps_test.go enforces both.
 package openai

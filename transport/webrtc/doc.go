@@ -19,7 +19,7 @@
 // # Signaling wire format
 //
 // The offerer (the node calling OpenStream) opens a libp2p stream with SignalID. Every
-// message is a frame (transport/frame: an unsigned varint length, then the body) whose
+// message is a frame (internal/frame: an unsigned varint length, then the body) whose
 // first body byte is the message type; the rest is UTF-8 text.
 //
 //	0x01 offer      SDP of the offer                          ≤ MaxSDP bytes of text
@@ -106,6 +106,6 @@
 // stream are queued in SCTP unacknowledged, until the queue drains to sendLowWater or the
 // write deadline passes.
 //
-// This package imports transport/frame and no other meshinfer package; it must never import
+// This package imports internal/frame and no other meshinfer package; it must never import
 // mesh or node.
 package webrtc

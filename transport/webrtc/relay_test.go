@@ -16,7 +16,7 @@ import (
 	"github.com/pion/webrtc/v4"
 	"go.uber.org/goleak"
 
-	"github.com/meshinfer/meshinfer/transport/frame"
+	"github.com/meshinfer/meshinfer/internal/frame"
 )
 
 // relayTestID is the protocol of relayPipe's stream.

@@ -12,7 +12,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/pion/webrtc/v4"
 
-	"github.com/meshinfer/meshinfer/transport/frame"
+	"github.com/meshinfer/meshinfer/internal/frame"
 )
 
 // dial sets up a PeerConnection to p as the offerer and returns it with its first stream,

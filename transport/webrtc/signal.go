@@ -8,7 +8,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/protocol"
 
-	"github.com/meshinfer/meshinfer/transport/frame"
+	"github.com/meshinfer/meshinfer/internal/frame"
 )
 
 // SignalID is the protocol ID of WebRTC signaling between two nodes.

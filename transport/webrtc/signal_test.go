@@ -13,7 +13,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/multiformats/go-varint"
 
-	"github.com/meshinfer/meshinfer/transport/frame"
+	"github.com/meshinfer/meshinfer/internal/frame"
 )
 
 func TestDecodeSignal(t *testing.T) {

@@ -1,16 +1,17 @@
 package client
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/internal/sse"
 	"github.com/meshinfer/meshinfer/transport/gateway"
 )
 
@@ -73,21 +74,25 @@ func (c *Client) restOnce(ctx context.Context, body []byte, onToken func(Token))
 	}
 	res = Result{Transport: TransportREST}
 	var text strings.Builder
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 0, 4096), maxSSELine)
+	sr := sse.NewReader(resp.Body, maxSSELine)
 	finished := false
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data:")
-		if !ok {
-			continue
-		}
-		data = strings.TrimSpace(data)
-		if data == "[DONE]" {
+	for {
+		data, err := sr.Next()
+		if errors.Is(err, io.EOF) { // [DONE]
 			if !finished {
 				return Result{}, n, fmt.Errorf("%w: stream ended without a finish reason", ErrProtocol)
 			}
 			res.Text, res.Tokens = text.String(), n
 			return res, n, nil
+		}
+		if errors.Is(err, sse.ErrNoDone) {
+			return Result{}, n, fmt.Errorf("%w: stream ended without [DONE]", ErrProtocol)
+		}
+		if err != nil {
+			if c.ctx.Err() != nil {
+				return Result{}, n, ErrClosed
+			}
+			return Result{}, n, fmt.Errorf("stream broke: %w", err)
 		}
 		var ev struct {
 			Choices []struct {
@@ -100,7 +105,7 @@ func (c *Client) restOnce(ctx context.Context, body []byte, onToken func(Token))
 			Meshinfer *served          `json:"meshinfer"`
 			Error     *errorObject     `json:"error"`
 		}
-		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+		if err := json.Unmarshal(data, &ev); err != nil {
 			return Result{}, n, fmt.Errorf("%w: bad event: %v", ErrProtocol, err)
 		}
 		if ev.Error != nil {
@@ -123,11 +128,4 @@ func (c *Client) restOnce(ctx context.Context, body []byte, onToken func(Token))
 			res.Usage = *ev.Usage
 		}
 	}
-	if err := sc.Err(); err != nil {
-		if c.ctx.Err() != nil {
-			return Result{}, n, ErrClosed
-		}
-		return Result{}, n, fmt.Errorf("stream broke: %w", err)
-	}
-	return Result{}, n, fmt.Errorf("%w: stream ended without [DONE]", ErrProtocol)
 }

@@ -24,9 +24,9 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
-	"github.com/multiformats/go-varint"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/internal/frame"
 	"github.com/meshinfer/meshinfer/transport/gateway"
 	"github.com/meshinfer/meshinfer/transport/infer"
 	"github.com/meshinfer/meshinfer/transport/webrtc"
@@ -165,7 +165,7 @@ func writeJSON(ctx context.Context, ws *websocket.Conn, v any) error {
 }
 
 // signal is a webrtc.SignalStream over the gateway's "signal" messages: each frame written
-// (one whole frame per Write, as transport/frame writes them) goes out as one message, and
+// (one whole frame per Write, as internal/frame writes them) goes out as one message, and
 // the frames of incoming messages are read back as a byte stream.
 type signal struct {
 	ctx context.Context
@@ -205,9 +205,7 @@ func (s *signal) readLoop() (serverMessage, error) {
 				continue
 			}
 			s.mu.Lock()
-			var lenBuf [varint.MaxLenUvarint63]byte
-			s.buf.Write(lenBuf[:varint.PutUvarint(lenBuf[:], uint64(len(body)))])
-			s.buf.Write(body)
+			s.buf.Write(frame.Append(nil, body))
 			s.mu.Unlock()
 			s.wake()
 		case "direct_done":
@@ -274,8 +272,9 @@ func (s *signal) Read(p []byte) (int, error) {
 
 // Write sends p, one whole frame, as a signal message.
 func (s *signal) Write(p []byte) (int, error) {
-	n, k, err := varint.FromUvarint(p)
-	if err != nil || uint64(len(p)-k) != n || n == 0 {
+	r := bytes.NewReader(p)
+	body, err := frame.ReadOne(r, len(p))
+	if err != nil || r.Len() != 0 || len(body) == 0 {
 		return 0, errors.New("signal: a write must be exactly one frame")
 	}
 	s.mu.Lock()
@@ -287,7 +286,7 @@ func (s *signal) Write(p []byte) (int, error) {
 		ctx, cancel = context.WithDeadline(ctx, wdl)
 		defer cancel()
 	}
-	msg, _ := json.Marshal(map[string]string{"type": "signal", "id": s.id, "frame": base64.StdEncoding.EncodeToString(p[k:])})
+	msg, _ := json.Marshal(map[string]string{"type": "signal", "id": s.id, "frame": base64.StdEncoding.EncodeToString(body)})
 	if err := s.ws.Write(ctx, websocket.MessageText, msg); err != nil {
 		return 0, err
 	}

@@ -112,3 +112,34 @@ func TestReadOne(t *testing.T) {
 		t.Fatalf("truncated: %v", err)
 	}
 }
+
+// The length prefix is go-varint's: minimal, at most 9 bytes.
+func TestLengthPrefix(t *testing.T) {
+	cases := []struct {
+		in   []byte
+		want uint64
+		err  error
+	}{
+		{[]byte{0x00}, 0, nil},
+		{[]byte{0x7f}, 127, nil},
+		{[]byte{0x80, 0x01}, 128, nil},
+		{[]byte{0xff, 0x7f}, 16383, nil},
+		{[]byte{0x80, 0x80, 0x01}, 16384, nil},
+		{[]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f}, 1<<63 - 1, nil},
+		{[]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x80}, 0, ErrMalformed},
+		{[]byte{0x80, 0x00}, 0, ErrMalformed},
+		{[]byte{0x80, 0x80}, 0, io.ErrUnexpectedEOF},
+		{[]byte{}, 0, io.EOF},
+	}
+	for _, tc := range cases {
+		got, err := readUvarint(bytes.NewReader(tc.in))
+		if got != tc.want || !errors.Is(err, tc.err) {
+			t.Errorf("% x: %d, %v; want %d, %v", tc.in, got, err, tc.want, tc.err)
+		}
+		if tc.err == nil && tc.want < 1<<20 {
+			if enc := Append(nil, make([]byte, tc.want)); !bytes.Equal(enc[:len(tc.in)], tc.in) {
+				t.Errorf("Append of %d bytes starts % x, want % x", tc.want, enc[:len(tc.in)], tc.in)
+			}
+		}
+	}
+}

@@ -1,22 +1,30 @@
 // Package frame reads and writes the length-prefixed frames every meshinfer stream protocol
-// uses: an unsigned varint (minimal encoding) giving the body length, then the body.
+// uses (transport's and mesh's alike): an unsigned varint (minimal encoding, at most 9 bytes,
+// so a length below 2^63) giving the body length, then the body.
 //
-// The reader enforces a hard maximum before it reads a body, so a peer announcing a huge
-// frame costs at most the varint's bytes (≤ 10) to refuse; it also refuses non-minimal
-// varints, which would let one length have many encodings.
+// Its one job is that framing, and its invariants are the reader's: a hard maximum is
+// enforced before a body is read, so a peer announcing a huge frame costs at most the
+// varint's bytes (≤ 9) to refuse; a non-minimal varint, which would let one length have many
+// encodings, is refused; a stream that ends inside a frame is io.ErrUnexpectedEOF, never a
+// short frame.
+//
+// Like every package under internal/, it imports nothing of the project, only the standard
+// library (testnet/deps_test.go enforces it). The varint is the one of
+// github.com/multiformats/go-varint, which libp2p protocols use, written here on
+// encoding/binary.
 package frame
 
 import (
 	"bufio"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
-
-	"github.com/multiformats/go-varint"
 )
 
-// binaryMaxVarintLen is the longest varint of a 64-bit length.
-const binaryMaxVarintLen = 10
+// maxVarintLen is the longest length prefix read: 9 bytes, lengths below 2^63 (go-varint's
+// MaxLenUvarint63). Append writes at most binary.MaxVarintLen64 bytes.
+const maxVarintLen = 9
 
 // ErrTooLarge is returned for a frame whose announced length exceeds the reader's maximum.
 var ErrTooLarge = errors.New("frame too large")
@@ -47,13 +55,8 @@ func (fr *Reader) Next() ([]byte, error) { return read(fr.r, fr.r, fr.max) }
 // read reads one frame of at most max bytes: its length from lr, then its body from r (the
 // same stream).
 func read(lr io.ByteReader, r io.Reader, max int) ([]byte, error) {
-	n, err := varint.ReadUvarint(lr)
-	switch {
-	case errors.Is(err, io.EOF):
-		return nil, io.EOF
-	case errors.Is(err, varint.ErrNotMinimal), errors.Is(err, varint.ErrOverflow):
-		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
-	case err != nil:
+	n, err := readUvarint(lr)
+	if err != nil {
 		return nil, err
 	}
 	if n > uint64(max) {
@@ -69,17 +72,40 @@ func read(lr io.ByteReader, r io.Reader, max int) ([]byte, error) {
 	return buf, nil
 }
 
+// readUvarint reads a length prefix: io.EOF before its first byte, io.ErrUnexpectedEOF
+// inside it, ErrMalformed for a non-minimal encoding or one longer than maxVarintLen.
+func readUvarint(r io.ByteReader) (uint64, error) {
+	var x uint64
+	for i := 0; ; i++ {
+		b, err := r.ReadByte()
+		if err != nil {
+			if errors.Is(err, io.EOF) && i > 0 {
+				err = io.ErrUnexpectedEOF
+			}
+			return 0, err
+		}
+		if i == maxVarintLen-1 && b >= 0x80 {
+			return 0, fmt.Errorf("%w: longer than %d bytes", ErrMalformed, maxVarintLen)
+		}
+		if b < 0x80 {
+			if b == 0 && i > 0 {
+				return 0, fmt.Errorf("%w: not minimally encoded", ErrMalformed)
+			}
+			return x | uint64(b)<<(7*i), nil
+		}
+		x |= uint64(b&0x7f) << (7 * i)
+	}
+}
+
 // Append appends body as one frame to dst and returns the extended slice.
 func Append(dst, body []byte) []byte {
-	var lenBuf [binaryMaxVarintLen]byte
-	n := varint.PutUvarint(lenBuf[:], uint64(len(body)))
-	dst = append(dst, lenBuf[:n]...)
+	dst = binary.AppendUvarint(dst, uint64(len(body)))
 	return append(dst, body...)
 }
 
 // Write writes body as one frame to w.
 func Write(w io.Writer, body []byte) error {
-	_, err := w.Write(Append(make([]byte, 0, binaryMaxVarintLen+len(body)), body))
+	_, err := w.Write(Append(make([]byte, 0, binary.MaxVarintLen64+len(body)), body))
 	return err
 }
 
