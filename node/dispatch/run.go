@@ -115,8 +115,14 @@ func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, er
 	var (
 		emitErr, mismatch error
 		m                 = r.d.measure()
+		at                inference.Served // where the tokens come from: set at the first
 	)
 	forward := func(tok inference.Token) error {
+		if m.tokens == 0 {
+			// The transport is settled by now (a WebRTC attempt falls back before its first
+			// token), and the peer ID's string form costs about 1.5 µs: once per attempt.
+			at = r.at(t)
+		}
 		m.token()
 		if tok.Index < skip {
 			if had := r.sent[tok.Index]; had.Text != tok.Text || had.ID != tok.ID {
@@ -125,7 +131,7 @@ func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, er
 			}
 			return nil
 		}
-		if emitErr = r.emit(r.at(t), tok); emitErr != nil {
+		if emitErr = r.emit(at, tok); emitErr != nil {
 			return emitErr
 		}
 		r.sent = append(r.sent, tok)

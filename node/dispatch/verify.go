@@ -89,7 +89,7 @@ func (d *Executor) maybeVerify(r *run, ev *gateway.MeterEvent) bool {
 		d.ver.skipped.Add(1)
 		log.Debugw("verification skipped: too many running, or closing", "peer", t.Peer, "model", r.req.Model)
 		if ev != nil {
-			ev.Verification = string(inference.VerdictSkipped)
+			ev.Verification = inference.VerdictSkipped
 		}
 		return false
 	}
@@ -100,7 +100,7 @@ func (d *Executor) maybeVerify(r *run, ev *gateway.MeterEvent) bool {
 		defer d.ver.running.Add(-1)
 		verdict := d.verify(r)
 		if ev != nil {
-			ev.Verification, ev.Verified = string(verdict), verdict == inference.VerdictPassed
+			ev.Verification, ev.Verified = verdict, verdict == inference.VerdictPassed
 			if verdict == inference.VerdictFailed {
 				ev.Outcome = gateway.OutcomeVerificationFailed
 			}

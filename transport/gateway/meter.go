@@ -59,7 +59,7 @@ type MeterEvent struct {
 	// Verification is the verdict of a sampled verification: passed, failed (Outcome is then
 	// OutcomeVerificationFailed), inconclusive or skipped; absent when the task was not
 	// sampled.
-	Verification string `json:"verification,omitempty"`
+	Verification inference.Verdict `json:"verification,omitempty"`
 	// Receipt is the serving peer's signed task receipt (mesh/receipts), kept when it held
 	// for what the client received; Countersig is the coordinator's countersignature of it
 	// and Coordinator the coordinator's peer ID. All three are absent for a task served
@@ -76,17 +76,6 @@ const (
 	maxCountersig = 128
 )
 
-// Values of MeterEvent.Verification: the verdict of a sampled verification.
-const (
-	VerificationPassed       = "passed"       // another execution gave the same output
-	VerificationFailed       = "failed"       // two others agreed against it
-	VerificationInconclusive = "inconclusive" // no decision: outputs all differ, or an execution failed
-	VerificationSkipped      = "skipped"      // sampled, but no other peer could run it, or too many running
-)
-
-// verdicts are the values of MeterEvent.Verification; "" is a task not sampled.
-var verdicts = map[string]bool{"": true, VerificationPassed: true, VerificationFailed: true,
-	VerificationInconclusive: true, VerificationSkipped: true}
 
 // validate checks the values an event must have.
 func (e *MeterEvent) validate() error {
@@ -103,7 +92,7 @@ func (e *MeterEvent) validate() error {
 		return fmt.Errorf("outcome %q is not 1 to %d of a-z, 0-9 and _", e.Outcome, maxOutcome)
 	case e.TokensIn < 0 || e.TokensOut < 0 || e.DurationMS < 0:
 		return errors.New("negative count")
-	case !verdicts[e.Verification]:
+	case !e.Verification.Valid():
 		return fmt.Errorf("verification %q is not passed, failed, inconclusive or skipped", e.Verification)
 	case len(e.Receipt) > maxReceipt || len(e.Countersig) > maxCountersig || len(e.Coordinator) > maxPeer:
 		return errors.New("receipt, countersig or coordinator too long")
