@@ -205,19 +205,22 @@ func (n *Node) start() error {
 	n.part.observe(n.probe.Probe(cfg.Now()), cfg.Now())
 	var direct *directServer
 	if n.backend != nil {
-		// Waited for last among these: after the inference server and the WebRTC transport
-		// have ended the direct tasks still running.
-		direct = &directServer{n: n}
-		n.closers = append(n.closers, direct.wait)
 		opts := []infer.ServerOption{infer.WithAdmission(n.part.admit), infer.WithSigner(n.signTask)}
 		if cfg.DataDir != "" {
-			// Every task served for a peer is receipted; the log closes after the server.
+			// Every task served for a peer is receipted, off the task's own goroutine; the
+			// queue drains and the log closes after every task has ended (direct.wait).
 			if n.receipts, err = receipts.Open(cfg.DataDir, n.key); err != nil {
 				return fmt.Errorf("receipts log: %w", err)
 			}
 			n.closers = append(n.closers, n.receipts.Close)
-			opts = append(opts, infer.WithOnServed(n.receipt))
+			q := newReceiptQueue(n.receipts)
+			n.closers = append(n.closers, q.stop)
+			opts = append(opts, infer.WithOnServed(func(t infer.ServedTask) { q.add(n.servedReceipt(t)) }))
 		}
+		// Waited for last among these: after the inference server and the WebRTC transport
+		// have ended the direct tasks still running.
+		direct = &directServer{n: n}
+		n.closers = append(n.closers, direct.wait)
 		n.infer = infer.NewServer(h, n.backend, opts...)
 		n.closers = append(n.closers, n.infer.Close)
 	}
@@ -350,14 +353,6 @@ func (n *Node) signTask(t infer.ServedTask) (string, error) {
 	return receipts.SignTask(n.key, n.servedReceipt(t))
 }
 
-// receipt appends one served task to the receipts log. A failed append is logged: the task
-// itself was served either way.
-func (n *Node) receipt(t infer.ServedTask) {
-	err := n.receipts.Append(n.servedReceipt(t))
-	if err != nil {
-		log.Errorw("receipt not recorded", "peer", t.From, "model", t.Model, "err", err)
-	}
-}
 
 // onDevice is the backend local-only requests may use: the synthetic one, or an upstream
 // server on this machine (loopback). An upstream elsewhere would carry the prompt off the

@@ -97,9 +97,21 @@ func (l *Log) Opened() *io.SectionReader { return l.opened }
 // (a sequence) follows file order. It returns once the line is synced to disk. An error of
 // line is returned as is; written is not called for a line that failed.
 func (l *Log) Append(line func() ([]byte, error), written func()) error {
-	f, err := l.write(line, written)
-	if err != nil {
-		return err
+	return l.AppendAll(1, func(int) ([]byte, error) { return line() }, func(int) {
+		if written != nil {
+			written()
+		}
+	})
+}
+
+// AppendAll appends n lines as Append would each, in order, with one sync for them all: a
+// writer with several lines waiting pays for one sync instead of one a line. line(i) and
+// written(i) are called under the lock as in Append. It stops at the first line that fails
+// and returns its error; the lines before it stand (and are synced).
+func (l *Log) AppendAll(n int, line func(i int) ([]byte, error), written func(i int)) error {
+	f, werr := l.write(n, line, written)
+	if f == nil {
+		return werr
 	}
 	// The sync runs outside mu: other Appends may write meanwhile, and one sync covers them
 	// all. Close waits for it.
@@ -107,23 +119,40 @@ func (l *Log) Append(line func() ([]byte, error), written func()) error {
 	if err := f.Sync(); err != nil {
 		return fmt.Errorf("sync: %w", err)
 	}
-	return nil
+	return werr
 }
 
-// write writes line's line under mu. On success it has added one to l.syncing. The lock is
-// held across the write, which goes to the page cache, not across the sync.
-func (l *Log) write(line func() ([]byte, error), written func()) (*os.File, error) {
+// write writes up to n lines under mu, stopping at the first that fails (werr). f is nil
+// when no line was written; otherwise it has added one to l.syncing. The lock is held
+// across the writes, which go to the page cache, not across the sync.
+func (l *Log) write(n int, line func(i int) ([]byte, error), written func(i int)) (f *os.File, werr error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
 		return nil, ErrClosed
 	}
-	b, err := line()
+	wrote := false
+	for i := range n {
+		if werr = l.writeOne(i, line, written); werr != nil {
+			break
+		}
+		wrote = true
+	}
+	if !wrote {
+		return nil, werr
+	}
+	l.syncing.Add(1)
+	return l.f, werr
+}
+
+// writeOne writes line i under mu.
+func (l *Log) writeOne(i int, line func(i int) ([]byte, error), written func(i int)) error {
+	b, err := line(i)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if len(b) > l.max {
-		return nil, fmt.Errorf("%w: %d bytes encoded, max %d", ErrTooLong, len(b), l.max)
+		return fmt.Errorf("%w: %d bytes encoded, max %d", ErrTooLong, len(b), l.max)
 	}
 	if l.torn {
 		b = append([]byte{'\n'}, b...)
@@ -132,14 +161,11 @@ func (l *Log) write(line func() ([]byte, error), written func()) (*os.File, erro
 	if err != nil {
 		// Part of the line may be in the file: start the next one on a fresh line.
 		l.torn = l.torn || n > 0
-		return nil, err
+		return err
 	}
 	l.torn = false
-	if written != nil {
-		written()
-	}
-	l.syncing.Add(1)
-	return l.f, nil
+	written(i)
+	return nil
 }
 
 // Close waits for Appends being synced and closes the file. Idempotent; Append fails with

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -248,4 +249,28 @@ func abs(n int) int {
 		return -n
 	}
 	return n
+}
+
+// AppendAll writes its lines in order and stops at the first that fails, keeping the ones
+// before it; written is called for exactly the lines written.
+func TestAppendAll(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "log.jsonl")
+	l, err := Open(path, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	lines := []string{`{"a":1}`, `{"b":2}`, strings.Repeat("z", 16), `{"c":3}`}
+	var written []int
+	err = l.AppendAll(len(lines), func(i int) ([]byte, error) { return line(lines[i])() },
+		func(i int) { written = append(written, i) })
+	if !errors.Is(err, ErrTooLong) || !slices.Equal(written, []int{0, 1}) {
+		t.Fatalf("AppendAll: %v, written %v; want ErrTooLong after lines 0 and 1", err, written)
+	}
+	if err := l.AppendAll(1, func(int) ([]byte, error) { return line(`{"d":4}`)() }, func(int) {}); err != nil {
+		t.Fatal(err)
+	}
+	if data, err := os.ReadFile(path); err != nil || string(data) != "{\"a\":1}\n{\"b\":2}\n{\"d\":4}\n" {
+		t.Fatalf("file holds %q, %v", data, err)
+	}
 }

@@ -87,28 +87,45 @@ func (l *Log) resume() error {
 // Sig, and Time with the current time when zero (Time is stored in UTC). It returns once the
 // line is written and synced to disk, so a receipt Append returned nil for survives a crash.
 func (l *Log) Append(r Receipt) error {
-	if r.Time.IsZero() {
-		r.Time = time.Now()
+	return l.AppendAll([]Receipt{r})
+}
+
+// AppendAll appends rs in order as Append would each, with one sync for them all. An
+// invalid receipt is left out and named in the error, the others appended; a write that
+// fails stops there, the receipts before it standing.
+func (l *Log) AppendAll(rs []Receipt) error {
+	var invalid []error
+	valid := rs[:0:0]
+	for _, r := range rs {
+		if r.Time.IsZero() {
+			r.Time = time.Now()
+		}
+		r.Time = r.Time.UTC()
+		r.Server, r.Sig = l.server, ""
+		if err := validate(&r); err != nil {
+			invalid = append(invalid, fmt.Errorf("append receipt: %w", err))
+			continue
+		}
+		valid = append(valid, r)
 	}
-	r.Time = r.Time.UTC()
-	r.Server, r.Sig = l.server, ""
-	if err := validate(&r); err != nil {
-		return fmt.Errorf("append receipt: %w", err)
+	rs = valid
+	if len(rs) == 0 {
+		return errors.Join(invalid...)
 	}
 	// Numbering and signing run under the log's lock, so seq order is file order. A line
 	// that fails to write (maybe partly) does not use its seq: a partial line is not a
 	// receipt, so the numbering has no gap.
-	err := l.log.Append(func() ([]byte, error) {
-		r.Seq = l.seq + 1
-		return encodeLine(l.key, r)
-	}, func() { l.seq = r.Seq })
+	err := l.log.AppendAll(len(rs), func(i int) ([]byte, error) {
+		rs[i].Seq = l.seq + 1
+		return encodeLine(l.key, rs[i])
+	}, func(i int) { l.seq = rs[i].Seq })
 	if errors.Is(err, jsonlog.ErrClosed) {
-		return ErrClosed
+		return errors.Join(append(invalid, ErrClosed)...)
 	}
 	if err != nil {
-		return fmt.Errorf("append receipt: %w", err)
+		return errors.Join(append(invalid, fmt.Errorf("append receipt: %w", err))...)
 	}
-	return nil
+	return errors.Join(invalid...)
 }
 
 // Close waits for Appends being synced and closes the file. Idempotent; Append fails with

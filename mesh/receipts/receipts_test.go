@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -602,5 +603,32 @@ func TestOpenRefusesANonEd25519Key(t *testing.T) {
 	}
 	if _, err := Open(t.TempDir(), key); err == nil {
 		t.Fatal("Open accepted a secp256k1 key: its receipts could not be verified from the peer ID")
+	}
+}
+
+// AppendAll leaves out an invalid receipt, naming it in its error, and appends the others in
+// order with sequence numbers that have no gap.
+func TestAppendAllLeavesOutInvalid(t *testing.T) {
+	dir := t.TempDir()
+	l := openLog(t, dir, mustKey(t))
+	bad := receipt("x", 1)
+	bad.Outcome = ""
+	err := l.AppendAll([]Receipt{receipt("x", 0), bad, receipt("x", 3)})
+	if err == nil {
+		t.Fatal("AppendAll took a receipt without an outcome")
+	}
+	l.Close()
+	var seqs []uint64
+	if err := Read(filepath.Join(dir, File), func(r Receipt, err error) bool {
+		if err != nil {
+			t.Fatalf("line: %v", err)
+		}
+		seqs = append(seqs, r.Seq)
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(seqs, []uint64{1, 2}) {
+		t.Fatalf("sequence numbers %v, want [1 2]", seqs)
 	}
 }
