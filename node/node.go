@@ -353,7 +353,6 @@ func (n *Node) signTask(t infer.ServedTask) (string, error) {
 	return receipts.SignTask(n.key, n.servedReceipt(t))
 }
 
-
 // onDevice is the backend local-only requests may use: the synthetic one, or an upstream
 // server on this machine (loopback). An upstream elsewhere would carry the prompt off the
 // device, so local-only requests then get local_unavailable.

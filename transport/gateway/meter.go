@@ -76,7 +76,6 @@ const (
 	maxCountersig = 128
 )
 
-
 // validate checks the values an event must have.
 func (e *MeterEvent) validate() error {
 	switch {
