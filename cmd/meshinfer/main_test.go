@@ -203,7 +203,7 @@ func TestIDIsStable(t *testing.T) {
 }
 
 func TestTestnetCommand(t *testing.T) {
-	code, stdout, stderr := runCmd(t, "testnet", "--nodes", "3", "--duration", "15s", "--console-base", "0", "--api-base", "0", "--watch", "0")
+	code, stdout, stderr := runCmd(t, "testnet", "--nodes", "3", "--duration", "1s", "--console-base", "0", "--api-base", "0", "--watch", "0")
 	if code != 0 {
 		t.Fatalf("exit code = %d, want 0\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -36,7 +35,7 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	mesh := fs.String("mesh", node.DefaultMesh, "mesh name")
 	consoleBase := fs.Int("console-base", 3131, "console port of node 0; node i uses base+i (0: OS-chosen ports)")
 	apiBase := fs.Int("api-base", 9337, "OpenAI API port of node 0; node i uses base+i (0: OS-chosen ports)")
-	duration := fs.Duration("duration", 0, "stop after this long (0: run until Ctrl-C)")
+	duration := fs.Duration("duration", 0, "once the nodes have converged and the demo has run, keep running this long, then stop (0: until Ctrl-C)")
 	heartbeat := fs.Duration("heartbeat", node.DefaultHeartbeat, "capability re-announcement period")
 	watch := fs.Duration("watch", 2*time.Second, "how often to print live status (0: never)")
 	seed := fs.Uint64("seed", 1, "seed for the choice of bootstrap peers")
@@ -71,11 +70,6 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if *duration > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, *duration)
-		defer cancel()
-	}
 
 	fmt.Fprintf(stdout, "starting %d nodes on loopback...\n", *nodes)
 	start := time.Now()
@@ -109,9 +103,12 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "cloud: %s/v1 (stand-in, +%v per response; serves %s)\n", c.URL(), *cloudLatency, strings.Join(c.Models(), ", "))
 	}
 
-	if err := tn.WaitConverged(ctx); err != nil {
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return fmt.Errorf("nodes did not converge within --duration %v", *duration)
+	convergeCtx, cancelConverge := context.WithTimeout(ctx, convergeTimeout)
+	err = tn.WaitConverged(convergeCtx)
+	cancelConverge()
+	if err != nil {
+		if ctx.Err() == nil {
+			return fmt.Errorf("nodes did not converge within %v: every node should hold every other node's capability vector; try fewer --nodes, or see the logs with GOLOG_LOG_LEVEL=info", convergeTimeout)
 		}
 		return nil // Ctrl-C before convergence: stop quietly
 	}
@@ -123,6 +120,11 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	}
 	if n := tn.Node(0); n != nil && n.ConsoleAddr() != "" {
 		fmt.Fprintf(stdout, "try: meshinfer status --console %s   (Ctrl-C stops the testnet)\n\n", n.ConsoleAddr())
+	}
+	if *duration > 0 { // counted from here: a slow machine's start-up never eats into it
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, *duration)
+		defer cancel()
 	}
 	if *watch <= 0 {
 		<-ctx.Done()
@@ -204,6 +206,14 @@ func printLive(w io.Writer, tn *testnet.Testnet, up time.Duration) {
 	fmt.Fprintln(w)
 }
 
+// convergeTimeout bounds the wait for every node to hold every other node's vector. A few
+// nodes converge in seconds; two minutes is a fault, not a slow machine.
+const convergeTimeout = 2 * time.Minute
+
+// demoRequestTimeout bounds each demo request; the node's own first-token and idle timeouts
+// end a stuck one well before.
+const demoRequestTimeout = time.Minute
+
 // demo sends a few requests and shows who served each, so that the first screen of `make
 // run` shows the router at work: node 0's own model, a model only peers serve, the cloud
 // for a model no node serves (privacy any), and a local-only request refused rather than
@@ -236,7 +246,9 @@ func demo(ctx context.Context, w io.Writer, tn *testnet.Testnet) {
 		c.cr.prompt, c.cr.maxTokens = "hello mesh", 8
 		began := time.Now()
 		var text strings.Builder
-		out, err := chat(ctx, api, c.cr, func(s string) { text.WriteString(s) })
+		rctx, cancel := context.WithTimeout(ctx, demoRequestTimeout)
+		out, err := chat(rctx, api, c.cr, func(s string) { text.WriteString(s) })
+		cancel()
 		fmt.Fprintf(w, "node 0 API, %-38s", c.what+":")
 		if err != nil {
 			fmt.Fprintf(w, " refused: %v\n", err)
