@@ -20,7 +20,7 @@ test:
 	# 3,000 verified tasks by honest peers, without -race (which makes the model 20x slower).
 	$(GO) test -count=1 -run '^TestHonestPeersPassThousandsOfVerifications$$' ./node/
 
-# Ratio benchmarks (BENCHMARKS.md); each reports its reference measured in the same run.
+# Ratio benchmarks (docs/benchmarks.md); each reports its reference measured in the same run.
 bench:
 	$(GO) test -run='^$$' -bench=. -benchtime=1x ./testnet/
 	$(GO) test -run='^$$' -bench=. ./mesh/... ./reputation/

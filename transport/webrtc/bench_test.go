@@ -160,7 +160,7 @@ func benchWarmRTT(b *testing.B) {
 
 // Warm round trip on a libp2p stream between two hosts that multiplex with transport/mux,
 // as nodes do (informational: the data channel's reference above is yamux, the stream
-// BENCHMARKS.md's B4 names), interleaved with the yamux stream.
+// docs/benchmarks.md's B4 names), interleaved with the yamux stream.
 func BenchmarkWarmRTTMux(b *testing.B) {
 	muxHost := func() host.Host {
 		h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableRelay(),
