@@ -20,14 +20,14 @@ test:
 	# 3,000 verified tasks by honest peers, without -race (which makes the model 20x slower).
 	$(GO) test -count=1 -run '^TestHonestPeersPassThousandsOfVerifications$$' ./node/dispatch/
 
-# Ratio benchmarks (BENCHMARKS.md); each reports its reference measured in the same run.
+# Ratio benchmarks (docs/benchmarks.md); each reports its reference measured in the same run.
 bench:
 	$(GO) test -run='^$$' -bench=. -benchtime=1x ./testnet/
 	$(GO) test -run='^$$' -bench=. ./mesh/... ./reputation/
 	$(GO) test -run='^$$' -bench=Coordinator -benchtime=300x ./transport/gateway/client/
 	$(GO) test -run='^$$' -bench=. -benchtime=300x ./transport/webrtc/
 
-# Each fuzz target for 60 s (T3: not part of CI; seeds run in `make test`).
+# Each fuzz target for 60 s (T3 in docs/reliability.md: not part of CI; seeds run in `make test`).
 FUZZTIME ?= 60s
 FUZZ_TARGETS := \
 	./mesh/caps/:FuzzDecode ./mesh/caps/:FuzzVerifySignature ./reputation/:FuzzStoreOps \
@@ -47,7 +47,7 @@ fuzz:
 		$(GO) test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) $$pkg || exit 1; \
 	done
 
-# Long-running tests (T3), behind a build tag so CI never runs them.
+# Long-running tests (T3 in docs/reliability.md), behind a build tag so CI never runs them.
 soak:
 	$(GO) test -race -count=1 -tags soak -timeout 30m -run Soak ./...
 

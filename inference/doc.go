@@ -24,7 +24,7 @@
 //
 // # Invariants
 //
-// These are the data-plane invariants I1 and I2 of RELIABILITY.md as they apply to one
+// These are the data-plane invariants I1 and I2 of docs/reliability.md as they apply to one
 // backend call; every layer above relies on them.
 //
 //   - Exactly one terminal outcome: Generate returns exactly once, either a Result whose
@@ -37,7 +37,7 @@
 //
 // # Imports
 //
-// This package is a leaf of the dependency graph (ARCHITECTURE.md): standard library only.
+// This package is a leaf of the dependency graph (docs/architecture.md): standard library only.
 // It must not import other meshinfer packages, libp2p or pion; the test in
 // testnet/deps_test.go enforces it. Its subpackages (synth, and upstream, the client of an
 // OpenAI-compatible server) follow the same rule, except that they may import this package

@@ -9,7 +9,7 @@ import (
 )
 
 // FuzzStoreOps runs random operation sequences against a small store and checks the
-// invariants of RELIABILITY.md I4 after every step: scores finite and in [0, 100],
+// invariants of docs/reliability.md I4 after every step: scores finite and in [0, 100],
 // Excluded ⇔ score < 40, each map within its cap, cooldown end monotonic within a failure
 // streak, Order never returning a cooling target while a non-cooling one exists, Select
 // never picking an excluded candidate, and the performance yardstick consistent with the

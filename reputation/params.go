@@ -8,7 +8,7 @@ import (
 )
 
 // Score thresholds. They are fixed rather than tunable because the router, the console and
-// the reliability scenarios (RELIABILITY.md F2, F3, F6) all speak in these numbers.
+// the reliability scenarios (docs/reliability.md F2, F3, F6) all speak in these numbers.
 const (
 	// MinScore and MaxScore bound every node score (points).
 	MinScore = 0.0
@@ -72,7 +72,7 @@ const (
 	DefaultCooldownBase = 2 * time.Second
 
 	// DefaultCooldownMax caps the exponential cooldown (10 s): after a partition heals,
-	// routing must work again within 10 s (RELIABILITY.md F2). Probing a dead target every
+	// routing must work again within 10 s (docs/reliability.md F2). Probing a dead target every
 	// 10 s costs one failed dial, which is cheap.
 	DefaultCooldownMax = 10 * time.Second
 
@@ -118,7 +118,7 @@ const (
 
 	// DefaultAvailabilityFloor is the lowest score availability and performance can produce
 	// (40 points, the exclusion threshold itself): a partition or a slow link never
-	// excludes an honest peer (RELIABILITY.md F2, F3); cooldowns handle it instead.
+	// excludes an honest peer (docs/reliability.md F2, F3); cooldowns handle it instead.
 	DefaultAvailabilityFloor = ExcludeBelow
 
 	// DefaultPerformanceWeight is the score swing of performance at saturation (±15 points).
@@ -131,7 +131,7 @@ const (
 
 	// DefaultPerformanceHalfLife ages confidence in a peer's performance (2 min): a peer that
 	// got little traffic because it was slow drifts back to par and gets retried (the
-	// stale-peer boost of RELIABILITY.md F3).
+	// stale-peer boost of docs/reliability.md F3).
 	DefaultPerformanceHalfLife = 2 * time.Minute
 
 	// DefaultPerformanceSamples is the sample count for full confidence (5 samples): one
@@ -146,7 +146,7 @@ const (
 	DefaultVerifyPassedCap = 15.0
 
 	// DefaultVerifyFailedWeight is the debit per failed verification (-70 points): one
-	// failure excludes even a perfect peer (100 - 70 = 30 < 40), which RELIABILITY.md F6
+	// failure excludes even a perfect peer (100 - 70 = 30 < 40), which docs/reliability.md F6
 	// assumes (a liar is out after its first sampled task).
 	DefaultVerifyFailedWeight = -70.0
 
@@ -172,7 +172,7 @@ const (
 	DefaultMaxEntries = 4096
 
 	// DefaultRetain is how long an untouched node score is kept (1 h) before Prune forgets
-	// it (RELIABILITY.md F19). Scores carrying an integrity debit are kept until it decays.
+	// it (docs/reliability.md F19). Scores carrying an integrity debit are kept until it decays.
 	DefaultRetain = time.Hour
 
 	// DefaultDecayInterval is the granularity of score ageing on reads (1 s): reads within

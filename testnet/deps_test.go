@@ -11,7 +11,7 @@ import (
 
 const module = "github.com/meshinfer/meshinfer"
 
-// TestDependencyDirection enforces ARCHITECTURE.md's dependency rules from `go list -deps`.
+// TestDependencyDirection enforces docs/architecture.md's dependency rules from `go list -deps`.
 func TestDependencyDirection(t *testing.T) {
 	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
 	out, err := exec.Command(gobin, "list", "-f", `{{.ImportPath}}{{range .Deps}} {{.}}{{end}}`, module+"/...").CombinedOutput()

@@ -68,10 +68,13 @@ func TestRequestCrossesTheMesh(t *testing.T) {
 // A serving peer killed mid-stream ends the client's stream with a typed error event, not a
 // hang and not a silent truncation.
 func TestPeerKilledMidStreamEndsWithTypedError(t *testing.T) {
-	tn := start(t, Options{Nodes: 2, NoConsole: true, Heartbeat: 15 * time.Second})
+	gate := newTokenGate()
+	tn := start(t, Options{Nodes: 2, NoConsole: true, Heartbeat: 15 * time.Second, Configure: gate.configure})
 	within(t, 10*time.Second, "converge", tn.Converged)
+	// Node 1 stops after 3 tokens (each token is one event) until it is killed.
+	open := gate.Hold(t, 3)
 	resp, err := http.Post("http://"+tn.Node(0).APIAddr()+"/v1/chat/completions", "application/json",
-		bytes.NewReader([]byte(chatBody("synth-small", 4096, true))))
+		bytes.NewReader([]byte(chatBody("synth-small", 48, true))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,6 +96,7 @@ func TestPeerKilledMidStreamEndsWithTypedError(t *testing.T) {
 			if err := tn.Kill(1); err != nil {
 				t.Fatal(err)
 			}
+			open()
 		}
 	}
 	if !killed {

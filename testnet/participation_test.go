@@ -28,24 +28,28 @@ func peerAccepting(observer, n *node.Node) (accepting, known bool) {
 // other peers, and it comes back after the documented healthy heartbeats once charging.
 func TestBatteryDrainPausesAndResumes(t *testing.T) {
 	const heartbeat = 500 * time.Millisecond
+	gate := newTokenGate()
 	tn := start(t, Options{Nodes: 4, NoConsole: true, Heartbeat: heartbeat, Sensors: true,
 		ModelsFor: func(i int) []string {
 			if i == 0 {
 				return nil
 			}
 			return []string{"synth-small"}
-		}})
+		},
+		Configure: gate.configure})
 	within(t, 15*time.Second, "converge", tn.Converged)
 	router := tn.Node(0)
 	for i := 1; i < 4; i++ {
 		within(t, 10*time.Second, "every peer accepting", func() bool { a, _ := peerAccepting(router, tn.Node(i)); return a })
 	}
 
-	// A long stream, until one lands on some peer: that peer's battery drains mid-stream.
+	// A stream lands on some peer, which stops after its first token until the test has
+	// drained that peer's battery and seen it pause: the drain lands mid-stream.
 	var drained int
 	var pausedAt time.Time
 	var seenPaused time.Duration
-	r := stream(t, router.APIAddr(), routedBody("synth-small", 400, 1, nil), nil, func(n int, route string) {
+	open := gate.Hold(t, 1)
+	r := stream(t, router.APIAddr(), routedBody("synth-small", 48, 1, nil), nil, func(n int, route string) {
 		if n != 1 {
 			return
 		}
@@ -71,7 +75,7 @@ func TestBatteryDrainPausesAndResumes(t *testing.T) {
 		})
 		pausedAt = time.Now()
 		if nd.Status().Inference.InFlight == 0 {
-			t.Errorf("the stream was no longer in flight when its node paused: make it longer")
+			t.Errorf("the stream was no longer in flight when its node paused")
 		}
 		if reasons := nd.Status().Participation.Reasons; !slices.Contains(reasons, "battery_low") {
 			t.Errorf("pause reasons %v, want battery_low", reasons)
@@ -81,6 +85,7 @@ func TestBatteryDrainPausesAndResumes(t *testing.T) {
 			return known && !a
 		})
 		seenPaused = time.Since(pausedAt)
+		open()
 	})
 	if drained == 0 || pausedAt.IsZero() {
 		t.Fatalf("no peer drained (stream %+v)", r)

@@ -316,15 +316,19 @@ const reputationCooldown = 2 * time.Second
 // router resumes on another peer serving the same deterministic model, and the client's
 // stream is identical to the reference, contiguous, without duplicates or gaps.
 func TestStreamResumesAfterPeerKilled(t *testing.T) {
-	// Node 0 routes; five peers serve synth-small, so the last of the runs still has a peer
-	// to resume on after its own kill.
+	// Node 0 routes; nine peers serve synth-tiny, one killed per run, so the last run still
+	// has a peer to resume on after its own kill.
 	const runs = 8
-	tn := start(t, Options{Nodes: 1 + runs + 1, NoConsole: true, Heartbeat: time.Second, ModelsFor: serveNothing})
+	gate := newTokenGate()
+	tn := start(t, Options{Nodes: 1 + runs + 1, NoConsole: true, Heartbeat: time.Second, ModelsFor: serveNothing,
+		Configure: gate.configure})
 	within(t, 15*time.Second, "converge", tn.Converged)
 	router := tn.Node(0)
 	rng := rand.New(rand.NewPCG(42, 7))
 	for run := range runs {
 		killAt := 1 + rng.IntN(12)
+		// The serving peer stops after killAt tokens until its kill has landed.
+		open := gate.Hold(t, killAt)
 		body := routedBody("synth-tiny", 48, int64(run), nil)
 		var killed string
 		r := stream(t, router.APIAddr(), body, nil, func(n int, route string) {
@@ -332,15 +336,8 @@ func TestStreamResumesAfterPeerKilled(t *testing.T) {
 				return
 			}
 			killed = route
-			for i := 1; i < tn.Len(); i++ {
-				if nd := tn.Node(i); nd != nil && "peer:"+nd.ID().String() == route {
-					if err := tn.Kill(i); err != nil {
-						t.Errorf("kill node %d: %v", i, err)
-					}
-					return
-				}
-			}
-			t.Errorf("route %q is not a running peer", route)
+			killRoute(t, tn, route)
+			open()
 		})
 		t.Logf("run %d: killed at token %d, stream took %v, attempts %d", run, killAt, r.duration, r.final.Attempts)
 		if killed == "" {
@@ -364,18 +361,36 @@ func TestStreamResumesAfterPeerKilled(t *testing.T) {
 	}
 }
 
+// killRoute kills the running peer a stream's route ("peer:<id>") names; it returns once
+// the peer's host has closed every connection.
+func killRoute(t *testing.T, tn *Testnet, route string) {
+	t.Helper()
+	for i := 1; i < tn.Len(); i++ {
+		if nd := tn.Node(i); nd != nil && "peer:"+nd.ID().String() == route {
+			if err := tn.Kill(i); err != nil {
+				t.Errorf("kill node %d: %v", i, err)
+			}
+			return
+		}
+	}
+	t.Errorf("route %q is not a running peer", route)
+}
+
 // With no other peer serving the model, a peer killed mid-stream ends the client's stream
 // with peer_lost within the idle timeout plus a second.
 func TestNoAlternativeLeftGivesPeerLost(t *testing.T) {
-	tn := start(t, Options{Nodes: 2, NoConsole: true, Heartbeat: 15 * time.Second})
+	gate := newTokenGate()
+	tn := start(t, Options{Nodes: 2, NoConsole: true, Heartbeat: 15 * time.Second, Configure: gate.configure})
 	within(t, 10*time.Second, "converge", tn.Converged)
+	open := gate.Hold(t, 3) // node 1 stops after 3 tokens until it is killed
 	var killedAt time.Time
-	r := stream(t, tn.Node(0).APIAddr(), routedBody("synth-small", 4096, 1, nil), nil, func(n int, _ string) {
+	r := stream(t, tn.Node(0).APIAddr(), routedBody("synth-small", 48, 1, nil), nil, func(n int, _ string) {
 		if n == 3 {
 			killedAt = time.Now()
 			if err := tn.Kill(1); err != nil {
 				t.Error(err)
 			}
+			open()
 		}
 	})
 	if killedAt.IsZero() || r.errCode != "peer_lost" || r.done {

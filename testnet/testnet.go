@@ -21,7 +21,7 @@
 //   - Config.Loopback also turns off the DHT's routing-table refresh, DHT rendezvous and
 //     GossipSub peer exchange: on one machine they make every node dial dozens of others
 //     (the ~20 nodes closest to the single rendezvous key become hubs), which at 100 nodes
-//     starves 2 cores (BENCHMARKS.md B6). Bootstrap peers reach every node here. Production
+//     starves 2 cores (docs/benchmarks.md B6). Bootstrap peers reach every node here. Production
 //     nodes keep all three; how they behave at 100 real nodes is not measured yet.
 //
 // Options can add a stand-in cloud API as every node's cloud tier (Cloud), simulated

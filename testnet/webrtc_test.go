@@ -111,9 +111,12 @@ func TestWebRTCBlockedFallsBackToLibp2p(t *testing.T) {
 // cut stream: the request resumes on another peer and the client gets one contiguous stream
 // identical to the model's.
 func TestWebRTCChannelKilledMidStream(t *testing.T) {
-	tn := start(t, Options{Nodes: 3, NoConsole: true, Heartbeat: time.Second, ModelsFor: serveNothing})
+	gate := newTokenGate()
+	tn := start(t, Options{Nodes: 3, NoConsole: true, Heartbeat: time.Second, ModelsFor: serveNothing,
+		Configure: gate.configure})
 	within(t, 15*time.Second, "converge", tn.Converged)
 	router := tn.Node(0)
+	open := gate.Hold(t, 5) // the serving peer stops after 5 tokens until it is killed
 	body := routedBody("synth-tiny", 48, 9, viaWebRTC)
 	var killed string
 	r := stream(t, router.APIAddr(), body, nil, func(n int, route string) {
@@ -121,14 +124,8 @@ func TestWebRTCChannelKilledMidStream(t *testing.T) {
 			return
 		}
 		killed = route
-		for i := 1; i < tn.Len(); i++ {
-			if nd := tn.Node(i); nd != nil && "peer:"+nd.ID().String() == route {
-				if err := tn.Kill(i); err != nil {
-					t.Errorf("kill node %d: %v", i, err)
-				}
-				return
-			}
-		}
+		killRoute(t, tn, route)
+		open()
 	})
 	if killed == "" || r.errCode != "" || !r.done || r.final.Route == killed || r.text() != reference(t, body) {
 		t.Fatalf("killed %q mid-stream: %+v", killed, r)

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -55,11 +54,8 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 	key := fs.String("key", "", "API key for --gateway (default $"+apiKeyEnv+")")
 	device := fs.String("device", "", "this device's id for --gateway, e.g. a UUID (optional)")
 	useDirect := fs.Bool("direct", false, "with --gateway: get the tokens over a WebRTC data channel straight from the serving peer; the coordinator only routes and meters")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return errUsage
+	if err := parseFlags(fs, args, stdout); err != nil {
+		return err
 	}
 	prompt := strings.Join(fs.Args(), " ")
 	if prompt == "" {

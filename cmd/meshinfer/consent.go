@@ -38,7 +38,7 @@ func runConsent(args []string, stdout, stderr io.Writer) error {
 	cloud := fs.String("cloud", "", "yes or no: allow sending requests to a cloud API when this machine and the mesh cannot serve")
 	floor := fs.Int("battery-floor", participation.DefaultBatteryFloor, "battery level in percent below which this machine stops contributing")
 	metered := fs.String("pause-on-metered", "yes", "yes or no: stop contributing on a metered (cellular) connection")
-	if err := parse(fs, args); err != nil {
+	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
 	dir, err := dataDirOrDefault(*dataDir)

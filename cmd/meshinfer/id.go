@@ -12,7 +12,7 @@ import (
 func runID(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("id", "Print this node's peer ID, creating the identity key on first use.", stderr)
 	dataDir := fs.String("data-dir", "", "where the identity key lives (default $XDG_DATA_HOME/meshinfer, else ~/.local/share/meshinfer)")
-	if err := parse(fs, args); err != nil {
+	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
 	dir := *dataDir

@@ -34,7 +34,7 @@ func runKeys(args []string, stdout, stderr io.Writer) error {
 	case "revoke":
 		return runKeysRevoke(rest, stdout, stderr)
 	case "help", "--help", "-help", "-h":
-		fmt.Fprintf(stderr, "Usage: meshinfer keys create|list|revoke [flags]\n\n%s\n", keysSynopsis)
+		fmt.Fprintf(stdout, "Usage: meshinfer keys create|list|revoke [flags]\n\n%s\n", keysSynopsis)
 		return flag.ErrHelp
 	default:
 		fmt.Fprintf(stderr, "meshinfer keys: unknown subcommand %q\n\nUsage: meshinfer keys create|list|revoke [flags]\n\n%s\n", sub, keysSynopsis)
@@ -47,7 +47,7 @@ func runKeysCreate(args []string, stdout, stderr io.Writer) error {
 		"capture. It is shown this once: only its hash is stored.", stderr)
 	name := fs.String("name", "", "what the key is for, unique among live keys: letters, digits and . _ - @ + (required)")
 	dataDir := fs.String("data-dir", "", dataDirHelp)
-	if err := parse(fs, args); err != nil {
+	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
 	if *name == "" {
@@ -77,7 +77,7 @@ func runKeysList(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("keys list", "List the API keys: id, name, when created, when revoked. Never a key: only hashes are stored.", stderr)
 	dataDir := fs.String("data-dir", "", dataDirHelp)
 	asJSON := fs.Bool("json", false, "print the keys as JSON, for scripts")
-	if err := parse(fs, args); err != nil {
+	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
 	ks, err := openKeyStore(*dataDir)
@@ -114,17 +114,14 @@ func runKeysRevoke(args []string, stdout, stderr io.Writer) error {
 		"coordinator refuses it from its next request.", stderr)
 	dataDir := fs.String("data-dir", "", dataDirHelp)
 	// The key may come before or after the flags.
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return errUsage
+	if err := parseFlags(fs, args, stdout); err != nil {
+		return err
 	}
 	target, rest := fs.Arg(0), fs.Args()
 	if len(rest) > 0 {
 		rest = rest[1:]
 	}
-	if err := parse(fs, rest); err != nil {
+	if err := parse(fs, rest, stdout); err != nil {
 		return err
 	}
 	if target == "" {

@@ -114,8 +114,8 @@ func TestKeysCommandErrors(t *testing.T) {
 	}{
 		{"no subcommand", []string{"keys"}, 2, nil, []string{"create|list|revoke"}},
 		{"unknown subcommand", []string{"keys", "rotate"}, 2, nil, []string{`unknown subcommand "rotate"`}},
-		{"help", []string{"keys", "--help"}, 0, nil, []string{"keys create --name NAME"}},
-		{"create --help", []string{"keys", "create", "--help"}, 0, nil, []string{"-name", "-data-dir"}},
+		{"help", []string{"keys", "--help"}, 0, []string{"keys create --name NAME"}, nil},
+		{"create --help", []string{"keys", "create", "--help"}, 0, []string{"-name", "-data-dir"}, nil},
 		{"create without --name", []string{"keys", "create", "--data-dir", dir}, 2, nil, []string{"--name is required"}},
 		{"create with a duplicate name", []string{"keys", "create", "--name", "alice", "--data-dir", dir}, 1, nil,
 			[]string{`already named "alice"`, "meshinfer keys revoke alice"}},

@@ -1,5 +1,6 @@
 // Command meshinfer runs a node of the meshinfer peer-to-peer inference mesh, a local
-// testnet of many nodes, and small tools around them (status, id).
+// testnet of many nodes, and small tools around them (status, chat, id, consent, receipts,
+// keys, usage).
 //
 // This package parses flags, sets up logging and calls into node and testnet; it holds no
 // domain logic.
@@ -30,6 +31,7 @@ Commands:
   status    show a running node's status (reads its console)
   chat      send a prompt to a node's OpenAI-compatible API and stream the answer
   id        print this node's peer ID (creates the identity on first use)
+  consent   show, give or withdraw the owner's consent to run and contribute work
   receipts  list, total and verify the signed receipts of tasks served for other peers
   keys      create, list and revoke a coordinator's API keys for thin clients
   usage     total what each API key used through a coordinator
@@ -112,24 +114,45 @@ func setupLogging() {
 }
 
 // newFlagSet returns a FlagSet that prints its usage with a one-line synopsis and reports
-// errors instead of exiting.
+// errors instead of exiting. Its output is stderr; parseFlags sends the usage to stdout when
+// it was asked for.
 func newFlagSet(name, synopsis string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: meshinfer %s\n\n%s\n\nFlags:\n", name, synopsis)
+		fmt.Fprintf(fs.Output(), "Usage: meshinfer %s\n\n%s\n\nFlags:\n", name, synopsis)
 		fs.PrintDefaults()
 	}
 	return fs
 }
 
-// parse parses args and turns flag errors into errUsage (flag has printed the message).
-func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
+// parseFlags parses args into fs and leaves any positional arguments to the caller. Asked
+// for help (-h, --help), it prints the usage to stdout and returns flag.ErrHelp: exit 0.
+// After a mistake flag has printed the error to stderr; the usage follows it there and
+// parseFlags returns errUsage: exit 2.
+func parseFlags(fs *flag.FlagSet, args []string, stdout io.Writer) error {
+	usage := fs.Usage
+	fs.Usage = func() {} // flag calls it on help and after an error: printed below instead
+	err := fs.Parse(args)
+	fs.Usage = usage
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		stderr := fs.Output()
+		fs.SetOutput(stdout)
+		fs.Usage()
+		fs.SetOutput(stderr)
+		return flag.ErrHelp
+	case err != nil:
+		fs.Usage()
 		return errUsage
+	}
+	return nil
+}
+
+// parse is parseFlags for a command that takes no positional argument.
+func parse(fs *flag.FlagSet, args []string, stdout io.Writer) error {
+	if err := parseFlags(fs, args, stdout); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(fs.Output(), "meshinfer %s: unexpected argument %q\n", fs.Name(), fs.Arg(0))

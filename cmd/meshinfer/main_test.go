@@ -81,6 +81,50 @@ func TestRunExitCodes(t *testing.T) {
 	}
 }
 
+// subcommands is every command run knows, with a flag each of them refuses.
+var subcommands = [][]string{
+	{"node"}, {"testnet"}, {"status"}, {"chat"}, {"id"}, {"consent"}, {"receipts"},
+	{"keys", "create"}, {"keys", "list"}, {"keys", "revoke"}, {"usage"},
+}
+
+// The top-level usage names every command.
+func TestHelpListsEveryCommand(t *testing.T) {
+	code, stdout, stderr := runCmd(t, "--help")
+	if code != 0 || stderr != "" {
+		t.Fatalf("--help: exit code %d, stderr %q", code, stderr)
+	}
+	for _, cmd := range append(subcommands, []string{"keys"}, []string{"version"}) {
+		if !strings.Contains(stdout, "\n  "+cmd[0]+" ") {
+			t.Errorf("--help does not list %q:\n%s", cmd[0], stdout)
+		}
+	}
+}
+
+// Asked for, a command's usage goes to stdout with exit code 0; after a wrong flag the
+// error and the usage go to stderr with exit code 2.
+func TestSubcommandHelpGoesToStdout(t *testing.T) {
+	for _, cmd := range append(subcommands, []string{"keys"}) {
+		for _, help := range []string{"-h", "--help"} {
+			args := append(append([]string{}, cmd...), help)
+			t.Run(strings.Join(args, " "), func(t *testing.T) {
+				code, stdout, stderr := runCmd(t, args...)
+				if code != 0 || stderr != "" || !strings.Contains(stdout, "Usage: meshinfer "+cmd[0]) {
+					t.Fatalf("exit code %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+				}
+			})
+		}
+	}
+	for _, cmd := range subcommands {
+		args := append(append([]string{}, cmd...), "--no-such-flag")
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			code, stdout, stderr := runCmd(t, args...)
+			if code != 2 || stdout != "" || !strings.Contains(stderr, "no-such-flag") || !strings.Contains(stderr, "Usage: meshinfer "+cmd[0]) {
+				t.Fatalf("exit code %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+			}
+		})
+	}
+}
+
 // flagHelp splits flag.PrintDefaults output into one block of text per flag name.
 func flagHelp(out string) map[string]string {
 	blocks := map[string]string{}
@@ -103,10 +147,10 @@ func TestNodeHelpListsEveryFlagWithItsDefault(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("node --help exit code = %d, want 0\nstderr:\n%s", code, stderr)
 	}
-	if stdout != "" {
-		t.Errorf("node --help wrote to stdout: %q", stdout)
+	if stderr != "" {
+		t.Errorf("node --help wrote to stderr: %q", stderr)
 	}
-	help := flagHelp(stderr)
+	help := flagHelp(stdout)
 	// want is a substring of the flag's help stating its default; "" where the default is
 	// the zero value (false, none), which flag does not print.
 	tests := []struct {
@@ -148,7 +192,7 @@ func TestNodeHelpListsEveryFlagWithItsDefault(t *testing.T) {
 	for _, tc := range tests {
 		block, ok := help[tc.flag]
 		if !ok {
-			t.Errorf("node --help does not list --%s:\n%s", tc.flag, stderr)
+			t.Errorf("node --help does not list --%s:\n%s", tc.flag, stdout)
 			continue
 		}
 		if !strings.Contains(block, tc.want) {
@@ -156,7 +200,7 @@ func TestNodeHelpListsEveryFlagWithItsDefault(t *testing.T) {
 		}
 	}
 	if len(help) != len(tests) {
-		t.Errorf("node --help lists %d flags, want %d: update this test with the new flag and its default\n%s", len(help), len(tests), stderr)
+		t.Errorf("node --help lists %d flags, want %d: update this test with the new flag and its default\n%s", len(help), len(tests), stdout)
 	}
 }
 

@@ -27,7 +27,7 @@ func runReceipts(args []string, stdout, stderr io.Writer) error {
 	dataDir := fs.String("data-dir", "", "the node's data dir, where receipts.jsonl lives (default $XDG_DATA_HOME/meshinfer, else ~/.local/share/meshinfer)")
 	asJSON := fs.Bool("json", false, "print the totals as JSON, for scripts")
 	verifyOnly := fs.Bool("verify-only", false, "only verify the log and print how many receipts verify")
-	if err := parse(fs, args); err != nil {
+	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
 	if *asJSON && *verifyOnly {

@@ -25,7 +25,7 @@ func runStatus(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("status", "Show a running node's status, read from its local console.", stderr)
 	addr := fs.String("console", node.DefaultConsoleAddr, "the node's console address")
 	asJSON := fs.Bool("json", false, "print the raw JSON of /api/status and /api/peers, for scripts")
-	if err := parse(fs, args); err != nil {
+	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)

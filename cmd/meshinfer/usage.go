@@ -73,7 +73,7 @@ func runUsage(args []string, stdout, stderr io.Writer) error {
 	asJSON := flags.Bool("json", false, "print the totals as JSON, for scripts")
 	checkRcpt := flags.Bool("receipts", false, "also check each task's receipt: signed by the serving peer over the\n"+
 		"output's digest and countersigned by this coordinator")
-	if err := parse(flags, args); err != nil {
+	if err := parse(flags, args, stdout); err != nil {
 		return err
 	}
 	dir, err := dataDirOrDefault(*dataDir)

@@ -38,7 +38,7 @@ const (
 	// heartbeat (15 s), so anything longer only widens the replay window.
 	MaxTTL = 10 * time.Minute
 	// MaxClockSkew is how far the signer's clock may be from the receiver's, either way
-	// (RELIABILITY.md F5): issued_at may lie this far ahead, and expires_at this far behind.
+	// (docs/reliability.md F5): issued_at may lie this far ahead, and expires_at this far behind.
 	MaxClockSkew = 5 * time.Minute
 )
 

@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// FuzzDecode feeds arbitrary bytes to Decode and Verify (RELIABILITY.md F9: no input may
+// FuzzDecode feeds arbitrary bytes to Decode and Verify (docs/reliability.md F9: no input may
 // panic). Whatever Decode accepts must be within bounds, encodable, and survive
 // Decode(Encode(v)) unchanged.
 func FuzzDecode(f *testing.F) {

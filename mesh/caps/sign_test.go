@@ -17,7 +17,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/crypto"
 )
 
-// forgery is an input Verify must refuse with the sentinel want (RELIABILITY.md F7, F8, F9).
+// forgery is an input Verify must refuse with the sentinel want (docs/reliability.md F7, F8, F9).
 type forgery struct {
 	name string
 	data []byte
@@ -305,7 +305,7 @@ func forgeries(tb testing.TB, k forgeryKeys) []forgery {
 	add("decode: null", []byte("null"), ErrOutOfBounds)
 	add("decode: {}", []byte("{}"), ErrOutOfBounds)
 
-	// Time window (RELIABILITY.md F5, F8).
+	// Time window (docs/reliability.md F5, F8).
 	at := func(issued time.Time, ttl time.Duration) []byte {
 		return marshal(tb, signed(func(v *Vector) {
 			v.IssuedAt = issued.UnixMilli()
@@ -435,7 +435,7 @@ func TestVerifyTimeWindow(t *testing.T) {
 	}
 }
 
-// TestVerifyClockSkewF5 runs the RELIABILITY.md F5 matrix: the signer's wall clock is off by
+// TestVerifyClockSkewF5 runs the docs/reliability.md F5 matrix: the signer's wall clock is off by
 // skew, it issues a vector valid for one realistic TTL, and the receiver checks it at once.
 // F5: |skew| <= 5 min is accepted; beyond, it is refused (Ignore, not Reject). A signer
 // ahead of us is refused as clock_skew; one behind us by more than the allowance cannot be

@@ -7,9 +7,9 @@ import (
 	"time"
 )
 
-// B5 (BENCHMARKS.md): the probe against its 40 ms budget, beside the cost of a trivial /proc read
-// and of a trivial fork/exec measured in the same run, so a reader sees how many of each the
-// budget affords and how many /proc reads one probe is worth.
+// B5 (docs/benchmarks.md): the probe against its 40 ms budget, beside the cost of a trivial
+// /proc read and of a trivial fork/exec measured in the same run, so a reader sees how many of
+// each the budget affords and how many /proc reads one probe is worth.
 const (
 	// probeBudget is the B5 budget for one probe.
 	probeBudget = 40 * time.Millisecond

@@ -11,6 +11,24 @@ import (
 // holds; the deadline only stops a broken test from hanging.
 const waitDeadline = 10 * time.Second
 
+// waitFor polls cond every few milliseconds until it holds; it fails the test, naming
+// what it waited for, at waitDeadline. The one polling wait of this package's tests (the
+// GPU state has its own change channel: waitGPU).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.NewTimer(waitDeadline)
+	defer deadline.Stop()
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			t.Fatalf("waited %v for %s", waitDeadline, what)
+		}
+	}
+}
+
 // writeTree lays out files (path relative to root → content) under root.
 func writeTree(t *testing.T, root string, files map[string]string) {
 	t.Helper()

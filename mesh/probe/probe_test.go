@@ -161,33 +161,6 @@ func TestProbeConcurrent(t *testing.T) {
 	wg.Wait()
 }
 
-// waitGoroutines waits until at most n goroutines run; it fails the test at the deadline.
-func waitGoroutines(t *testing.T, n int) {
-	t.Helper()
-	deadline := time.Now().Add(waitDeadline)
-	for runtime.NumGoroutine() > n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutines remain, want at most %d", runtime.NumGoroutine(), n)
-		}
-		runtime.Gosched()
-	}
-}
-
-// waitFile waits until path exists; it fails the test at the deadline.
-func waitFile(t *testing.T, path string) {
-	t.Helper()
-	deadline := time.Now().Add(waitDeadline)
-	for {
-		if _, err := os.Stat(path); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never appeared", path)
-		}
-		runtime.Gosched()
-	}
-}
-
 func TestCloseStopsRefresh(t *testing.T) {
 	base := runtime.NumGoroutine()
 	p, err := New(WithRoot(newTree(t, gpuTreeFiles)), WithGPUCommand(fakeCommand(t, smi4090)), WithGPURefresh(time.Millisecond))
@@ -201,7 +174,7 @@ func TestCloseStopsRefresh(t *testing.T) {
 	if err := p.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
 	}
-	waitGoroutines(t, base)
+	waitFor(t, "the loop's goroutines to end", func() bool { return runtime.NumGoroutine() <= base })
 
 	// Probe still answers after Close.
 	if h := p.Probe(time.Now()); len(h.GPU) != 4 {
@@ -217,13 +190,13 @@ func TestCloseKillsRunningCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFile(t, started)
+	waitFor(t, started+" to appear", func() bool { _, err := os.Stat(started); return err == nil })
 	var wg sync.WaitGroup
 	for range 2 { // concurrent Closes both return once the loop is gone
 		wg.Go(func() { p.Close() })
 	}
 	wg.Wait()
-	waitGoroutines(t, base)
+	waitFor(t, "the loop's goroutines to end", func() bool { return runtime.NumGoroutine() <= base })
 	p.mu.Lock()
 	refreshes := p.gpu.refreshes
 	p.mu.Unlock()

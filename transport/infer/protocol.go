@@ -40,7 +40,7 @@ const (
 	WriteTimeout = 30 * time.Second
 	// DefaultIdleTimeout bounds the gap between two frames at the client, first token
 	// included: cold starts of the built-in presets take about a second; 30 s leaves room
-	// for a slow upstream while detecting a hung peer well inside RELIABILITY.md's budget.
+	// for a slow upstream while detecting a hung peer well inside docs/reliability.md's budget.
 	DefaultIdleTimeout = 30 * time.Second
 	// DefaultMaxInFlight bounds concurrent requests a node serves for peers.
 	DefaultMaxInFlight = 64

@@ -113,7 +113,7 @@
 // An error after the first token cannot change the status any more: the stream then ends
 // with one event data: {"error":{"message","type","param":null,"code"}} and no [DONE], so a
 // client never takes a cut stream for a complete one. (OpenAI's SDKs raise it as a stream
-// error.) Invariant I1 of RELIABILITY.md holds at this edge: every request that reaches the
+// error.) Invariant I1 of docs/reliability.md holds at this edge: every request that reaches the
 // Dispatcher or the Local ends with exactly one terminal outcome, a finish reason or an
 // error, and the last event of a stream is always a terminal one, unless the client itself
 // went away.

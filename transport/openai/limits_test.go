@@ -81,7 +81,7 @@ func TestBodyLimit(t *testing.T) {
 }
 
 // TestBodyLimitReads counts what the handler reads of an over-limit body of unknown length:
-// at most the limit plus 16 bytes (RELIABILITY.md L6).
+// at most the limit plus 16 bytes (docs/reliability.md L6).
 func TestBodyLimitReads(t *testing.T) {
 	for _, limit := range []int64{0, 1 << 10} { // 0: the default, 256 KiB
 		eff := limit
@@ -114,7 +114,7 @@ func TestBodyLimitReads(t *testing.T) {
 	}
 }
 
-// TestMaxSizeBodiesConcurrent is RELIABILITY.md L6 over a real connection: 32 concurrent
+// TestMaxSizeBodiesConcurrent is docs/reliability.md L6 over a real connection: 32 concurrent
 // requests of exactly the limit all finish; 32 of the limit plus one byte are all refused.
 func TestMaxSizeBodiesConcurrent(t *testing.T) {
 	const n = 32

@@ -24,7 +24,7 @@ import (
 )
 
 // BenchmarkCoordinator measures what a coordinator adds, interleaved in one run
-// (BENCHMARKS.md §7.1): the same small non-streaming request (a) straight to a peer node's
+// (docs/benchmarks.md §7.1): the same small non-streaming request (a) straight to a peer node's
 // API, (b) through the coordinator's REST API with a key, (c) through the WebSocket client;
 // and a ~200-token stream straight to the peer and through the coordinator. The
 // coordinator serves no model: (b) and (c) cross one libp2p hop to one of four peers, so

@@ -24,12 +24,29 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const testModel = "synth-tiny"
 
+// eventually polls cond every 5 ms until it holds or d passes, and reports whether it held
+// at last: the one polling wait of this package's tests.
+func eventually(d time.Duration, cond func() bool) bool {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			return cond()
+		}
+	}
+	return true
+}
+
 // waitUsage totals the usage a coordinator in dir metered (all keys) until done holds or
 // 10 s pass, and returns the last total: metering runs just after each response.
 func waitUsage(t testing.TB, dir string, done func(gateway.Usage) bool) gateway.Usage {
 	t.Helper()
 	var total gateway.Usage
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	eventually(10*time.Second, func() bool {
 		usage, err := gateway.ReadUsage(filepath.Join(dir, gateway.UsageFile))
 		if err != nil {
 			t.Fatal(err)
@@ -40,10 +57,9 @@ func waitUsage(t testing.TB, dir string, done func(gateway.Usage) bool) gateway.
 			total.Completed += u.Completed
 			total.TokensOut += u.TokensOut
 		}
-		if done(total) || time.Now().After(deadline) {
-			return total
-		}
-	}
+		return done(total)
+	})
+	return total
 }
 
 // dispatcher serves every request with the synthetic backend and meters it in a real

@@ -65,22 +65,19 @@ func startMesh(tb testing.TB, npeers int) *meshFixture {
 			Profile:          participation.ProfilePower,
 			ProfileOverrides: participation.Overrides{MaxTasksPerMin: &noLimit}}))
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		seen := 0
+	seen := 0
+	if !eventually(20*time.Second, func() bool {
+		seen = 0
 		for _, p := range f.peers {
 			if e, ok := f.coord.Registry().Get(p.ID(), time.Now()); ok && !e.Stale {
 				seen++
 			}
 		}
-		if seen == npeers {
-			return f
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("the coordinator saw %d of %d peers' announcements", seen, npeers)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return seen == npeers
+	}) {
+		tb.Fatalf("the coordinator saw %d of %d peers' announcements", seen, npeers)
 	}
+	return f
 }
 
 // startNode starts a node on loopback with an API; closed when tb ends.

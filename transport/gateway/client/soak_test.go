@@ -116,10 +116,7 @@ func TestSoakLoad256Clients(t *testing.T) {
 	// Goroutines back to the baseline: the clients' and the coordinator's per-connection ones.
 	// The baseline grows by one goroutine per inference stream the coordinator keeps idle
 	// for reuse: its peer's handler waiting for the next request (at most 4 per peer).
-	deadline := time.Now().Add(10 * time.Second)
-	for runtime.NumGoroutine() > baseG+f.idleSessions() && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	eventually(10*time.Second, func() bool { return runtime.NumGoroutine() <= baseG+f.idleSessions() })
 	if g, idle := runtime.NumGoroutine(), f.idleSessions(); g > baseG+idle || idle > 4*npeers {
 		t.Errorf("%d goroutines after every client closed, %d before and %d idle inference streams (at most %d)", g, baseG, idle, 4*npeers)
 	}

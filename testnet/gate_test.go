@@ -1,0 +1,71 @@
+package testnet
+
+import (
+	"context"
+	"sync"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/node"
+)
+
+// tokenGate holds the streams of the backends it wraps before one token index until the
+// test opens it, so that a test acting mid-stream (killing the serving node, draining its
+// battery) acts while the stream is certainly still in flight, on a fast machine as on a
+// slow one. A gate holds nothing until Hold arms it; each Hold arms it anew.
+type tokenGate struct {
+	mu   sync.Mutex
+	at   int           // index of the token held back; -1 when disarmed
+	open chan struct{} // closed by the open func Hold returned
+}
+
+func newTokenGate() *tokenGate { return &tokenGate{at: -1} }
+
+// Hold makes every stream served by a gated backend wait before emitting the token with
+// index at (0-based: the client has received exactly at tokens) until open is called, or
+// the stream's context ends. open is idempotent; Hold also registers it as a cleanup, so
+// a test that fails early does not leave a node's backend waiting.
+func (g *tokenGate) Hold(t interface{ Cleanup(func()) }, at int) (open func()) {
+	ch := make(chan struct{})
+	g.mu.Lock()
+	g.at, g.open = at, ch
+	g.mu.Unlock()
+	var once sync.Once
+	open = func() { once.Do(func() { close(ch) }) }
+	t.Cleanup(open)
+	return open
+}
+
+// wait returns the channel a stream must wait on before emitting token index, or nil.
+func (g *tokenGate) wait(index int) <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if index != g.at {
+		return nil
+	}
+	return g.open
+}
+
+// configure installs the gate under every node's backend; use as Options.Configure.
+func (g *tokenGate) configure(_ int, cfg *node.Config) {
+	cfg.WrapBackend = func(b inference.Backend) inference.Backend { return gated{b, g} }
+}
+
+// gated is a backend whose streams stop at the gate's token. Like the fault wrappers it
+// hides the inner backend's Load: a gated node is never the speculating router.
+type gated struct {
+	inference.Backend
+	g *tokenGate
+}
+
+func (b gated) Generate(ctx context.Context, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
+	return b.Backend.Generate(ctx, req, func(tok inference.Token) error {
+		if ch := b.g.wait(tok.Index); ch != nil {
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return emit(tok)
+	})
+}
