@@ -33,7 +33,7 @@ const (
 	limitSystemFD        = 512      // file descriptors for sockets
 	limitSystemMemory    = 1 << 30  // bytes reserved by muxers and protocols (1 GiB)
 	limitPeerStreams     = 512      // streams per peer
-	limitPeerStreamsIn   = 256      // inbound streams per peer (RELIABILITY.md L2 bounds an attacker)
+	limitPeerStreamsIn   = 256      // inbound streams per peer (docs/reliability.md L2 bounds an attacker)
 	limitPeerConns       = 8        // connections per peer (TCP + QUIC + relayed, with slack)
 	limitPeerMemory      = 64 << 20 // bytes per peer (64 MiB)
 )

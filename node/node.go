@@ -141,7 +141,7 @@ func (n *Node) start() error {
 	}
 	if cfg.Loopback {
 		// The random-walk refresh queries ~20 peers per bucket; on one machine it connects each
-		// node to 25-40 others and, with 100 nodes, starves 2 cores (BENCHMARKS.md B6).
+		// node to 25-40 others and, with 100 nodes, starves 2 cores (docs/benchmarks.md B6).
 		dhtOpts = append(dhtOpts, dht.DisableAutoRefresh())
 	}
 	n.dht, err = dht.New(h, dhtOpts...)

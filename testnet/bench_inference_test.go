@@ -40,7 +40,7 @@ import (
 	"github.com/meshinfer/meshinfer/transport/openai"
 )
 
-// B1–B3 — the inference data plane against its references (BENCHMARKS.md §7.2, issue 4).
+// B1–B3 — the inference data plane against its references (docs/benchmarks.md §7.2, issue 4).
 //
 // Every path is served by the real components, in one process, over loopback:
 //
@@ -1148,7 +1148,7 @@ type inferBenchResults struct {
 }
 
 type verdictRow struct {
-	src         string // where the goal and floor come from: issue 4, BENCHMARKS.md §7.1 or §7.2
+	src         string // where the goal and floor come from: issue 4, docs/benchmarks.md §7.1 or §7.2
 	name        string
 	value       float64
 	goal, floor float64

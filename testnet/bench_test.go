@@ -16,7 +16,7 @@ import (
 	"github.com/meshinfer/meshinfer/node"
 )
 
-// B6 — Testnet scaling (BENCHMARKS.md §7.2), wall-clock part on loopback.
+// B6 — Testnet scaling (docs/benchmarks.md §7.2), wall-clock part on loopback.
 //
 // One run measures N = 10, 50 and 100 in-process nodes in turn, so every ratio against
 // N = 10 comes from the same run and machine state. Per size:
@@ -34,7 +34,7 @@ import (
 // and late-join visibility must come from announce-on-join (and the sync on join), not from
 // the periodic tick. Consoles and APIs are off: they are not part of the mesh's cost.
 //
-// Targets (BENCHMARKS.md B6):
+// Targets (docs/benchmarks.md B6):
 //   - (a) heap-ratio-100/10 ≤ 1.5, with heap-MiB/node ≤ 2 and goroutines/node ≤ 120;
 //   - (b) converge-ratio-100/10 ≤ 12;
 //   - (c) conns/node@100 ≤ 32;
@@ -370,7 +370,7 @@ func b6Spread(xs []int) string {
 }
 
 // b6Settle waits until the goroutine count is back within b6SettleSlack of base, and fails
-// the benchmark (a leak, BENCHMARKS.md §7.1 rule 7) if it is not by b6SettleDeadline.
+// the benchmark (a leak, docs/benchmarks.md §7.1 rule 7) if it is not by b6SettleDeadline.
 func b6Settle(b *testing.B, base int, when string) {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), b6SettleDeadline)
