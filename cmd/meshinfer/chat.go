@@ -100,8 +100,12 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 	if out.transport != "" {
 		via = " via the gateway (" + out.transport + ")"
 	}
-	fmt.Fprintf(stderr, "[%s, %d tokens, finish %s, served by %s (%s tier, %d attempt(s))%s]\n",
-		*model, out.tokens, out.finish, out.route, out.tier, out.attempts, via)
+	tier := out.tier + " tier"
+	if out.peerLink != "" {
+		tier += " over " + out.peerLink
+	}
+	fmt.Fprintf(stderr, "[%s, %d tokens, finish %s, served by %s (%s, %d attempt(s))%s]\n",
+		*model, out.tokens, out.finish, out.route, tier, out.attempts, via)
 	return nil
 }
 
@@ -155,6 +159,7 @@ type chatOutcome struct {
 	finish    string
 	tokens    int
 	transport string // through a gateway: websocket or rest; "" otherwise
+	peerLink  string // how the node reached the serving peer: libp2p or webrtc; "" off the mesh
 }
 
 // chatRequest is one chat completion to send; empty privacy and priority leave the node's
@@ -214,8 +219,8 @@ func chat(ctx context.Context, api string, cr chatRequest, onText func(string)) 
 				FinishReason *string                  `json:"finish_reason"`
 			} `json:"choices"`
 			Meshinfer *struct {
-				Route, Tier string
-				Attempts    int
+				Route, Tier, Transport string
+				Attempts               int
 			} `json:"meshinfer"`
 			Error *struct{ Message, Code string } `json:"error"`
 		}
@@ -226,7 +231,7 @@ func chat(ctx context.Context, api string, cr chatRequest, onText func(string)) 
 			return out, fmt.Errorf("stream ended with %s: %s", ev.Error.Code, ev.Error.Message)
 		}
 		if m := ev.Meshinfer; m != nil {
-			out.route, out.tier, out.attempts = m.Route, m.Tier, m.Attempts
+			out.route, out.tier, out.attempts, out.peerLink = m.Route, m.Tier, m.Attempts, m.Transport
 		}
 		for _, c := range ev.Choices {
 			if c.Delta.Content != "" {

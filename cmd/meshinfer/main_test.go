@@ -317,7 +317,7 @@ func TestStatusAgainstTestnet(t *testing.T) {
 	// chat through node 0 for the model only node 1 serves.
 	api := "http://" + n0.APIAddr()
 	code, stdout, stderr = runCmd(t, "chat", "--api", api, "--model", "synth-small", "--max-tokens", "8", "hello", "mesh")
-	if code != 0 || strings.TrimSpace(stdout) == "" || !strings.Contains(stderr, "served by peer:"+n1.ID().String()) {
+	if code != 0 || strings.TrimSpace(stdout) == "" || !strings.Contains(stderr, "served by peer:"+n1.ID().String()+" (mesh tier over libp2p") {
 		t.Fatalf("chat: exit %d\nstdout %q\nstderr %q", code, stdout, stderr)
 	}
 	code, _, stderr = runCmd(t, "chat", "--api", api, "--model", "synth-nobody", "hi")
