@@ -754,7 +754,7 @@ func benchB1TTFT(b *testing.B, e *inferBenchEnv, res *inferBenchResults) {
 	// one returns the TTFT and its phases (µs): client → dispatcher entry, dispatcher →
 	// backend start (the request crossing), backend wait, backend → dispatcher (the first
 	// token crossing), dispatcher SSE write+flush, flushed → client read.
-	one := func(p int) (time.Duration, [6]float64) {
+	one := func(p int) (time.Duration, [8]float64) {
 		req, _ := http.NewRequest(http.MethodPost, e.paths[p].url, bytes.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		for i := range e.probe.ttft {
@@ -792,12 +792,18 @@ func benchB1TTFT(b *testing.B, e *inferBenchEnv, res *inferBenchResults) {
 			m[i] = e.probe.ttft[i].Load()
 		}
 		marks := []int64{t0e, m[0], m[1], m[2], m[3], m[4], t0e + int64(ttft)}
-		var ph [6]float64
-		for i := range ph {
+		var ph [8]float64
+		for i := range 6 {
 			ph[i] = math.NaN()
 			if marks[i] != 0 && marks[i+1] != 0 {
 				ph[i] = us(time.Duration(marks[i+1] - marks[i]))
 			}
+		}
+		// The two crossings whole, which the mesh path (whose dispatcher is a node's) also
+		// has: client → backend start, and the backend's first token → client read.
+		ph[6], ph[7] = math.NaN(), math.NaN()
+		if m[1] != 0 && m[2] != 0 {
+			ph[6], ph[7] = us(time.Duration(m[1]-t0e)), us(time.Duration(marks[6]-m[2]))
 		}
 		return ttft, ph
 	}
@@ -807,7 +813,7 @@ func benchB1TTFT(b *testing.B, e *inferBenchEnv, res *inferBenchResults) {
 		}
 	}
 	ttft := make([][]float64, nPaths)
-	phases := make([][6][]float64, nPaths)
+	phases := make([][8][]float64, nPaths)
 	for i := range ttftRequests {
 		for _, p := range rotated(paths, i) {
 			d, ph := one(p)
@@ -829,10 +835,10 @@ func benchB1TTFT(b *testing.B, e *inferBenchEnv, res *inferBenchResults) {
 	for _, p := range paths {
 		fmt.Fprintf(&sb, "%-10s %10.1f %10.1f %10.1f %8.4f\n", pathNames[p], r.med[p], r.p99[p], r.med[p]-r.med[pDirect], r.med[p]/r.med[pDirect])
 	}
-	fmt.Fprintf(&sb, "phases, p50 µs: client→dispatcher | dispatcher→backend | backend wait | backend→dispatcher | SSE write+flush | →client read\n")
+	fmt.Fprintf(&sb, "phases, p50 µs: client→dispatcher | dispatcher→backend | backend wait | backend→dispatcher | SSE write+flush | →client read || client→backend | first token→client\n")
 	for _, p := range paths {
 		fmt.Fprintf(&sb, "%-10s", pathNames[p])
-		for k := range 6 {
+		for k := range 8 {
 			fmt.Fprintf(&sb, " %9.1f", quantile(phases[p][k], .5))
 		}
 		sb.WriteString("\n")
