@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
 
@@ -58,4 +60,43 @@ func TestReceiptQueueWritesEveryReceipt(t *testing.T) {
 	if seq != adders*each {
 		t.Fatalf("%d receipts in the log, want %d", seq, adders*each)
 	}
+}
+
+// A lone receipt reaches the log once its batch window has passed, without waiting for more;
+// receipts that arrive within the window go with it (virtual time: testing/synctest).
+func TestReceiptQueueWritesWithinItsWindow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		key, _, err := crypto.GenerateEd25519Key(rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := receipts.Open(dir, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		q := newReceiptQueue(l)
+		defer q.stop()
+		count := func() int {
+			n := 0
+			receipts.Read(filepath.Join(dir, receipts.File), func(receipts.Receipt, error) bool { n++; return true })
+			return n
+		}
+		add := func(who string) {
+			q.add(receipts.Receipt{Requester: who, Model: "synth-tiny", Outcome: receipts.Completed})
+		}
+		add("first")
+		time.Sleep(receiptBatchDelay / 2)
+		add("second") // within the first one's window
+		synctest.Wait()
+		if n := count(); n != 0 {
+			t.Fatalf("%d receipts written before the window closed", n)
+		}
+		time.Sleep(receiptBatchDelay / 2)
+		synctest.Wait()
+		if n := count(); n != 2 {
+			t.Fatalf("%d receipts written once the window closed, want both", n)
+		}
+	})
 }
