@@ -143,13 +143,15 @@ func serveNothing(i int) []string {
 	return []string{"synth-tiny"}
 }
 
-// A cold local model races a cloud stream (privacy any, latency first). A small model loads
-// before the cloud's first token: local serves and the cloud sees its request cancelled. A
-// large one does not: the cloud's stream is kept, and the local model warms up anyway.
+// A cold local model races a cloud stream (privacy any, latency first), through a real node
+// and the stand-in cloud. The margins are wide enough for any machine (a load of well under
+// a second against a cloud 60 s late, a cloud 20 ms late against a 60 s load), so this
+// checks the wiring; the race's rules at close margins, and the load going on after the
+// cloud won, are node/dispatch's tests on virtual time (TestSpeculation*).
 func TestSpeculativeDispatch(t *testing.T) {
 	prefs := map[string]string{"privacy": "any", "priority": "latency"}
 	t.Run("small local model wins", func(t *testing.T) {
-		tn := start(t, Options{Nodes: 1, NoConsole: true, Cloud: true, CloudLatency: 3 * time.Second,
+		tn := start(t, Options{Nodes: 1, NoConsole: true, Cloud: true, CloudLatency: time.Minute,
 			ModelsFor: func(int) []string { return []string{"synth-tiny"} }})
 		body := routedBody("synth-tiny", 16, 1, prefs)
 		r := stream(t, tn.Node(0).APIAddr(), body, nil, nil)
@@ -159,8 +161,8 @@ func TestSpeculativeDispatch(t *testing.T) {
 		if got, want := r.text(), reference(t, body); got != want {
 			t.Fatalf("text %q, want %q", got, want)
 		}
-		if r.duration > 2*time.Second {
-			t.Fatalf("took %v: local should not wait for the cloud's 3 s", r.duration)
+		if r.duration >= time.Minute {
+			t.Fatalf("took %v: local should not wait for the cloud's minute", r.duration)
 		}
 		sp := tn.Node(0).Status().Routing.Speculative
 		if sp.Started != 1 || sp.Cancelled != 1 || sp.Kept != 0 {
@@ -173,10 +175,10 @@ func TestSpeculativeDispatch(t *testing.T) {
 		}
 	})
 	t.Run("large local model loses", func(t *testing.T) {
-		// synth-base materializes in about 0.3 s (1.3 s under -race); the 4 s added cold
-		// start makes it load as slowly as a real model of its kind.
+		// synth-base materializes in about 0.3 s (1.3 s under -race); the added minute of
+		// cold start makes it load far more slowly than the cloud answers on any machine.
 		tn := start(t, Options{Nodes: 1, NoConsole: true, Cloud: true, CloudLatency: 20 * time.Millisecond,
-			ColdStart: 4 * time.Second, ModelsFor: func(int) []string { return []string{"synth-base"} }})
+			ColdStart: time.Minute, ModelsFor: func(int) []string { return []string{"synth-base"} }})
 		body := routedBody("synth-base", 8, 1, prefs)
 		r := stream(t, tn.Node(0).APIAddr(), body, nil, nil)
 		if r.errCode != "" || !r.done || r.route != "cloud" || r.final.Tier != "cloud" {
@@ -192,9 +194,10 @@ func TestSpeculativeDispatch(t *testing.T) {
 		if st := tn.Cloud().Stats(); st.Completed != 1 {
 			t.Fatalf("cloud stats %+v, want one completed", st)
 		}
-		within(t, 60*time.Second, "local model warm after the race", func() bool {
-			return localWarm(t, tn.Node(0), "synth-base")
-		})
+		// The load goes on after the race: node/dispatch's TestSpeculationCloudWins waits for
+		// it on virtual time. (This test used to wait for GET /v1/models to say the model was
+		// warm, which the cloud's listing already said: it proved nothing.) Here the node's
+		// Close cancels the load.
 	})
 	t.Run("never for cost or local-only", func(t *testing.T) {
 		tn := start(t, Options{Nodes: 1, NoConsole: true, Cloud: true, CloudLatency: 20 * time.Millisecond,
@@ -216,20 +219,6 @@ func TestSpeculativeDispatch(t *testing.T) {
 			t.Fatalf("cloud stats %+v, want no request", st)
 		}
 	})
-}
-
-// localWarm reports whether n's API lists model as warm on this node.
-func localWarm(t *testing.T, n *node.Node, model string) bool {
-	resp, err := http.Get("http://" + n.APIAddr() + "/v1/models/" + model)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var m struct {
-		Meshinfer struct{ Warm bool } `json:"meshinfer"`
-	}
-	json.NewDecoder(resp.Body).Decode(&m)
-	return m.Meshinfer.Warm
 }
 
 // Three peers serve a model; one (A) is unavailable: its upstream refuses connections. The
