@@ -161,6 +161,49 @@ func (r *Request) EffectiveMaxTokens() int {
 	return DefaultCompletionTokens
 }
 
+// Bounds a requester sets on what a serving peer returns (see transport/infer's client).
+const (
+	// MaxBytesPerToken bounds the average text of a completion token, in bytes: the longest
+	// tokens of real vocabularies (runs of spaces, long words) are tens of bytes, and an
+	// upstream that streams several tokens in one chunk still sends one chunk per token at
+	// most, so 128 bytes each on average is far above any honest output.
+	MaxBytesPerToken = 128
+	// completionSlack is added to the completion's byte bound, in bytes: room for a short
+	// completion made of unusually long tokens.
+	completionSlack = 4 << 10
+	// promptTokensPerMessage bounds the tokens a chat template adds around each message
+	// (role markers, separators); real templates add under ten.
+	promptTokensPerMessage = 16
+)
+
+// MaxCompletionBytes bounds the text of r's completion, in bytes: EffectiveMaxTokens ×
+// MaxBytesPerToken plus 4 KiB. A serving peer that sends more is misbehaving.
+func (r *Request) MaxCompletionBytes() int {
+	return r.EffectiveMaxTokens()*MaxBytesPerToken + completionSlack
+}
+
+// PromptTokensBound is the most prompt tokens r can honestly count: every token is at least
+// one byte of text, plus promptTokensPerMessage for each message's template and one more
+// message's worth for the assistant's turn. A requester takes a peer's prompt count up to
+// this bound and no further.
+func (r *Request) PromptTokensBound() int {
+	n := promptTokensPerMessage
+	for _, m := range r.Messages {
+		n += len(m.Content) + promptTokensPerMessage
+	}
+	return n
+}
+
+// BoundUsage is u as far as r makes it believable: the prompt count up to
+// PromptTokensBound, the completion count up to EffectiveMaxTokens, negative counts as 0,
+// and the total their sum. A requester that could not count a completion itself (a
+// coordinator whose client got the tokens straight from the peer) bills no more than this.
+func (r *Request) BoundUsage(u Usage) Usage {
+	prompt := min(max(u.PromptTokens, 0), r.PromptTokensBound())
+	completion := min(max(u.CompletionTokens, 0), r.EffectiveMaxTokens())
+	return Usage{PromptTokens: prompt, CompletionTokens: completion, TotalTokens: prompt + completion}
+}
+
 // EffectiveTemperature is Temperature, or DefaultTemperature when absent.
 func (r *Request) EffectiveTemperature() float64 {
 	if r.Temperature != nil {

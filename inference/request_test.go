@@ -189,3 +189,25 @@ func TestServedRoute(t *testing.T) {
 		t.Errorf("no attempt: route %q, want empty", r)
 	}
 }
+
+// A peer's usage is believed only within what the request makes possible.
+func TestBoundUsage(t *testing.T) {
+	n := 16
+	r := &Request{MaxTokens: &n, Messages: []Message{{Role: RoleUser, Content: "hello mesh"}}}
+	bound := r.PromptTokensBound()
+	if want := len("hello mesh") + 2*promptTokensPerMessage; bound != want {
+		t.Fatalf("prompt bound %d, want %d", bound, want)
+	}
+	for _, tt := range []struct{ in, want Usage }{
+		{Usage{PromptTokens: 5, CompletionTokens: 7}, Usage{PromptTokens: 5, CompletionTokens: 7, TotalTokens: 12}},
+		{Usage{PromptTokens: 1_000_000, CompletionTokens: 1_000_000, TotalTokens: 1}, Usage{PromptTokens: bound, CompletionTokens: 16, TotalTokens: bound + 16}},
+		{Usage{PromptTokens: -3, CompletionTokens: -1}, Usage{}},
+	} {
+		if got := r.BoundUsage(tt.in); got != tt.want {
+			t.Errorf("BoundUsage(%+v) = %+v, want %+v", tt.in, got, tt.want)
+		}
+	}
+	if got, want := r.MaxCompletionBytes(), 16*MaxBytesPerToken+completionSlack; got != want {
+		t.Errorf("MaxCompletionBytes = %d, want %d", got, want)
+	}
+}

@@ -98,6 +98,9 @@ func (d *Executor) Relay(ctx context.Context, s gateway.Session, body json.RawMe
 			if _, typed := errors.AsType[*inference.Error](err); err != nil && !typed {
 				err = inference.Errorf(inference.CodePeerLost, "direct task on %s: %v", t.Peer, err) // a malformed result
 			}
+			// The client got the tokens, not this node: the peer's counts are believed only
+			// as far as the request makes them possible.
+			res.Usage = r.req.BoundUsage(res.Usage)
 			st.Close()
 			if err != nil {
 				d.meterDirect(s, r, res, err, d.now().Sub(start))

@@ -64,7 +64,7 @@ func (c *Client) Generate(ctx context.Context, p peer.ID, req *inference.Request
 		return inference.Result{}, err
 	}
 	if st := c.take(p); st != nil {
-		res, stale, err := c.exchange(ctx, st, p, body, emit, true)
+		res, stale, err := c.exchange(ctx, st, p, req, body, emit, true)
 		if !stale {
 			return res, err
 		}
@@ -78,7 +78,7 @@ func (c *Client) Generate(ctx context.Context, p peer.ID, req *inference.Request
 		}
 		return inference.Result{}, inference.Errorf(inference.CodeUnavailable, "open stream to %s: %v", p, err)
 	}
-	res, _, err := c.exchange(ctx, st, p, body, emit, false)
+	res, _, err := c.exchange(ctx, st, p, req, body, emit, false)
 	return res, err
 }
 
@@ -151,7 +151,7 @@ func (c *Client) GenerateOn(ctx context.Context, st Stream, p peer.ID, req *infe
 		st.Reset()
 		return inference.Result{}, err
 	}
-	res, _, err := c.exchange(ctx, st, p, body, emit, false)
+	res, _, err := c.exchange(ctx, st, p, req, body, emit, false)
 	return res, err
 }
 
@@ -160,11 +160,16 @@ func (c *Client) requestFrame(req *inference.Request) ([]byte, error) {
 	return EncodeRequest(req, c.receipts)
 }
 
-// exchange sends the request frame body on st (none when nil) and reads the answer. A
+// exchange sends req's request frame body on st (none when nil) and reads the answer. A
 // completed ReuseID stream goes back to the pool, any other is closed or reset. stale
 // reports that st was a pooled stream (pooled) found ended before any answer: nothing of
 // the request ran, and the caller may send it again.
-func (c *Client) exchange(ctx context.Context, st Stream, p peer.ID, body []byte, emit func(inference.Token) error, pooled bool) (res inference.Result, stale bool, err error) {
+//
+// It believes nothing the peer says about its own work: a peer that sends more tokens than
+// req's max_tokens, or more text than req.MaxCompletionBytes, is cut off with a protocol
+// error (peer_lost, so the caller fails over), and the usage returned is what this side
+// counted (counted).
+func (c *Client) exchange(ctx context.Context, st Stream, p peer.ID, req *inference.Request, body []byte, emit func(inference.Token) error, pooled bool) (res inference.Result, stale bool, err error) {
 	stop := context.AfterFunc(ctx, func() { st.Reset() })
 	defer stop()
 	// staleOr reports a broken stream: stale if it was pooled and nothing came back yet.
@@ -186,7 +191,8 @@ func (c *Client) exchange(ctx context.Context, st Stream, p peer.ID, body []byte
 	// The write side stays open: the server reads its end (EOF or reset) as cancellation.
 
 	r := frame.NewReader(st, maxFrame)
-	next := 0
+	next, text := 0, 0
+	maxTokens, maxText := req.EffectiveMaxTokens(), req.MaxCompletionBytes()
 	for {
 		st.SetReadDeadline(time.Now().Add(c.idle))
 		fb, err := r.Next()
@@ -209,22 +215,40 @@ func (c *Client) exchange(ctx context.Context, st Stream, p peer.ID, body []byte
 				return inference.Result{}, false, c.lost(ctx, p, "read", err)
 			}
 			c.release(p, st, stop)
+			if err == nil {
+				res = counted(res, req, next)
+			}
 			return res, false, err
 		}
 		tok, err := decodeToken(fb)
-		if err == nil && tok.Index != next {
+		switch {
+		case err != nil:
+		case tok.Index != next:
 			err = fmt.Errorf("%w: token index %d, want %d", errProtocol, tok.Index, next)
+		case next >= maxTokens:
+			err = fmt.Errorf("%w: more than the request's %d tokens", errProtocol, maxTokens)
+		case text+len(tok.Text) > maxText:
+			err = fmt.Errorf("%w: more than %d bytes of text for %d tokens", errProtocol, maxText, maxTokens)
 		}
 		if err != nil {
 			st.Reset()
 			return inference.Result{}, false, c.lost(ctx, p, "read", err)
 		}
-		next++
+		next, text = next+1, text+len(tok.Text)
 		if err := emit(tok); err != nil {
 			st.Reset()
 			return inference.Result{}, false, err
 		}
 	}
+}
+
+// counted is res with the usage this side can vouch for: the completion tokens it received,
+// and the peer's prompt count up to req.PromptTokensBound. A peer's own figures are only
+// corroborated by its receipt, never taken as they are.
+func counted(res inference.Result, req *inference.Request, received int) inference.Result {
+	res.Usage.CompletionTokens = received
+	res.Usage = req.BoundUsage(res.Usage)
+	return res
 }
 
 // release ends an exchange that read its terminal frame: a ReuseID stream goes back to the

@@ -87,11 +87,11 @@ func EncodeRequest(req *inference.Request, wantReceipt bool) ([]byte, error) {
 // not a request is a protocol error; one that does not decode is invalid_request.
 func DecodeRequest(body []byte) (*inference.Request, bool, error) { return decodeRequest(body) }
 
-// ReadAnswer reads the answer to a request that reached peer p another way (a coordinator
-// sent it) from st, with Generate's contract: emit once per token, then the result or a
-// typed error. It sends nothing on st, but keeps its write side open until the terminal
+// ReadAnswer reads the answer to req, which reached peer p another way (a coordinator sent
+// it), from st, with Generate's contract and its bounds: emit once per token, then the result
+// or a typed error. It sends nothing on st, but keeps its write side open until the terminal
 // frame, and resets st when ctx ends.
-func (c *Client) ReadAnswer(ctx context.Context, st Stream, p peer.ID, emit func(inference.Token) error) (inference.Result, error) {
-	res, _, err := c.exchange(ctx, st, p, nil, emit, false)
+func (c *Client) ReadAnswer(ctx context.Context, st Stream, p peer.ID, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
+	res, _, err := c.exchange(ctx, st, p, req, nil, emit, false)
 	return res, err
 }
