@@ -56,6 +56,34 @@ type Options struct {
 	OnToken    func(inference.Token) // called for each token as it arrives
 }
 
+// ErrReceiptMismatch is returned, with the result, when the serving peer's receipt (which
+// the coordinator metered) names another output than the tokens this client received: the
+// peer vouched for something it did not send. Report it to the coordinator's operator.
+var ErrReceiptMismatch = errors.New("the serving peer's receipt names another output than the one received")
+
+// checkReceipt compares the output digest a task receipt names (its "result" field; the
+// coordinator checked the signature) with the digest of what was received. No receipt (the
+// task went unmetered) checks nothing.
+func checkReceipt(receipt string, received inference.Digest) error {
+	if receipt == "" {
+		return nil
+	}
+	var r struct {
+		Result string `json:"result"`
+	}
+	if err := json.Unmarshal([]byte(receipt), &r); err != nil {
+		return fmt.Errorf("%w: the receipt does not decode: %v", ErrReceiptMismatch, err)
+	}
+	named, err := inference.ParseDigest(r.Result)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrReceiptMismatch, err)
+	}
+	if named != received {
+		return fmt.Errorf("%w: receipt %s, received %s", ErrReceiptMismatch, named, received)
+	}
+	return nil
+}
+
 // Chat sends body (a chat completion request object) to the coordinator at baseURL with API
 // key key and returns the answer, streamed from the serving peer over WebRTC. Errors are
 // the coordinator's or the peer's typed errors (*inference.Error) where there is one.
@@ -104,11 +132,17 @@ func Chat(ctx context.Context, baseURL, key string, body any, o Options) (Result
 		return Result{}, fmt.Errorf("%w: %w", ErrNoChannel, err)
 	}
 	defer release()
+	// The peer is held to the request's bounds (max_tokens, a byte cap) as on any path. A
+	// body the coordinator accepted decodes; one that did not never got this far.
+	var req inference.Request
+	_ = json.Unmarshal(raw, &req)
 	var text strings.Builder
 	n := 0
-	res, err := infer.NewClient(nil).ReadAnswer(ctx, st, "", func(t inference.Token) error {
+	got := inference.NewDigester()
+	res, err := infer.NewClient(nil).ReadAnswer(ctx, st, "", &req, func(t inference.Token) error {
 		n++
 		text.WriteString(t.Text)
+		got.Add(t)
 		if o.OnToken != nil {
 			o.OnToken(t)
 		}
@@ -133,7 +167,7 @@ func Chat(ctx context.Context, baseURL, key string, body any, o Options) (Result
 	case "direct_done":
 		out.Peer, out.Receipt, out.Countersig = outcome.Peer, outcome.Receipt, outcome.Countersig
 		ws.Close(websocket.StatusNormalClosure, "")
-		return out, nil
+		return out, checkReceipt(out.Receipt, got.Sum())
 	case "error":
 		return out, inference.Errorf(inference.Code(outcome.Error.Code), "%s", outcome.Error.Message)
 	}
