@@ -11,6 +11,7 @@ import (
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/mesh/receipts"
 	"github.com/meshinfer/meshinfer/transport/gateway"
+	"github.com/meshinfer/meshinfer/transport/infer"
 	"github.com/meshinfer/meshinfer/transport/openai"
 )
 
@@ -84,7 +85,10 @@ func (tm taskMeter) Event(ctx context.Context, model string, at inference.Served
 		return e, false
 	}
 	outcome := gateway.OutcomeCompleted
-	if err != nil {
+	switch {
+	case err != nil && ctx.Err() != nil:
+		outcome = infer.OutcomeClientDisconnected // the client hung up: not the target's failure
+	case err != nil:
 		outcome = string(inference.CodeOf(err))
 	}
 	return gateway.MeterEvent{

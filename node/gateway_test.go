@@ -1,6 +1,8 @@
 package node
 
 import (
+	"bufio"
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -21,6 +23,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	libp2ptls "github.com/libp2p/go-libp2p/p2p/security/tls"
 
+	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/mesh/participation"
 	"github.com/meshinfer/meshinfer/transport/gateway"
 )
@@ -164,5 +167,69 @@ func TestConnectionsPreferTLS(t *testing.T) {
 		if sec := c.ConnState().Security; sec != libp2ptls.ID {
 			t.Fatalf("connection %s secured by %q, want %q", c.RemoteMultiaddr(), sec, libp2ptls.ID)
 		}
+	}
+}
+
+// heldBackend holds every stream before token index at until its context ends: a test can
+// act (hang up) while the stream is certainly in flight.
+type heldBackend struct {
+	inference.Backend
+	at int
+}
+
+func (b heldBackend) Generate(ctx context.Context, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
+	return b.Backend.Generate(ctx, req, func(tok inference.Token) error {
+		if tok.Index == b.at {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return emit(tok)
+	})
+}
+
+// A client that hangs up mid-stream is metered with the tokens it received, as a
+// client_disconnected outcome: hanging up is no way around the meter (issue 19, finding 4).
+func TestCoordinatorMetersWhatAHangUpReceived(t *testing.T) {
+	dir := t.TempDir()
+	ks, err := gateway.OpenKeys(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _, err := ks.Create("laptop", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const received = 3
+	consent := participation.Consent{Version: participation.ConsentVersion, RunLocal: true, Contribute: true}
+	n := startTestNode(t, Config{Models: []string{"synth-tiny"}, DataDir: dir, Consent: &consent,
+		Roles:       []Role{RoleCoordinator},
+		WrapBackend: func(b inference.Backend) inference.Backend { return heldBackend{b, received} }})
+	req, _ := http.NewRequest(http.MethodPost, "http://"+n.APIAddr()+"/v1/chat/completions",
+		strings.NewReader(`{"model":"synth-tiny","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd := bufio.NewReader(resp.Body)
+	for got := 0; got < received; {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			t.Fatalf("after %d tokens: %v", got, err)
+		}
+		if strings.Contains(line, `"content"`) {
+			got++
+		}
+	}
+	resp.Body.Close() // hang up, the stream held at its next token
+
+	var events []gateway.MeterEvent
+	within(t, 10*time.Second, "the hung-up request metered", func() bool {
+		events = events[:0]
+		gateway.ReadEvents(filepath.Join(dir, gateway.UsageFile), func(e gateway.MeterEvent) { events = append(events, e) })
+		return len(events) > 0
+	})
+	if e := events[0]; len(events) != 1 || e.TokensOut != received || e.Outcome != "client_disconnected" {
+		t.Fatalf("meter events %+v: want one client_disconnected with %d tokens out", events, received)
 	}
 }

@@ -278,7 +278,14 @@ func (d *Executor) Generate(ctx context.Context, req *inference.Request, emit fu
 	// which the client's response does not wait for: they run in the background, or here
 	// when the executor is closing.
 	if d.cfg.Meter != nil {
-		if ev, metered := d.cfg.Meter.Event(ctx, r.req.Model, r.served(), res, err, d.now().Sub(start)); metered {
+		billed := res
+		if err != nil {
+			// A request that ended early (the client hung up, a target failed mid-stream) is
+			// metered with the tokens the client did get. Its prompt count is known only from
+			// a completed answer.
+			billed.Usage = inference.Usage{CompletionTokens: len(r.sent), TotalTokens: len(r.sent)}
+		}
+		if ev, metered := d.cfg.Meter.Event(ctx, r.req.Model, r.served(), billed, err, d.now().Sub(start)); metered {
 			rr, rres := r, res
 			if !d.background(func() { d.meter(rr, rres, err, ev) }) {
 				d.meter(rr, rres, err, ev)
