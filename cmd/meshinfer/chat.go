@@ -16,6 +16,7 @@ import (
 
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/internal/sse"
+	"github.com/meshinfer/meshinfer/transport/gateway"
 	"github.com/meshinfer/meshinfer/transport/gateway/client"
 	"github.com/meshinfer/meshinfer/transport/gateway/client/direct"
 )
@@ -53,6 +54,7 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 	gatewayURL := fs.String("gateway", "", "a coordinator's API base URL: chat through its gateway as a thin client, with --key (instead of --api)")
 	key := fs.String("key", "", "API key for --gateway (default $"+apiKeyEnv+")")
 	device := fs.String("device", "", "this device's id for --gateway, e.g. a UUID (optional)")
+	allowHTTP := fs.Bool("allow-http", false, "with --gateway: send the API key over plain http:// to another machine (only on a network you trust; https:// needs no flag)")
 	useDirect := fs.Bool("direct", false, "with --gateway: get the tokens over a WebRTC data channel straight from the serving peer; the coordinator only routes and meters")
 	if err := parseFlags(fs, args, stdout); err != nil {
 		return err
@@ -62,8 +64,8 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "meshinfer chat: give a prompt, e.g. meshinfer chat \"hello\"")
 		return errUsage
 	}
-	if *gatewayURL == "" && (*key != "" || *device != "" || *useDirect) {
-		fmt.Fprintln(stderr, "meshinfer chat: --key, --device and --direct go with --gateway URL")
+	if *gatewayURL == "" && (*key != "" || *device != "" || *useDirect || *allowHTTP) {
+		fmt.Fprintln(stderr, "meshinfer chat: --key, --device, --direct and --allow-http go with --gateway URL")
 		return errUsage
 	}
 	if *gatewayURL != "" && *key == "" {
@@ -82,13 +84,13 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 	)
 	switch {
 	case *gatewayURL != "" && *useDirect:
-		out, err = chatDirect(ctx, *gatewayURL, *key, cr, onText)
+		out, err = chatDirect(ctx, *gatewayURL, *key, *allowHTTP, cr, onText)
 		if errors.Is(err, direct.ErrNoChannel) {
 			fmt.Fprintf(stderr, "meshinfer chat: %v; sending it through the gateway instead\n", err)
-			out, err = chatGateway(ctx, *gatewayURL, *key, *device, cr, onText)
+			out, err = chatGateway(ctx, *gatewayURL, *key, *device, *allowHTTP, cr, onText)
 		}
 	case *gatewayURL != "":
-		out, err = chatGateway(ctx, *gatewayURL, *key, *device, cr, onText)
+		out, err = chatGateway(ctx, *gatewayURL, *key, *device, *allowHTTP, cr, onText)
 	default:
 		out, err = chat(ctx, *api, cr, onText)
 	}
@@ -111,14 +113,17 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 
 // chatDirect streams one completion from the serving peer over a WebRTC data channel, set
 // up through a coordinator's gateway (transport/gateway/client/direct).
-func chatDirect(ctx context.Context, base, key string, cr chatRequest, onText func(string)) (chatOutcome, error) {
+func chatDirect(ctx context.Context, base, key string, plainHTTP bool, cr chatRequest, onText func(string)) (chatOutcome, error) {
 	body := map[string]any{
 		"model":      cr.model,
 		"messages":   []map[string]string{{"role": "user", "content": cr.prompt}},
 		"max_tokens": cr.maxTokens,
 		"seed":       cr.seed,
 	}
-	res, err := direct.Chat(ctx, base, key, body, direct.Options{OnToken: func(t inference.Token) { onText(t.Text) }})
+	res, err := direct.Chat(ctx, base, key, body, direct.Options{PlainHTTP: plainHTTP, OnToken: func(t inference.Token) { onText(t.Text) }})
+	if errors.Is(err, gateway.ErrPlainHTTPKey) {
+		return chatOutcome{}, fmt.Errorf("%w; for a network you trust: --allow-http", err)
+	}
 	if err != nil {
 		return chatOutcome{}, fmt.Errorf("direct through %s: %w", base, err)
 	}
@@ -128,8 +133,12 @@ func chatDirect(ctx context.Context, base, key string, cr chatRequest, onText fu
 
 // chatGateway streams one completion through a coordinator's gateway with the Go thin
 // client: WebSocket, or REST when the coordinator has no WebSocket endpoint.
-func chatGateway(ctx context.Context, base, key, device string, cr chatRequest, onText func(string)) (chatOutcome, error) {
-	c := client.New(base, key, client.WithDevice(device))
+func chatGateway(ctx context.Context, base, key, device string, plainHTTP bool, cr chatRequest, onText func(string)) (chatOutcome, error) {
+	opts := []client.Option{client.WithDevice(device)}
+	if plainHTTP {
+		opts = append(opts, client.WithPlainHTTP())
+	}
+	c := client.New(base, key, opts...)
 	defer c.Close()
 	body := map[string]any{
 		"model":      cr.model,
@@ -141,6 +150,9 @@ func chatGateway(ctx context.Context, base, key, device string, cr chatRequest, 
 		body["meshinfer"] = map[string]string{"privacy": cr.privacy, "priority": cr.priority}
 	}
 	res, err := c.Chat(ctx, body, func(t client.Token) { onText(t.Text) })
+	if errors.Is(err, gateway.ErrPlainHTTPKey) {
+		return chatOutcome{}, fmt.Errorf("%w; for a network you trust: --allow-http", err)
+	}
 	if err != nil {
 		_, refused := errors.AsType[*client.Error](err)
 		if !refused && !errors.Is(err, context.Canceled) && !errors.Is(err, client.ErrReplayMismatch) && !errors.Is(err, client.ErrProtocol) {

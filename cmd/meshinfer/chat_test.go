@@ -90,3 +90,18 @@ func TestChatThroughGateway(t *testing.T) {
 		t.Fatalf("chat --key without --gateway: exit %d, want 2", code)
 	}
 }
+
+// chat --gateway refuses to send a key over plain http:// to another machine, with and
+// without --direct, and says how to proceed; nothing is dialed.
+func TestChatRefusesPlainHTTPKey(t *testing.T) {
+	for _, args := range [][]string{
+		{"chat", "--gateway", "http://coordinator.invalid:9337", "--key", "msk_live_x", "hi"},
+		{"chat", "--gateway", "http://coordinator.invalid:9337", "--key", "msk_live_x", "--direct", "hi"},
+	} {
+		code, _, stderr := runCmd(t, args...)
+		if code != 1 {
+			t.Errorf("%q: exit %d, want 1\nstderr %q", args, code, stderr)
+		}
+		wantContains(t, "stderr", stderr, "plain http://", "https://", "--allow-http")
+	}
+}

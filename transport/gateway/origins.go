@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"path"
@@ -29,8 +31,27 @@ func CheckOriginPatterns(patterns []string) error {
 		if _, err := path.Match(strings.ToLower(p), ""); err != nil {
 			return fmt.Errorf("origin pattern %q: %w", p, err)
 		}
+		if matchesAnyOrigin(p) {
+			return fmt.Errorf("origin pattern %q matches the origin of any web page; name the origins of your apps (app.example.com, *.example.com)", p)
+		}
 	}
 	return nil
+}
+
+// unrelatedOrigins are origins of pages nobody would mean to let in, on unrelated hosts: a
+// pattern that matches two of them ("*.*", "https://*", "*:*") matches any origin.
+var unrelatedOrigins = [...]string{"https://evil.invalid", "http://attacker.test:8443", "https://203.0.113.7",
+	"http://phish.example.net:8080", "https://a.b.c.d.invalid"}
+
+// matchesAnyOrigin reports whether pattern matches at least two unrelatedOrigins.
+func matchesAnyOrigin(pattern string) bool {
+	n := 0
+	for _, o := range unrelatedOrigins {
+		if originAllowed(o, []string{pattern}) {
+			n++
+		}
+	}
+	return n >= 2
 }
 
 // WithOriginPatterns lets browser pages on the origins the patterns match upgrade to the
@@ -99,4 +120,29 @@ func CORS(patterns []string, next http.Handler) http.Handler {
 		r.Header.Del("Origin")
 		next.ServeHTTP(w, r)
 	})
+}
+
+// ErrPlainHTTPKey refuses to send an API key in the clear: over http:// to a host that is
+// not this machine, anyone on the path can read it and spend its quota.
+var ErrPlainHTTPKey = errors.New("refusing to send the API key over plain http:// to another machine: use the coordinator's https:// URL (meshinfer node --tls-cert), or allow plain HTTP for a network you trust")
+
+// CheckKeyTransport reports ErrPlainHTTPKey for a coordinator URL whose scheme is http and
+// whose host is not loopback (localhost, 127.0.0.0/8, ::1). Thin clients call it before they
+// send a key.
+func CheckKeyTransport(baseURL string) error {
+	u, err := url.Parse(baseURL)
+	if err != nil {
+		return fmt.Errorf("coordinator URL %q: %w", baseURL, err)
+	}
+	if !strings.EqualFold(u.Scheme, "http") {
+		return nil
+	}
+	host := u.Hostname()
+	if strings.EqualFold(host, "localhost") {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("%w (%s)", ErrPlainHTTPKey, u.Host)
 }

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,12 +15,14 @@ import (
 )
 
 func TestCheckOriginPatterns(t *testing.T) {
-	for _, ok := range [][]string{nil, {"app.example.com"}, {"*.example.com", "localhost:5173", "https://app.example.com"}} {
+	for _, ok := range [][]string{nil, {"app.example.com"}, {"*.example.com", "localhost:5173", "https://app.example.com"},
+		{"*.com"}, {"https://*.example.com"}, {"localhost:*"}} {
 		if err := CheckOriginPatterns(ok); err != nil {
 			t.Errorf("%q: %v", ok, err)
 		}
 	}
-	for _, bad := range [][]string{{"*"}, {""}, {"[bad"}} {
+	// "*.*", "https://*", "*:*" and the like match any web page's origin (issue 19).
+	for _, bad := range [][]string{{"*"}, {""}, {"[bad"}, {"*.*"}, {"https://*"}, {"*:*"}, {"http*://*"}, {"*.*.*"}, {"app.example.com", "*.*"}} {
 		if err := CheckOriginPatterns(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
@@ -107,5 +110,24 @@ func TestBrowserOrigins(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusUnauthorized || resp.Header.Get("Access-Control-Allow-Origin") != "" {
 		t.Fatalf("other origin's preflight: %d %v", resp.StatusCode, resp.Header)
+	}
+}
+
+// An API key goes over plain http:// only to this machine (issue 19).
+func TestCheckKeyTransport(t *testing.T) {
+	for url, refused := range map[string]bool{
+		"https://coord.example:9337":  false,
+		"http://127.0.0.1:9337":       false,
+		"http://127.8.0.1:9337":       false,
+		"http://localhost:9337/":      false,
+		"http://[::1]:9337":           false,
+		"http://coord.example:9337":   true,
+		"http://192.168.1.20:9337":    true,
+		"HTTP://coord.example":        true,
+		"http://localhost.evil.test/": true,
+	} {
+		if err := CheckKeyTransport(url); (err != nil) != refused || (err != nil && !errors.Is(err, ErrPlainHTTPKey)) {
+			t.Errorf("%s: %v, want refused %v", url, err, refused)
+		}
 	}
 }

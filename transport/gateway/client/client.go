@@ -115,6 +115,7 @@ type config struct {
 	ping      time.Duration
 	forceREST bool
 	rng       *randv2.Rand
+	plainHTTP bool
 }
 
 // WithDevice names this device (gateway.DeviceHeader): a stable id such as a UUID. The
@@ -131,6 +132,11 @@ func WithPingInterval(d time.Duration) Option { return func(c *config) { c.ping 
 // WithForceREST skips WebSocket: every request goes over POST /v1/chat/completions.
 func WithForceREST() Option { return func(c *config) { c.forceREST = true } }
 
+// WithPlainHTTP lets the client send its API key over plain http:// to another machine,
+// on a network the caller trusts. Without it such a URL fails every Chat with
+// gateway.ErrPlainHTTPKey; loopback URLs are always allowed.
+func WithPlainHTTP() Option { return func(c *config) { c.plainHTTP = true } }
+
 // WithRand sets the source of the backoff's jitter (tests seed it); it is used by one
 // goroutine only. Default: math/rand/v2's.
 func WithRand(r *randv2.Rand) Option { return func(c *config) { c.rng = r } }
@@ -141,6 +147,8 @@ type Client struct {
 	base string // without a trailing slash
 	key  string
 	cfg  config
+	// refused is why no Chat may send the key to base (gateway.CheckKeyTransport); nil: none.
+	refused error
 
 	// ctx ends at Close; every goroutine of the client ends with it.
 	ctx    context.Context
@@ -171,8 +179,12 @@ func New(baseURL, key string, opts ...Option) *Client {
 	if cfg.ping <= 0 {
 		cfg.ping = DefaultPingInterval
 	}
+	var refused error
+	if !cfg.plainHTTP {
+		refused = gateway.CheckKeyTransport(baseURL)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Client{base: strings.TrimRight(baseURL, "/"), key: key, cfg: cfg, ctx: ctx, cancel: cancel,
+	return &Client{base: strings.TrimRight(baseURL, "/"), key: key, cfg: cfg, refused: refused, ctx: ctx, cancel: cancel,
 		wake: make(chan struct{}, 1), calls: make(map[string]*call)}
 }
 
@@ -193,6 +205,9 @@ func (c *Client) Close() error {
 // that marshals to one (a map, a struct, an inference.Request); "stream" is set by Chat.
 // The result comes once, however many times the connection was lost on the way.
 func (c *Client) Chat(ctx context.Context, body any, onToken func(Token)) (Result, error) {
+	if c.refused != nil {
+		return Result{}, c.refused
+	}
 	if onToken == nil {
 		onToken = func(Token) {}
 	}

@@ -295,3 +295,14 @@ func TestUnreachableFailsFast(t *testing.T) {
 		t.Fatal("a call to a closed port succeeded")
 	}
 }
+
+// A client pointed at another machine over plain http:// sends nothing (no connection is
+// even tried) unless WithPlainHTTP says the network is trusted: the key would travel in the
+// clear (issue 19).
+func TestPlainHTTPKeyRefused(t *testing.T) {
+	c := client.New("http://coordinator.invalid:9337", "msk_live_secret")
+	defer c.Close()
+	if _, err := c.Chat(context.Background(), map[string]any{"model": "synth-tiny"}, nil); !errors.Is(err, gateway.ErrPlainHTTPKey) {
+		t.Fatalf("Chat over plain http to another machine: %v, want ErrPlainHTTPKey", err)
+	}
+}

@@ -54,6 +54,9 @@ type Options struct {
 	HTTPClient *http.Client          // for the WebSocket upgrade; nil: http.DefaultClient
 	WebRTC     webrtc.RelayConfig    // ICE servers, set-up timeout, pion settings
 	OnToken    func(inference.Token) // called for each token as it arrives
+	// PlainHTTP allows sending the API key over plain http:// to another machine, on a
+	// network the caller trusts (gateway.CheckKeyTransport); loopback is always allowed.
+	PlainHTTP bool
 }
 
 // ErrReceiptMismatch is returned, with the result, when the serving peer's receipt (which
@@ -88,6 +91,11 @@ func checkReceipt(receipt string, received inference.Digest) error {
 // key key and returns the answer, streamed from the serving peer over WebRTC. Errors are
 // the coordinator's or the peer's typed errors (*inference.Error) where there is one.
 func Chat(ctx context.Context, baseURL, key string, body any, o Options) (Result, error) {
+	if !o.PlainHTTP {
+		if err := gateway.CheckKeyTransport(baseURL); err != nil {
+			return Result{}, err
+		}
+	}
 	raw, err := json.Marshal(body)
 	if err != nil {
 		return Result{}, fmt.Errorf("encode the request: %w", err)
