@@ -17,6 +17,8 @@ package node
 
 import (
 	"context"
+	cryptorand "crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -294,7 +296,7 @@ func (n *Node) start() error {
 			Degraded: n.probe.Refresh,
 			WebRTC:   n.rtc, Streams: peers,
 			VerifySample: cfg.VerifySample, VerifyProbationSample: cfg.VerifyProbationSample,
-			Self: h.ID(), Dialer: n.dialer, Now: cfg.Now, Seed: uint64(cfg.Now().UnixNano()),
+			Self: h.ID(), Dialer: n.dialer, Now: cfg.Now, Seed: randomSeed(),
 		}
 		if coordinator {
 			dcfg.Meter = n.tasks
@@ -332,6 +334,15 @@ func (n *Node) start() error {
 	}
 	log.Infow("node started", "peer", h.ID(), "mesh", cfg.Mesh)
 	return nil
+}
+
+// randomSeed seeds the executor's draws (which peer, which task is verified) from the
+// operating system's randomness: a seed from the start time would let a peer that knows
+// when the node started predict which of its tasks are checked.
+func randomSeed() uint64 {
+	var b [8]byte
+	cryptorand.Read(b[:]) // never fails on the platforms Go supports (crypto/rand)
+	return binary.LittleEndian.Uint64(b[:])
 }
 
 // servedReceipt is the receipt of one served task: for a task whose requester got a receipt,

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
+	"strings"
 )
 
 // ErrNotLoopback marks a listen address that would expose a local-only service.
@@ -25,4 +27,36 @@ func CheckLoopback(addr string) error {
 		return fmt.Errorf("%w: %q", ErrNotLoopback, addr)
 	}
 	return nil
+}
+
+// LoopbackHosts wraps the handler of a service listening on loopback: it serves only
+// requests whose Host names this machine (localhost, a 127.0.0.0/8 address, ::1, with any
+// port) and answers any other with 421 Misdirected Request. A web page can make a browser
+// reach a loopback port under its own domain name by DNS rebinding (evil.example resolving
+// to 127.0.0.1); the Host header still says evil.example, and that request is refused, so
+// the page can read nothing of the node. A service exposed on purpose (--api-public,
+// --console-public) is not wrapped.
+func LoopbackHosts(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !loopbackHost(r.Host) {
+			http.Error(w, fmt.Sprintf("host %q is not this machine: this service answers on localhost or 127.0.0.1 only", r.Host),
+				http.StatusMisdirectedRequest)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// loopbackHost reports whether a Host header (host or host:port) names this machine.
+func loopbackHost(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

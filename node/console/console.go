@@ -281,7 +281,11 @@ func New(addr string, public bool, src Source) (*Server, error) {
 		return nil, fmt.Errorf("console listen on %s: %w", addr, err)
 	}
 	s := &Server{ln: ln}
-	s.srv = &http.Server{Handler: Handler(src), ReadHeaderTimeout: readHeaderTimeout}
+	h := Handler(src)
+	if !public {
+		h = transport.LoopbackHosts(h) // no DNS rebinding: the Host must be this machine
+	}
+	s.srv = &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout}
 	// Serve returns when Close shuts the server down.
 	s.wg.Go(func() {
 		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -397,3 +397,22 @@ func waitNoGoroutine(t *testing.T, funcs ...string) {
 		}
 	}
 }
+
+// The console on loopback refuses a request whose Host is not this machine: a web page that
+// rebinds its domain to 127.0.0.1 reads nothing (issue 19).
+func TestConsoleRefusesForeignHost(t *testing.T) {
+	s := serve(t, &fakeSource{status: testStatus()})
+	req, _ := http.NewRequest(http.MethodGet, "http://"+s.Addr()+"/api/status", nil)
+	req.Host = "rebound.evil.example"
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMisdirectedRequest {
+		t.Fatalf("Host rebound.evil.example: status %d, want 421", resp.StatusCode)
+	}
+	if code, _, _ := get(t, http.MethodGet, "http://"+s.Addr()+"/api/status"); code != http.StatusOK {
+		t.Fatalf("Host %s: status %d, want 200", s.Addr(), code)
+	}
+}

@@ -136,6 +136,9 @@ func New(addr string, d Dispatcher, opts ...Option) (*Server, error) {
 	if cfg.wrap != nil {
 		h = cfg.wrap(h)
 	}
+	if !cfg.public {
+		h = transport.LoopbackHosts(h) // no DNS rebinding: the Host must be this machine
+	}
 	base, cancel := context.WithCancelCause(context.Background())
 	s := &Server{ln: ln, cancel: cancel, shutdownGrace: shutdownGrace, terminalGrace: terminalGrace}
 	s.srv = &http.Server{

@@ -213,3 +213,29 @@ func TestCloseInFlight(t *testing.T) {
 		}
 	}
 }
+
+// The API on loopback refuses a request whose Host is not this machine (DNS rebinding);
+// with WithPublic it serves any Host, the operator having exposed it on purpose.
+func TestServerRefusesForeignHost(t *testing.T) {
+	for _, public := range []bool{false, true} {
+		s, err := New("127.0.0.1:0", newDispatcher(t), WithPublic(public))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, _ := http.NewRequest(http.MethodGet, "http://"+s.Addr()+"/v1/models", nil)
+		req.Host = "rebound.evil.example"
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		want := http.StatusMisdirectedRequest
+		if public {
+			want = http.StatusOK
+		}
+		if resp.StatusCode != want {
+			t.Errorf("public %v: status %d, want %d", public, resp.StatusCode, want)
+		}
+		s.Close()
+	}
+}
