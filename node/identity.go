@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
+
+	"github.com/meshinfer/meshinfer/internal/atomicfile"
 )
 
 // IdentityFile is the name of the identity key inside the data dir: a libp2p-marshalled
@@ -74,7 +76,7 @@ func LoadOrCreateIdentity(dataDir string) (key crypto.PrivKey, created bool, err
 }
 
 func loadIdentity(path string) (crypto.PrivKey, error) {
-	f, err := os.Open(path)
+	f, err := atomicfile.OpenPrivate(path, os.O_RDONLY, 0)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, err

@@ -49,14 +49,24 @@ type Log struct {
 	torn   bool // the file may end inside a line: the next line starts with a newline
 }
 
+// Flags and Perm are how a log file is opened: for appending, created with mode 0600.
+const (
+	Flags = os.O_RDWR | os.O_CREATE | os.O_APPEND
+	Perm  = 0o600
+)
+
 // Open opens the log at path for appending, creating its directory (mode 0700) and the file
 // (mode 0600) if needed. Lines are at most max bytes, newline included. The path must be a
-// regular file.
-func Open(path string, max int) (*Log, error) {
+// regular file. With openFile (nil: os.OpenFile), the caller opens the file (with Flags and
+// Perm): a data file's user refuses symbolic links and other users' files that way.
+func Open(path string, max int, openFile func(string, int, os.FileMode) (*os.File, error)) (*Log, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
+	if openFile == nil {
+		openFile = os.OpenFile
+	}
+	f, err := openFile(path, Flags, Perm)
 	if err != nil {
 		return nil, err
 	}

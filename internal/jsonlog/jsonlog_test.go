@@ -89,7 +89,7 @@ func line(s string) func() ([]byte, error) {
 
 func TestAppend(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "sub", "log.jsonl")
-	l, err := Open(path, 16)
+	l, err := Open(path, 16, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestReopenTorn(t *testing.T) {
 	if err := os.WriteFile(path, []byte("{\"a\":1}\n{\"b\""), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	l, err := Open(path, 64)
+	l, err := Open(path, 64, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +168,7 @@ func TestReopenTorn(t *testing.T) {
 
 func TestOpenRefusesNonRegular(t *testing.T) {
 	dir := t.TempDir()
-	if _, err := Open(dir, 64); err == nil {
+	if _, err := Open(dir, 64, nil); err == nil {
 		t.Fatal("opened a directory as a log")
 	}
 }
@@ -176,7 +176,7 @@ func TestOpenRefusesNonRegular(t *testing.T) {
 // Concurrent Appends never interleave, and written runs in file order.
 func TestAppendConcurrent(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "log.jsonl")
-	l, err := Open(path, 64)
+	l, err := Open(path, 64, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +255,7 @@ func abs(n int) int {
 // before it; written is called for exactly the lines written.
 func TestAppendAll(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "log.jsonl")
-	l, err := Open(path, 16)
+	l, err := Open(path, 16, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

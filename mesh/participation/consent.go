@@ -108,7 +108,7 @@ const maxConsentFile = 64 << 10
 // this build would do.
 func LoadConsent(dir string) (c Consent, ok bool, err error) {
 	path := filepath.Join(dir, ConsentFile)
-	f, err := os.Open(path)
+	f, err := atomicfile.OpenPrivate(path, os.O_RDONLY, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		return Consent{}, false, nil
 	}

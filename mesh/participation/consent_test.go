@@ -188,3 +188,18 @@ func FuzzDecodeConsent(f *testing.F) {
 		}
 	})
 }
+
+// A consent record that is a symbolic link is refused, not followed (issue 19).
+func TestLoadConsentRefusesSymlink(t *testing.T) {
+	dir := t.TempDir()
+	elsewhere := filepath.Join(t.TempDir(), "consent.json")
+	if err := os.WriteFile(elsewhere, []byte(`{"version":1,"contribute":true}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(elsewhere, filepath.Join(dir, ConsentFile)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := LoadConsent(dir); err == nil || ok || !strings.Contains(err.Error(), "symbolic link") {
+		t.Fatalf("LoadConsent through a symlink: ok %v, %v; want refused", ok, err)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/meshinfer/meshinfer/internal/atomicfile"
 	"github.com/meshinfer/meshinfer/internal/jsonlog"
 )
 
@@ -42,7 +43,7 @@ func Open(dir string, key crypto.PrivKey) (*Log, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open receipts: %w", err)
 	}
-	jl, err := jsonlog.Open(filepath.Join(dir, File), MaxLineSize)
+	jl, err := jsonlog.Open(filepath.Join(dir, File), MaxLineSize, atomicfile.OpenPrivate)
 	if err != nil {
 		return nil, fmt.Errorf("open receipts: %w", err)
 	}

@@ -192,7 +192,7 @@ func (s *KeyStore) refresh() (*snapshot, error) {
 // The stamp comes from the open file, so it names exactly the version read. loadMu is held.
 func (s *KeyStore) reloadLocked() (*snapshot, error) {
 	cur := s.snap.Load()
-	f, err := os.Open(s.path)
+	f, err := atomicfile.OpenPrivate(s.path, os.O_RDONLY, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		if cur.stamp.Exists() {
 			cur = &snapshot{}

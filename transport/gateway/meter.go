@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/internal/atomicfile"
 	"github.com/meshinfer/meshinfer/internal/jsonlog"
 )
 
@@ -156,7 +157,7 @@ func OpenMeter(dir string) (*Meter, error) {
 	if dir == "" {
 		return nil, errors.New("open meter: no data dir")
 	}
-	jl, err := jsonlog.Open(filepath.Join(dir, UsageFile), MaxUsageLine)
+	jl, err := jsonlog.Open(filepath.Join(dir, UsageFile), MaxUsageLine, atomicfile.OpenPrivate)
 	if err != nil {
 		return nil, fmt.Errorf("open meter: %w", err)
 	}
