@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/pion/datachannel"
 	"github.com/pion/webrtc/v4"
@@ -48,6 +49,7 @@ type peerConn struct {
 	retired  bool                 // failed to open a stream: serves no new one
 	lastUsed time.Time            // a stream opened or ended (t.cfg.Now)
 	streams  map[*stream]struct{} // not yet ended
+	incoming int                  // streams in streams the remote opened (maxIncomingPerConn)
 }
 
 // newPeerConn makes a PeerConnection to p and wires its callbacks; relayIn routes its
@@ -175,11 +177,14 @@ func (c *peerConn) awaitOpen(ctx context.Context, dc *webrtc.DataChannel) (*stre
 		dc.Close()
 		return nil, ctx.Err()
 	}
-	return c.attach(dc)
+	return c.attach(dc, false)
 }
 
-// attach detaches an open data channel and adds it to c as a stream.
-func (c *peerConn) attach(dc *webrtc.DataChannel) (*stream, error) {
+// attach detaches an open data channel and adds it to c as a stream. A channel the remote
+// opened (incoming) must fit maxIncomingPerConn on c and maxStreams over the Transport, and
+// is counted as an inbound stream of its peer in the host's resource manager until it ends;
+// one that does not is closed at once.
+func (c *peerConn) attach(dc *webrtc.DataChannel, incoming bool) (*stream, error) {
 	rwc, err := dc.DetachWithDeadline()
 	if err != nil {
 		dc.Close()
@@ -192,11 +197,32 @@ func (c *peerConn) attach(dc *webrtc.DataChannel) (*stream, error) {
 	}
 	s := newStream(c, raw)
 	t := c.t
+	if incoming && t.h != nil {
+		scope, err := t.h.Network().ResourceManager().OpenStream(c.peer, network.DirInbound)
+		if err != nil {
+			raw.Close()
+			return nil, fmt.Errorf("%w: the resource manager refused it: %w", ErrTooManyStreams, err)
+		}
+		s.scope = scope
+	}
 	t.mu.Lock()
 	if c.dead {
 		t.mu.Unlock()
+		s.done()
 		raw.Close()
 		return nil, fmt.Errorf("%w: %w", ErrReset, errConnLost)
+	}
+	if incoming && (c.incoming >= maxIncomingPerConn || t.streams >= maxStreams) {
+		n, all := c.incoming, t.streams
+		t.mu.Unlock()
+		s.done()
+		raw.Close()
+		return nil, fmt.Errorf("%w: %d open on this connection (at most %d), %d in all (at most %d)",
+			ErrTooManyStreams, n, maxIncomingPerConn, all, maxStreams)
+	}
+	if incoming {
+		c.incoming++
+		s.incoming = true
 	}
 	c.streams[s] = struct{}{}
 	c.lastUsed = t.cfg.Now()
@@ -214,8 +240,12 @@ func (c *peerConn) release(s *stream) {
 		return
 	}
 	delete(c.streams, s)
+	if s.incoming {
+		c.incoming--
+	}
 	c.lastUsed = t.cfg.Now()
 	t.streams--
+	s.done()
 }
 
 // accept takes a data channel the remote opened. It runs on pion's goroutine and must
@@ -227,7 +257,7 @@ func (c *peerConn) accept(dc *webrtc.DataChannel) {
 		return
 	}
 	dc.OnOpen(func() {
-		s, err := c.attach(dc)
+		s, err := c.attach(dc, true)
 		if err != nil {
 			log.Debugw("incoming stream", "peer", c.peer, "err", err)
 			return

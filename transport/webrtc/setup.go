@@ -78,7 +78,7 @@ func (t *Transport) offer(ctx context.Context, c *peerConn, st SignalStream, rel
 	if err = n.finish(err); err != nil {
 		return nil, err
 	}
-	return c.attach(dc)
+	return c.attach(dc, false)
 }
 
 // setupErr classifies a failed set-up (what names it in the error): the caller's context,

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/pion/datachannel"
 )
 
@@ -99,6 +100,21 @@ type stream struct {
 
 	releaseOnce sync.Once
 	released    chan struct{} // closed when the stream has ended and left its PeerConnection
+
+	// incoming is set when the remote opened the stream; scope is its reservation in the
+	// host's resource manager (nil: none), ended once by done.
+	incoming  bool
+	scope     network.StreamManagementScope
+	scopeDone sync.Once
+}
+
+// done ends the stream's resource-manager reservation, if it has one.
+func (s *stream) done() {
+	s.scopeDone.Do(func() {
+		if s.scope != nil {
+			s.scope.Done()
+		}
+	})
 }
 
 func newStream(c *peerConn, dc *datachannel.DataChannel) *stream {

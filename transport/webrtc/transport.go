@@ -32,6 +32,14 @@ const (
 	// DefaultMaxWarm: a node sends its requests to the few peers the router ranks best;
 	// eight PeerConnections keep those warm at a bounded cost in sockets and goroutines.
 	DefaultMaxWarm = 8
+	// maxIncomingPerConn bounds the streams a remote may have open on one PeerConnection
+	// (16): a peer's inference server admits 8 requests per requester, and a requester has
+	// no use for more channels than that at once; twice leaves room for channels closing.
+	// Beyond it a new channel is closed at once.
+	maxIncomingPerConn = 16
+	// maxStreams bounds the streams open over every PeerConnection together (256): each
+	// holds a goroutine and buffers (up to maxMessage read, sendHighWater queued).
+	maxStreams = 256
 	// maxConnsPerPeer bounds the PeerConnections kept to one peer: two when both peers set
 	// up at once. It also stops one peer from taking the whole pool by setting up again and
 	// again.
@@ -56,6 +64,10 @@ var ErrSignaling = errors.New("webrtc signaling failed")
 // MaxIncomingSetups set-ups are already under way; a libp2p offerer sees the same refusal
 // as a reset signaling stream. The client may try another peer.
 var ErrBusy = errors.New("too many webrtc set-ups in progress")
+
+// ErrTooManyStreams refuses a data channel beyond maxIncomingPerConn on its PeerConnection,
+// beyond maxStreams in all, or past the peer's limits in the host's resource manager.
+var ErrTooManyStreams = errors.New("too many webrtc streams")
 
 // ErrClosed is returned once the Transport is closed.
 var ErrClosed = errors.New("webrtc transport closed")
