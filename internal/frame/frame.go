@@ -4,7 +4,8 @@
 //
 // Its one job is that framing, and its invariants are the reader's: a hard maximum is
 // enforced before a body is read, so a peer announcing a huge frame costs at most the
-// varint's bytes (≤ 9) to refuse; a non-minimal varint, which would let one length have many
+// varint's bytes (≤ 9) to refuse; a body's buffer grows with the bytes that arrive, never
+// allocated from the announced length; a non-minimal varint, which would let one length have many
 // encodings, is refused; a stream that ends inside a frame is io.ErrUnexpectedEOF, never a
 // short frame.
 //
@@ -62,15 +63,28 @@ func read(lr io.ByteReader, r io.Reader, max int) ([]byte, error) {
 	if n > uint64(max) {
 		return nil, fmt.Errorf("%w: %d bytes, max %d", ErrTooLarge, n, max)
 	}
-	buf := make([]byte, n)
-	if _, err := io.ReadFull(r, buf); err != nil {
-		if errors.Is(err, io.EOF) {
-			err = io.ErrUnexpectedEOF
+	// The body is held as it arrives, never allocated from the announced length: a peer that
+	// announces max bytes and sends few makes this side hold what it sent, not max.
+	buf := make([]byte, 0, min(int(n), readChunk))
+	for len(buf) < int(n) {
+		if len(buf) == cap(buf) {
+			buf = append(buf, make([]byte, min(int(n)-len(buf), cap(buf)))...)[:len(buf)]
 		}
-		return nil, err
+		m, err := r.Read(buf[len(buf):min(int(n), cap(buf))])
+		buf = buf[:len(buf)+m]
+		if err != nil && len(buf) < int(n) {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return nil, err
+		}
 	}
 	return buf, nil
 }
+
+// readChunk is the most a frame's buffer holds before its bytes arrive (4 KiB); it doubles
+// as they do.
+const readChunk = 4 << 10
 
 // readUvarint reads a length prefix: io.EOF before its first byte, io.ErrUnexpectedEOF
 // inside it, ErrMalformed for a non-minimal encoding or one longer than maxVarintLen.
