@@ -32,11 +32,8 @@ import (
 // answers /v1/usage; a revoked key is refused from its next request.
 func TestCoordinatorKeysAndUsage(t *testing.T) {
 	dir := t.TempDir()
-	ks, err := gateway.OpenKeys(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, k, err := ks.Create("laptop", time.Now())
+	key, ks := createKey(t, dir)
+	k, err := ks.Check(key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,14 +188,7 @@ func (b heldBackend) Generate(ctx context.Context, req *inference.Request, emit 
 // client_disconnected outcome: hanging up is no way around the meter (issue 19, finding 4).
 func TestCoordinatorMetersWhatAHangUpReceived(t *testing.T) {
 	dir := t.TempDir()
-	ks, err := gateway.OpenKeys(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, _, err := ks.Create("laptop", time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
+	key, _ := createKey(t, dir)
 	const received = 3
 	consent := participation.Consent{Version: participation.ConsentVersion, RunLocal: true, Contribute: true}
 	n := startTestNode(t, Config{Models: []string{"synth-tiny"}, DataDir: dir, Consent: &consent,
@@ -232,4 +222,19 @@ func TestCoordinatorMetersWhatAHangUpReceived(t *testing.T) {
 	if e := events[0]; len(events) != 1 || e.TokensOut != received || e.Outcome != "client_disconnected" {
 		t.Fatalf("meter events %+v: want one client_disconnected with %d tokens out", events, received)
 	}
+}
+
+// createKey creates an API key named laptop in a coordinator's data dir and returns it with
+// the store.
+func createKey(t *testing.T, dir string) (string, *gateway.KeyStore) {
+	t.Helper()
+	ks, err := gateway.OpenKeys(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _, err := ks.Create("laptop", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key, ks
 }

@@ -18,15 +18,7 @@ import (
 // sequence numbers in order and no gap; a receipt queued after the stop is dropped without a
 // panic.
 func TestReceiptQueueWritesEveryReceipt(t *testing.T) {
-	dir := t.TempDir()
-	key, _, err := crypto.GenerateEd25519Key(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := receipts.Open(dir, key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, l := openReceipts(t)
 	q := newReceiptQueue(l)
 	const adders, each = 8, 300 // 2,400 receipts: more than the queue holds at once
 	var wg sync.WaitGroup
@@ -66,15 +58,7 @@ func TestReceiptQueueWritesEveryReceipt(t *testing.T) {
 // receipts that arrive within the window go with it (virtual time: testing/synctest).
 func TestReceiptQueueWritesWithinItsWindow(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		dir := t.TempDir()
-		key, _, err := crypto.GenerateEd25519Key(rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, err := receipts.Open(dir, key)
-		if err != nil {
-			t.Fatal(err)
-		}
+		dir, l := openReceipts(t)
 		defer l.Close()
 		q := newReceiptQueue(l)
 		defer q.stop()
@@ -99,4 +83,18 @@ func TestReceiptQueueWritesWithinItsWindow(t *testing.T) {
 			t.Fatalf("%d receipts written once the window closed, want both", n)
 		}
 	})
+}
+
+// openReceipts opens a receipts log in a new directory under a new key.
+func openReceipts(t *testing.T) (dir string, l *receipts.Log) {
+	t.Helper()
+	dir = t.TempDir()
+	key, _, err := crypto.GenerateEd25519Key(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err = receipts.Open(dir, key); err != nil {
+		t.Fatal(err)
+	}
+	return dir, l
 }
