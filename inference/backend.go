@@ -62,8 +62,10 @@ type ModelInfo struct {
 // use by multiple goroutines.
 type Backend interface {
 	// Models lists the models this backend serves with their warm or cold state, in a
-	// stable order. A backend that must ask a remote server may fail (any error; callers
-	// map it with CodeOf).
+	// stable order. It answers from memory: the router asks on every request and reads it
+	// on the request's path, so a backend that must ask a remote server refreshes its
+	// listing in the background (inference/upstream). It may fail (any error; callers map
+	// it with CodeOf).
 	Models(ctx context.Context) ([]ModelInfo, error)
 
 	// Generate runs one completion of req and streams it to emit. req is read, never

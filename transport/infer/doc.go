@@ -42,6 +42,12 @@
 // stream that turns out to have ended before any answer came back (closed by the server,
 // which then never read it) is sent again on a new stream; nothing of it ran.
 //
+// A client believes nothing a server says about its own work: more token frames than the
+// request's max_tokens, or more text than inference.Request.MaxCompletionBytes, is a
+// protocol error (the stream is reset, peer_lost), and the usage it reports is its own
+// count of the tokens received with the server's prompt count bounded by
+// inference.Request.BoundUsage.
+//
 // # Server rules
 //
 //   - The request must arrive within RequestTimeout of the stream opening (slow senders are
