@@ -5,7 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"strings"
+
+	"github.com/meshinfer/meshinfer/internal/loopback"
 )
 
 // ErrNotLoopback marks a listen address that would expose a local-only service.
@@ -20,10 +21,7 @@ func CheckLoopback(addr string) error {
 	if err != nil {
 		return fmt.Errorf("address %q: %w", addr, err)
 	}
-	if host == "localhost" {
-		return nil
-	}
-	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+	if !loopback.Host(host) {
 		return fmt.Errorf("%w: %q", ErrNotLoopback, addr)
 	}
 	return nil
@@ -38,25 +36,15 @@ func CheckLoopback(addr string) error {
 // --console-public) is not wrapped.
 func LoopbackHosts(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !loopbackHost(r.Host) {
+		host := r.Host
+		if h, _, err := net.SplitHostPort(r.Host); err == nil {
+			host = h
+		}
+		if !loopback.Host(host) {
 			http.Error(w, fmt.Sprintf("host %q is not this machine: this service answers on localhost or 127.0.0.1 only", r.Host),
 				http.StatusMisdirectedRequest)
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
-}
-
-// loopbackHost reports whether a Host header (host or host:port) names this machine.
-func loopbackHost(hostport string) bool {
-	host := hostport
-	if h, _, err := net.SplitHostPort(hostport); err == nil {
-		host = h
-	}
-	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
