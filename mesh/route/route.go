@@ -32,12 +32,14 @@ type Target struct {
 	Model string  // the model to run there
 }
 
-// String is the route as the API reports it: "local", "peer:<peer ID>" or "cloud".
+// String is the route as the API reports it: "local", "peer:<peer ID>" or "cloud"
+// (inference.Served's Route).
 func (t Target) String() string {
+	s := inference.Served{Tier: t.Tier}
 	if t.Tier == TierMesh {
-		return "peer:" + t.Peer.String()
+		s.Peer = t.Peer.String()
 	}
-	return string(t.Tier)
+	return s.Route()
 }
 
 // RepKey is the target's key in the reputation store: reputation.LocalTarget, the peer ID
