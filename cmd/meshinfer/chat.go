@@ -94,6 +94,9 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 	default:
 		out, err = chat(ctx, *api, cr, onText)
 	}
+	if errors.Is(err, gateway.ErrPlainHTTPKey) {
+		err = fmt.Errorf("%w; for a network you trust: --allow-http", err)
+	}
 	fmt.Fprintln(stdout)
 	if err != nil {
 		return err
@@ -121,9 +124,6 @@ func chatDirect(ctx context.Context, base, key string, plainHTTP bool, cr chatRe
 		"seed":       cr.seed,
 	}
 	res, err := direct.Chat(ctx, base, key, body, direct.Options{PlainHTTP: plainHTTP, OnToken: func(t inference.Token) { onText(t.Text) }})
-	if errors.Is(err, gateway.ErrPlainHTTPKey) {
-		return chatOutcome{}, fmt.Errorf("%w; for a network you trust: --allow-http", err)
-	}
 	if err != nil {
 		return chatOutcome{}, fmt.Errorf("direct through %s: %w", base, err)
 	}
@@ -150,9 +150,6 @@ func chatGateway(ctx context.Context, base, key, device string, plainHTTP bool, 
 		body["meshinfer"] = map[string]string{"privacy": cr.privacy, "priority": cr.priority}
 	}
 	res, err := c.Chat(ctx, body, func(t client.Token) { onText(t.Text) })
-	if errors.Is(err, gateway.ErrPlainHTTPKey) {
-		return chatOutcome{}, fmt.Errorf("%w; for a network you trust: --allow-http", err)
-	}
 	if err != nil {
 		_, refused := errors.AsType[*client.Error](err)
 		if !refused && !errors.Is(err, context.Canceled) && !errors.Is(err, client.ErrReplayMismatch) && !errors.Is(err, client.ErrProtocol) {

@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 )
 
 // maxVarintLen is the longest length prefix read: 9 bytes, lengths below 2^63 (go-varint's
@@ -68,7 +69,7 @@ func read(lr io.ByteReader, r io.Reader, max int) ([]byte, error) {
 	buf := make([]byte, 0, min(int(n), readChunk))
 	for len(buf) < int(n) {
 		if len(buf) == cap(buf) {
-			buf = append(buf, make([]byte, min(int(n)-len(buf), cap(buf)))...)[:len(buf)]
+			buf = slices.Grow(buf, min(int(n)-len(buf), cap(buf))) // doubles, up to n
 		}
 		m, err := r.Read(buf[len(buf):min(int(n), cap(buf))])
 		buf = buf[:len(buf)+m]

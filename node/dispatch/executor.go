@@ -90,9 +90,7 @@ const VerifyOff = -1.0
 // Executor executes requests; see the package documentation. Its methods are safe for
 // concurrent use.
 type Executor struct {
-	cfg   Config
-	local inference.Backend // cfg.Local
-	now   func() time.Time
+	cfg Config
 
 	stats routingStats
 	ver   verification
@@ -137,12 +135,15 @@ func New(cfg Config) (*Executor, error) {
 	}
 	bg, cancel := context.WithCancel(context.Background())
 	return &Executor{
-		cfg: cfg, local: cfg.Local, now: cfg.Now,
+		cfg:      cfg,
 		rng:      rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 		localTPS: map[string]float64{}, localCold: map[string]time.Duration{},
 		keys: map[peer.ID]string{}, inflight: map[peer.ID]int{}, bg: bg, bgCancel: cancel,
 	}, nil
 }
+
+// now is the executor's clock (Config.Now).
+func (d *Executor) now() time.Time { return d.cfg.Now() }
 
 // Close cancels the background work and waits for it. It is idempotent; requests running
 // when it is called end on their own contexts.
@@ -169,8 +170,8 @@ func (d *Executor) Models(ctx context.Context) []openai.Model {
 		m.Routes = append(m.Routes, where.Route())
 		m.Warm = m.Warm || warm
 	}
-	if d.local != nil {
-		if local, err := d.local.Models(ctx); err == nil {
+	if d.cfg.Local != nil {
+		if local, err := d.cfg.Local.Models(ctx); err == nil {
 			for _, m := range local {
 				add(m.Name, inference.Served{Tier: inference.TierLocal}, m.Warm)
 			}
@@ -211,8 +212,8 @@ const perPeerLimit = infer.DefaultMaxInFlightPerPeer
 func (d *Executor) snapshot(ctx context.Context, now time.Time) (s *route.Snapshot, full []registry.Entry) {
 	s = &route.Snapshot{Rep: d.cfg.Rep, Tune: route.DefaultTuning()}
 	var infos []inference.ModelInfo
-	if d.local != nil {
-		if ms, err := d.local.Models(ctx); err == nil {
+	if d.cfg.Local != nil {
+		if ms, err := d.cfg.Local.Models(ctx); err == nil {
 			infos = ms
 			s.Local.Accepting = len(ms) > 0
 		}

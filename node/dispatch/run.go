@@ -55,7 +55,7 @@ func (r *run) at(t route.Target) inference.Served {
 func (r *run) serve(ctx context.Context, dec route.Decision) (inference.Result, error) {
 	attempts := dec.Attempts
 	var lastErr error
-	if ld, ok := r.d.local.(Loader); ok && dec.Speculative {
+	if ld, ok := r.d.cfg.Local.(Loader); ok && dec.Speculative {
 		res, err, done, cloudLeft := r.speculate(ctx, ld, attempts[0], attempts[1])
 		if done {
 			return res, err
@@ -158,7 +158,7 @@ func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, er
 func (d *Executor) runOn(ctx context.Context, t route.Target, req *inference.Request, emit func(inference.Token) error, via *inference.Transport) (inference.Result, error) {
 	switch t.Tier {
 	case inference.TierLocal:
-		return d.local.Generate(ctx, req, emit)
+		return d.cfg.Local.Generate(ctx, req, emit)
 	case inference.TierCloud:
 		return d.cfg.Cloud.Generate(ctx, req, emit)
 	}
@@ -223,7 +223,7 @@ type timing struct {
 	tokens             int
 }
 
-func (d *Executor) measure() *timing { return &timing{now: d.now, start: d.now()} }
+func (d *Executor) measure() *timing { return &timing{now: d.cfg.Now, start: d.now()} }
 
 // token notes a token's arrival.
 func (m *timing) token() {

@@ -67,7 +67,7 @@ func (d *Executor) maybeVerify(r *run, ev *gateway.MeterEvent) bool {
 		return false
 	}
 	rate := d.cfg.VerifySample
-	if rate == VerifyOff || rate <= 0 {
+	if rate <= 0 { // VerifyOff, or no sampling
 		return false
 	}
 	if d.cfg.VerifyProbationSample > rate && d.cfg.Rep.Score(t.RepKey(), d.now()) < probationScore {
