@@ -17,6 +17,7 @@ import (
 	"github.com/meshinfer/meshinfer/mesh/registry"
 	"github.com/meshinfer/meshinfer/mesh/route"
 	"github.com/meshinfer/meshinfer/reputation"
+	"github.com/meshinfer/meshinfer/transport/gateway"
 	"github.com/meshinfer/meshinfer/transport/infer"
 	"github.com/meshinfer/meshinfer/transport/openai"
 )
@@ -278,6 +279,8 @@ func (d *Executor) Generate(ctx context.Context, req *inference.Request, emit fu
 	// receipt, countersigning it and syncing the event take a few hundred microseconds,
 	// which the client's response does not wait for: they run in the background, or here
 	// when the executor is closing.
+	at := r.served() // before r goes to the background
+	metered := false
 	if d.cfg.Meter != nil {
 		billed := res
 		if err != nil {
@@ -286,20 +289,19 @@ func (d *Executor) Generate(ctx context.Context, req *inference.Request, emit fu
 			// a completed answer.
 			billed.Usage = inference.Usage{CompletionTokens: len(r.sent), TotalTokens: len(r.sent)}
 		}
-		if ev, metered := d.cfg.Meter.Event(ctx, r.req.Model, r.served(), billed, err, d.now().Sub(start)); metered {
-			rr, rres := r, res
-			if !d.background(func() { d.meter(rr, rres, err, ev) }) {
-				d.meter(rr, rres, err, ev)
+		var ev gateway.MeterEvent
+		if ev, metered = d.cfg.Meter.Event(ctx, r.req.Model, at, billed, err, d.now().Sub(start)); metered {
+			rres := res
+			if !d.background(func() { d.meter(r, rres, err, ev) }) {
+				d.meter(r, rres, err, ev)
 			}
-			res.Receipt = ""
-			return res, r.served(), err
 		}
 	}
-	if err == nil {
+	if !metered && err == nil {
 		d.maybeVerify(r, nil) // in the background: the client's response does not wait
 	}
 	res.Receipt = "" // the peer's record, not the client's
-	return res, r.served(), err
+	return res, at, err
 }
 
 // background runs fn on a goroutine Close waits for, and reports whether it did: false once
