@@ -237,6 +237,10 @@ func (n *Node) start() error {
 	n.reg = registry.New(registry.ParamsForHeartbeat(cfg.Heartbeat))
 	n.announcer, err = announce.New(h, n.ps, n.key, n.reg, vectorSource{n}, announce.Params{
 		Mesh: cfg.Mesh, Heartbeat: cfg.Heartbeat, Now: cfg.Now,
+		// A peer known only from others' announcements is contacted through the DHT-routed
+		// host, in the background and a few at a time: a request never waits on a lookup,
+		// and a made-up identity is dropped without ever being routed to.
+		Contact: func(ctx context.Context, p peer.ID) error { return n.dialer.Connect(ctx, peer.AddrInfo{ID: p}) },
 	})
 	if err != nil {
 		return fmt.Errorf("start announcer: %w", err)

@@ -21,8 +21,12 @@ func (n *Node) Status() console.Status {
 		addrs = append(addrs, a.String())
 	}
 	entries := n.reg.Entries(now)
-	stale := 0
+	known, stale := 0, 0
 	for _, e := range entries {
+		if !e.Contacted {
+			continue
+		}
+		known++
 		if e.Stale {
 			stale++
 		}
@@ -34,6 +38,7 @@ func (n *Node) Status() console.Status {
 		}
 	}
 	c := n.announcer.Counts()
+	contacted, dropped := n.announcer.Contacts()
 	rs := n.rep.Stats(now)
 	inf := console.Inference{API: n.APIAddr(), Models: append([]string{}, n.cfg.Models...)}
 	if n.infer != nil {
@@ -66,7 +71,8 @@ func (n *Node) Status() console.Status {
 		Mesh: console.Mesh{
 			Name:           n.cfg.Mesh,
 			PeersConnected: connected,
-			PeersKnown:     len(entries),
+			PeersKnown:     known,
+			PeersPending:   len(entries) - known,
 			PeersStale:     stale,
 			TopicPeers:     n.announcer.TopicPeers(),
 			DHTPeers:       n.dht.RoutingTable().Size(),
@@ -77,6 +83,9 @@ func (n *Node) Status() console.Status {
 			Rejected:  c.Rejected,
 			Ignored:   c.Ignored,
 			Synced:    n.announcer.Synced(),
+			Contacted: contacted,
+			Dropped:   dropped,
+			Refused:   n.reg.Counts(),
 		},
 	}
 }
@@ -90,6 +99,7 @@ func (n *Node) Peers() []console.Peer {
 		out = append(out, console.Peer{
 			PeerID:     e.Peer.String(),
 			Connected:  e.Connected,
+			Contacted:  e.Contacted,
 			Stale:      e.Stale,
 			AgeS:       e.Age(now).Seconds(),
 			Score:      n.rep.Score(e.Peer.String(), now),

@@ -409,7 +409,7 @@ func (t *Testnet) dropConnections(n *node.Node) {
 func (t *Testnet) Cloud() *Cloud { return t.cloud }
 
 // Converged reports whether every running node holds a fresh (not stale) verified vector
-// of every other running node.
+// of every other running node, and has been connected to it (a routing candidate).
 func (t *Testnet) Converged() bool {
 	nodes := t.Running()
 	for _, n := range nodes {
@@ -419,7 +419,7 @@ func (t *Testnet) Converged() bool {
 				continue
 			}
 			e, ok := n.Registry().Get(other.ID(), now)
-			if !ok || e.Stale {
+			if !ok || e.Stale || !e.Contacted {
 				return false
 			}
 		}

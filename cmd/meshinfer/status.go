@@ -79,8 +79,15 @@ func renderStatus(w io.Writer, st console.Status, peers []console.Peer) {
 	fmt.Fprintf(w, "version   %s   roles %s   up %s\n", st.Version, strings.Join(st.Roles, ","), (time.Duration(st.UptimeS) * time.Second).String())
 	fmt.Fprintf(w, "mesh      %s: %d known (%d stale), %d connected, %d on the caps topic, %d in the DHT\n",
 		st.Mesh.Name, st.Mesh.PeersKnown, st.Mesh.PeersStale, st.Mesh.PeersConnected, st.Mesh.TopicPeers, st.Mesh.DHTPeers)
+	if st.Mesh.PeersPending > 0 {
+		fmt.Fprintf(w, "          %d more pending: heard of through others, not yet connected to, not routed to\n", st.Mesh.PeersPending)
+	}
 	a := st.Announcements
 	fmt.Fprintf(w, "announce  %d published; received %d accepted, %d rejected, %d ignored\n", a.Published, a.Accepted, a.Rejected, a.Ignored)
+	if r := a.Refused; r.OverBudget+r.Unreachable+r.Full+a.Dropped > 0 {
+		fmt.Fprintf(w, "          refused %d new identities over their source's budget, %d of unreachable peers, %d for lack of room; dropped %d unreachable peers\n",
+			r.OverBudget, r.Unreachable, r.Full, a.Dropped)
+	}
 	p := st.Participation
 	consent := "no consent recorded (contributes nothing; run 'meshinfer consent')"
 	if p.Consent.Given {

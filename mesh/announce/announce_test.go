@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/multiformats/go-multiaddr"
 
 	"github.com/meshinfer/meshinfer/internal/frame"
 	"github.com/meshinfer/meshinfer/mesh/caps"
@@ -285,7 +287,9 @@ func TestTwoAnnouncersSeeEachOther(t *testing.T) {
 
 // TestNewcomerLearnsNonNeighbours: C connects to B only and learns A's vector within
 // seconds, with no re-announcement (the heartbeat is minutes): through B's sync answer, or
-// through GossipSub's IHAVE gossip if B still holds A's message in its history window.
+// through GossipSub's IHAVE gossip if B still holds A's message in its history window. A is
+// pending on C until C's contact (addresses from a directory, as the node's DHT would give
+// them) connects them; then it is contacted.
 func TestNewcomerLearnsNonNeighbours(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -294,15 +298,26 @@ func TestNewcomerLearnsNonNeighbours(t *testing.T) {
 		reg *registry.Registry
 		a   *Announcer
 	}
+	var dirMu sync.Mutex
+	directory := map[peer.ID][]multiaddr.Multiaddr{}
 	mk := func() member {
 		k := newKey(t)
 		h := newHost(t, k)
+		dirMu.Lock()
+		directory[h.ID()] = h.Addrs()
+		dirMu.Unlock()
 		ps, err := pubsub.NewGossipSub(ctx, h)
 		if err != nil {
 			t.Fatal(err)
 		}
 		reg := registry.New(registry.ParamsForHeartbeat(time.Hour))
-		a, err := New(h, ps, k, reg, fixedSource{}, Params{Mesh: testMesh, Heartbeat: time.Hour / ttlHeartbeats / 10})
+		contact := func(ctx context.Context, p peer.ID) error {
+			dirMu.Lock()
+			addrs := directory[p]
+			dirMu.Unlock()
+			return h.Connect(ctx, peer.AddrInfo{ID: p, Addrs: addrs})
+		}
+		a, err := New(h, ps, k, reg, fixedSource{}, Params{Mesh: testMesh, Heartbeat: time.Hour / ttlHeartbeats / 10, Contact: contact})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -317,9 +332,10 @@ func TestNewcomerLearnsNonNeighbours(t *testing.T) {
 	if err := c.h.Connect(ctx, peer.AddrInfo{ID: b.h.ID(), Addrs: b.h.Addrs()}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "C to learn A through B", func() bool {
-		_, ok := c.reg.Get(a.h.ID(), time.Now())
-		return ok
+	waitFor(t, "C to learn A through B and contact it", func() bool {
+		e, ok := c.reg.Get(a.h.ID(), time.Now())
+		n, _ := c.a.Contacts()
+		return ok && e.Contacted && n == 1
 	})
 }
 

@@ -36,6 +36,13 @@ const (
 	pingTimeout = 2 * time.Second
 	// pingPeers is how many connected peers are pinged per heartbeat: enough for a median.
 	pingPeers = 4
+	// contactTimeout bounds one attempt to connect to a pending peer, a DHT lookup of its
+	// addresses included.
+	contactTimeout = 15 * time.Second
+	// contactWorkers is how many pending peers are contacted at once, and contactQueue how
+	// many may wait (the others are queued again at the next heartbeat).
+	contactWorkers = 4
+	contactQueue   = 64
 	// ttlHeartbeats is how many heartbeats a vector stays valid: three, so one lost message
 	// never expires a live peer's vector.
 	ttlHeartbeats = 3
@@ -58,6 +65,10 @@ type Params struct {
 	Heartbeat time.Duration    // re-announce period; DefaultHeartbeat when 0
 	MinGap    time.Duration    // least gap between publishes; DefaultMinGap when 0
 	Now       func() time.Time // clock; time.Now when nil
+	// Contact connects to a pending peer (one the registry holds but this node was never
+	// connected to), finding its addresses if it must; nil uses the host's Connect with the
+	// addresses in its peerstore. A peer that cannot be contacted is dropped.
+	Contact func(ctx context.Context, p peer.ID) error
 }
 
 // Announcer publishes this node's vector and feeds the registry from others'.
@@ -76,15 +87,24 @@ type Announcer struct {
 
 	trigger chan struct{} // one slot: a pending publish request
 	syncQ   chan peer.ID  // peers to pull vectors from (see SyncProtocol)
-	born    time.Time     // when New ran (syncLoop pulls twice while the node is young)
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	closed  atomic.Bool
+	serve   syncLimiter   // bounds the sync answers this node gives
+	// contactQ holds pending peers to contact; queued (under qmu) those in it or being
+	// contacted, so a peer is queued once.
+	contactQ chan peer.ID
+	qmu      sync.Mutex
+	queued   map[peer.ID]bool
+	born     time.Time // when New ran (syncLoop pulls twice while the node is young)
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	closed   atomic.Bool
 
 	own       atomic.Pointer[caps.Vector] // latest signed vector of this node
+	ownWire   atomic.Pointer[[]byte]      // its wire form
 	published atomic.Uint64               // publishes done
 	reached   atomic.Int64                // topic peers present at the latest publish
 	synced    atomic.Uint64               // vectors learned through SyncProtocol
+	contacted atomic.Uint64               // pending peers contacted
+	dropped   atomic.Uint64               // pending peers dropped as unreachable
 	rttMS     atomic.Uint64               // math.Float64bits of the latest median RTT
 
 	mu  sync.Mutex // guards seq
@@ -103,15 +123,21 @@ func New(h host.Host, ps *pubsub.PubSub, key crypto.PrivKey, reg *registry.Regis
 	if p.Now == nil {
 		p.Now = time.Now
 	}
+	if p.Contact == nil {
+		p.Contact = func(ctx context.Context, id peer.ID) error { return h.Connect(ctx, peer.AddrInfo{ID: id}) }
+	}
 	if p.Heartbeat*ttlHeartbeats > caps.MaxTTL {
 		return nil, fmt.Errorf("heartbeat %v too long: vectors would outlive %v", p.Heartbeat, caps.MaxTTL)
 	}
 	a := &Announcer{
 		h: h, key: key, src: src, reg: reg, params: p, ps: ps,
-		val:     newValidator(p.Now),
-		trigger: make(chan struct{}, 1),
-		syncQ:   make(chan peer.ID, syncQueue),
-		born:    time.Now(),
+		val:      newValidator(p.Now),
+		trigger:  make(chan struct{}, 1),
+		syncQ:    make(chan peer.ID, syncQueue),
+		serve:    syncLimiter{last: make(map[peer.ID]window)},
+		contactQ: make(chan peer.ID, contactQueue),
+		queued:   make(map[peer.ID]bool),
+		born:     time.Now(),
 		// Start the seq at the wall clock in ms, so a restart with the same identity keeps
 		// announcing above the seq its peers remember.
 		seq: uint64(max(p.Now().UnixMilli(), 1)),
@@ -119,6 +145,9 @@ func New(h host.Host, ps *pubsub.PubSub, key crypto.PrivKey, reg *registry.Regis
 	a.val.newer = func(id peer.ID, seq uint64) bool {
 		have, ok := reg.Seq(id)
 		return ok && have > seq
+	}
+	a.val.admit = func(author, via peer.ID) bool {
+		return reg.Admit(author, registry.Heard{Via: via, Connected: a.connected(author)}, p.Now()) == registry.Stored
 	}
 	name := Topic(p.Mesh)
 	if err := ps.RegisterTopicValidator(name, pubsub.ValidatorEx(a.val.Validate)); err != nil {
@@ -133,7 +162,10 @@ func New(h host.Host, ps *pubsub.PubSub, key crypto.PrivKey, reg *registry.Regis
 	a.cancel = cancel
 	a.Changed() // announce at start
 	// Each loop exits when ctx is cancelled by Close (or its input closes), and is waited for there.
-	a.wg.Add(5)
+	a.wg.Add(5 + contactWorkers)
+	for range contactWorkers {
+		go a.contactLoop(ctx)
+	}
 	go a.syncLoop(ctx)
 	go a.publishLoop(ctx)
 	go a.receiveLoop(ctx)
@@ -209,6 +241,12 @@ func (a *Announcer) Synced() uint64 { return a.synced.Load() }
 // Published is the number of announcements this node has published.
 func (a *Announcer) Published() uint64 { return a.published.Load() }
 
+// Contacts returns how many pending peers were contacted, and how many were dropped as
+// unreachable.
+func (a *Announcer) Contacts() (contacted, dropped uint64) {
+	return a.contacted.Load(), a.dropped.Load()
+}
+
 // TopicPeers is the number of peers subscribed to the capability topic.
 func (a *Announcer) TopicPeers() int { return len(a.topic.ListPeers()) }
 
@@ -227,7 +265,14 @@ func (a *Announcer) publishLoop(ctx context.Context) {
 			return
 		case <-heartbeat.C:
 			a.measureRTT(ctx)
-			a.reg.Sweep(a.params.Now())
+			now := a.params.Now()
+			for _, g := range a.reg.Sweep(now) {
+				// Its last vector may still be valid: a sync answer must not bring it back.
+				a.val.raise(g.Peer, g.Seq, now)
+			}
+			for _, p := range a.reg.PendingPeers() {
+				a.contactLater(p)
+			}
 		case <-a.trigger:
 		}
 		if err := a.publish(ctx); err != nil && ctx.Err() == nil {
@@ -268,6 +313,7 @@ func (a *Announcer) publish(ctx context.Context) error {
 		return err
 	}
 	a.own.Store(&v)
+	a.ownWire.Store(&data)
 	if err := a.topic.Publish(ctx, data); err != nil {
 		return fmt.Errorf("publish on %s: %w", a.topic, err)
 	}
@@ -289,10 +335,75 @@ func (a *Announcer) receiveLoop(ctx context.Context) {
 			continue
 		}
 		author := msg.GetFrom()
-		if a.reg.Put(author, vec, a.params.Now()) {
-			a.reg.SetConnected(author, a.h.Network().Connectedness(author) == network.Connected)
+		heard := registry.Heard{Vector: vec, Wire: msg.Data, Via: msg.ReceivedFrom, Connected: a.connected(author)}
+		if a.reg.Put(author, heard, a.params.Now()) == registry.Stored {
+			a.contactLater(author)
 		}
 	}
+}
+
+// connected reports whether a direct connection to p exists now.
+func (a *Announcer) connected(p peer.ID) bool {
+	return a.h.Network().Connectedness(p) == network.Connected
+}
+
+// contactLater queues p to be contacted if the registry holds it pending and it is not
+// queued yet. A full queue drops it; the next heartbeat queues it again.
+func (a *Announcer) contactLater(p peer.ID) {
+	if !a.reg.Pending(p) {
+		return
+	}
+	a.qmu.Lock()
+	defer a.qmu.Unlock()
+	if a.queued[p] {
+		return
+	}
+	select {
+	case a.contactQ <- p:
+		a.queued[p] = true
+	default:
+	}
+}
+
+// contactLoop connects to pending peers: one that answers becomes contacted (a routing
+// candidate); one that cannot be reached is dropped from the registry, refused for a while,
+// and its last vector cannot come back through sync. Exits when ctx is done.
+func (a *Announcer) contactLoop(ctx context.Context) {
+	defer a.wg.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case p := <-a.contactQ:
+			a.contact(ctx, p)
+			a.qmu.Lock()
+			delete(a.queued, p)
+			a.qmu.Unlock()
+		}
+	}
+}
+
+func (a *Announcer) contact(ctx context.Context, p peer.ID) {
+	if !a.reg.Pending(p) {
+		return // connected meanwhile, or gone
+	}
+	cctx, cancel := context.WithTimeout(ctx, contactTimeout)
+	err := a.params.Contact(cctx, p)
+	cancel()
+	if ctx.Err() != nil {
+		return
+	}
+	if err == nil {
+		a.reg.SetConnected(p, true)
+		a.contacted.Add(1)
+		return
+	}
+	log.Debugw("pending peer unreachable; dropped", "peer", p, "err", err)
+	now := a.params.Now()
+	seq, _ := a.reg.Seq(p)
+	a.reg.Unreachable(p, now)
+	a.val.raise(p, seq, now)
+	a.dropped.Add(1)
 }
 
 // joinLoop re-announces when a peer joins the topic. Exits when ctx is done.

@@ -21,6 +21,8 @@
 //	expired, or issued more than 5 min ahead (clock_skew)          Ignore (may be a slow relay)
 //	seq ≤ the highest seq accepted from that peer, or below the    Ignore (replay)
 //	seq the registry holds for it (vectors pulled by sync)
+//	a new identity past the forwarder's budget, or a peer found    Ignore (registry.Admit)
+//	unreachable lately
 //	otherwise                                                      Accept
 //
 // The per-peer seq high-water mark lives here, not in GossipSub's seen-cache, so a replay is
@@ -36,8 +38,17 @@
 // 2 s later, and during its first minute a node pulls from each joining peer a second time
 // 2 s after the first: its first neighbours are still learning the mesh when it meets them.
 //
+// Contact: a vector that reaches this node through another peer (a forwarder, a sync
+// answer) makes its author pending in the registry, not a routing candidate. Up to
+// contactWorkers pending peers at a time are connected to through Params.Contact (the node
+// passes its DHT-routed host); one that answers becomes contacted, one that does not is
+// dropped and refused for a while (registry.Unreachable), and its seq is kept in the
+// high-water mark so a sync answer cannot bring its last vector back. Pending peers are
+// queued again every heartbeat.
+//
 // The Announcer also watches libp2p connection events so the registry marks a clean
-// disconnect at once, and sweeps forgotten peers every heartbeat.
+// disconnect at once, and sweeps forgotten peers every heartbeat (their seq, too, stays in
+// the high-water mark).
 package announce
 
 // Topic returns the GossipSub topic for capability vectors of the named mesh.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/meshinfer/meshinfer/internal/frame"
 	"github.com/meshinfer/meshinfer/mesh/caps"
+	"github.com/meshinfer/meshinfer/mesh/registry"
 )
 
 // SyncProtocol returns the protocol ID of the capability sync of the named mesh; the mesh
@@ -23,12 +25,20 @@ import (
 // peer knows, instead of waiting up to a heartbeat for each of them to be re-announced.
 //
 // Wire: the client opens a stream and closes its write side without sending anything. The
-// server writes up to syncMaxVectors frames, each an unsigned varint length (minimal
-// encoding) followed by one signed vector in its wire form (≤ caps.MaxEncodedSize bytes),
-// its own first, then closes. Every vector is checked by the client exactly as a GossipSub
-// announcement is (signature, bounds, expiry, seq high-water mark): a server can withhold
-// vectors but cannot forge or roll one back. A server that sends a forged or malformed vector
-// or an oversized frame has its stream reset and the rest of its answer discarded.
+// server writes up to syncMaxVectors frames, syncMaxBytes of vectors in all, each an
+// unsigned varint length (minimal encoding) followed by one signed vector in its wire form
+// (≤ caps.MaxEncodedSize bytes), its own first, then closes. It serves only the vectors of
+// peers it has been connected to (contacted, see registry), as it received them, and
+// answers one peer at most syncServeBurst times per syncServeWindow, syncMaxServing peers at
+// once; past that it resets the stream.
+//
+// Every vector is checked by the client exactly as a GossipSub announcement is (signature,
+// bounds, expiry, seq high-water mark) and admitted to the registry like one (a new identity
+// is charged to the server's budget): a server can withhold vectors but cannot forge or roll
+// one back, nor bring back a vector of a peer the client forgot, nor hand over more made-up
+// identities than its budget. A server that sends a forged or malformed vector, an oversized
+// frame or more than syncMaxBytes has its stream reset and the rest of its answer discarded;
+// once its budget is spent, the client stops reading.
 func SyncProtocol(mesh string) protocol.ID {
 	return protocol.ID("/meshinfer/" + mesh + "/caps-sync/1.0.0")
 }
@@ -38,6 +48,14 @@ const (
 	syncTimeout = 10 * time.Second
 	// syncMaxVectors bounds one answer: the registry's cap, so a full registry can be served.
 	syncMaxVectors = 4096
+	// syncMaxBytes bounds one answer in bytes: 2 MiB, a thousand typical vectors (1-2 KiB).
+	syncMaxBytes = 2 << 20
+	// syncServeBurst answers per syncServeWindow per peer: a young node pulls twice from
+	// each neighbour, and once more after a failure.
+	syncServeBurst  = 3
+	syncServeWindow = 30 * time.Second
+	// syncMaxServing bounds the answers written at once.
+	syncMaxServing = 8
 	// resyncDelay is how long after a pull the second one comes (see syncLoop): a few
 	// GossipSub heartbeats (1 s), time for the neighbour to hear of its own neighbours.
 	resyncDelay = 2 * time.Second
@@ -49,16 +67,78 @@ const (
 	syncQueue = 64
 )
 
-var errSyncMisbehaved = errors.New("sync peer sent an invalid vector")
+var (
+	errSyncMisbehaved = errors.New("sync peer sent an invalid vector")
+	errSyncTooLarge   = errors.New("sync answer larger than its bound")
+)
 
-// handleSync serves this node's vector and every fresh vector in its registry.
+// syncLimiter bounds the sync answers a node gives: per peer, syncServeBurst per
+// syncServeWindow (fixed windows), and syncMaxServing at once.
+type syncLimiter struct {
+	mu      sync.Mutex
+	serving int
+	last    map[peer.ID]window
+}
+
+type window struct {
+	start time.Time
+	n     int
+}
+
+// maxSyncClients bounds the windows remembered; clients are connected peers.
+const maxSyncClients = 1024
+
+// acquire reports whether p may be answered now; if so, release must follow.
+func (l *syncLimiter) acquire(p peer.ID, now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.serving >= syncMaxServing {
+		return false
+	}
+	w, ok := l.last[p]
+	if !ok || now.Sub(w.start) >= syncServeWindow {
+		if !ok && len(l.last) >= maxSyncClients {
+			for id, w := range l.last {
+				if now.Sub(w.start) >= syncServeWindow {
+					delete(l.last, id)
+				}
+			}
+			if len(l.last) >= maxSyncClients {
+				return false
+			}
+		}
+		w = window{start: now}
+	}
+	if w.n >= syncServeBurst {
+		return false
+	}
+	w.n++
+	l.last[p] = w
+	l.serving++
+	return true
+}
+
+func (l *syncLimiter) release() {
+	l.mu.Lock()
+	l.serving--
+	l.mu.Unlock()
+}
+
+// handleSync serves this node's vector and the fresh vectors of contacted peers.
 func (a *Announcer) handleSync(s network.Stream) {
+	from := s.Conn().RemotePeer()
+	if !a.serve.acquire(from, a.params.Now()) {
+		log.Debugw("sync refused: over the rate", "peer", from)
+		s.Reset()
+		return
+	}
+	defer a.serve.release()
 	if err := s.SetDeadline(time.Now().Add(syncTimeout)); err != nil {
 		s.Reset()
 		return
 	}
 	if err := a.writeSync(s); err != nil {
-		log.Debugw("sync answer failed", "peer", s.Conn().RemotePeer(), "err", err)
+		log.Debugw("sync answer failed", "peer", from, "err", err)
 		s.Reset()
 		return
 	}
@@ -66,21 +146,20 @@ func (a *Announcer) handleSync(s network.Stream) {
 }
 
 func (a *Announcer) writeSync(s network.Stream) error {
-	vecs := make([]*caps.Vector, 0, a.reg.Len()+1)
-	if own := a.own.Load(); own != nil {
-		vecs = append(vecs, own)
+	var own []byte
+	if p := a.ownWire.Load(); p != nil {
+		own = *p
 	}
-	for _, e := range a.reg.Entries(a.params.Now()) {
-		if !e.Stale && e.Peer != s.Conn().RemotePeer() {
-			vecs = append(vecs, e.Vector)
-		}
-	}
+	vecs := a.reg.Wire(a.params.Now(), s.Conn().RemotePeer(), syncMaxVectors-1, syncMaxBytes-len(own))
 	w := bufio.NewWriter(s)
 	var buf []byte
-	for _, v := range vecs[:min(len(vecs), syncMaxVectors)] {
-		data, err := caps.Encode(v)
-		if err != nil {
-			return err
+	for i := -1; i < len(vecs); i++ {
+		data := own
+		if i >= 0 {
+			data = vecs[i]
+		}
+		if len(data) == 0 {
+			continue
 		}
 		buf = frame.Append(buf[:0], data)
 		if _, err := w.Write(buf); err != nil {
@@ -109,9 +188,9 @@ func (a *Announcer) syncFrom(ctx context.Context, p peer.ID) (int, error) {
 		s.Reset()
 		return 0, err
 	}
-	added, err := a.readSync(frame.NewReader(s, caps.MaxEncodedSize), p)
-	if err != nil {
-		s.Reset()
+	added, done, err := a.readSync(frame.NewReader(s, caps.MaxEncodedSize), p)
+	if err != nil || !done {
+		s.Reset() // also when the rest is not wanted: the server stops writing
 		return added, err
 	}
 	s.Close()
@@ -119,66 +198,79 @@ func (a *Announcer) syncFrom(ctx context.Context, p peer.ID) (int, error) {
 }
 
 // readSync reads frames of at most caps.MaxEncodedSize bytes from r (the size is checked
-// before the body is read).
-func (a *Announcer) readSync(r *frame.Reader, from peer.ID) (int, error) {
-	added := 0
+// before the body is read), syncMaxBytes in all. done is false when it stopped before the
+// end of the answer: past syncMaxVectors, or once the server's budget of new identities is
+// spent.
+func (a *Announcer) readSync(r *frame.Reader, from peer.ID) (added int, done bool, err error) {
+	size := 0
 	for range syncMaxVectors {
 		buf, err := r.Next()
 		if errors.Is(err, io.EOF) {
-			return added, nil
+			return added, true, nil
 		}
 		if errors.Is(err, frame.ErrTooLarge) {
-			return added, fmt.Errorf("%w: %w", errSyncMisbehaved, err)
+			return added, false, fmt.Errorf("%w: %w", errSyncMisbehaved, err)
 		}
 		if err != nil {
-			return added, fmt.Errorf("read frame: %w", err)
+			return added, false, fmt.Errorf("read frame: %w", err)
 		}
-		ok, err := a.acceptSynced(buf)
+		if size += len(buf); size > syncMaxBytes {
+			return added, false, fmt.Errorf("%w from %s: %w", errSyncMisbehaved, from, errSyncTooLarge)
+		}
+		res, err := a.acceptSynced(buf, from)
 		if err != nil {
-			return added, fmt.Errorf("%w from %s: %w", errSyncMisbehaved, from, err)
+			return added, false, fmt.Errorf("%w from %s: %w", errSyncMisbehaved, from, err)
 		}
-		if ok {
+		switch res {
+		case registry.Stored:
 			added++
+		case registry.OverBudget, registry.Full:
+			return added, false, nil
 		}
 	}
-	return added, nil // more than syncMaxVectors: the rest is ignored
+	return added, false, nil // more than syncMaxVectors: the rest is ignored
 }
 
-// acceptSynced applies one synced vector. A vector that is merely old (expired, clock skew,
-// seq not above the high-water mark, our own) is skipped without error; a forged or
-// malformed one is an error.
-func (a *Announcer) acceptSynced(data []byte) (bool, error) {
+// acceptSynced applies one synced vector handed over by from. A vector that is merely old
+// (expired, clock skew, seq at or below the high-water mark, our own) is skipped without
+// error, as Old; a forged or malformed one is an error.
+func (a *Announcer) acceptSynced(data []byte, from peer.ID) (registry.Result, error) {
 	now := a.params.Now()
 	// Most of a sync answer is already known: skip the signature check (the dominant cost)
 	// for a vector whose seq the registry already holds. Decode still bounds-checks.
 	if v, err := caps.Decode(data); err == nil {
 		if author, err := peer.Decode(v.PeerID); err == nil && (author == a.h.ID() || a.known(author, v.Seq)) {
-			return false, nil
+			return registry.Old, nil
 		}
 	}
 	v, err := caps.Verify(data, now)
 	if errors.Is(err, caps.ErrExpired) || errors.Is(err, caps.ErrClockSkew) {
-		return false, nil
+		return registry.Old, nil
 	}
 	if err != nil {
-		return false, err
+		return registry.Old, err
 	}
 	author, err := peer.Decode(v.PeerID)
 	if err != nil {
-		return false, err
+		return registry.Old, err
 	}
-	// Only a rollback is refused here; the high-water mark is not raised. If it were, the
-	// GossipSub copy of this same announcement, arriving after the pull, would be Ignored and
-	// so not forwarded, and a newcomer's vector would stop at the peers that pulled it until
-	// its next heartbeat.
-	if author == a.h.ID() || a.val.below(author, v.Seq) {
-		return false, nil
+	// The high-water mark refuses a replay or a rollback, and the last vector of a peer the
+	// registry forgot (raised at the sweep). It is not raised here: if it were, the
+	// GossipSub copy of this same announcement, arriving after the pull, would be Ignored
+	// and so not forwarded, and a newcomer's vector would stop at the peers that pulled it
+	// until its next heartbeat.
+	if author == a.h.ID() || a.val.seen(author, v.Seq) {
+		return registry.Old, nil
 	}
-	if !a.reg.Put(author, v, now) {
-		return false, nil
+	heard := registry.Heard{Vector: v, Wire: data, Via: from, Connected: a.connected(author)}
+	if res := a.reg.Admit(author, heard, now); res != registry.Stored {
+		return res, nil
 	}
-	a.reg.SetConnected(author, a.h.Network().Connectedness(author) == network.Connected)
-	return true, nil
+	res := a.reg.Put(author, heard, now)
+	if res == registry.Stored {
+		a.contactLater(author)
+	}
+	return res, nil
 }
 
 // known reports whether the registry already holds p's vector at seq or later.

@@ -36,6 +36,10 @@ type validator struct {
 	// message is a rollback even if it is above the high-water mark (vectors pulled by sync
 	// do not raise the mark, see acceptSynced).
 	newer func(p peer.ID, seq uint64) bool
+	// admit, when set, reports whether the registry would take a vector of author handed
+	// over by via (registry.Admit: a new identity is charged to via's budget). A vector it
+	// would not take is Ignored, so it is not forwarded either.
+	admit func(author, via peer.ID) bool
 
 	accepted, rejected, ignored atomic.Uint64
 
@@ -90,6 +94,10 @@ func (v *validator) check(msg *pubsub.Message) pubsub.ValidationResult {
 	if v.newer != nil && v.newer(author, vec.Seq) {
 		return pubsub.ValidationIgnore
 	}
+	if v.admit != nil && !v.admit(author, msg.ReceivedFrom) {
+		log.Debugw("announcement ignored: not admitted to the registry", "peer", msg.ReceivedFrom, "author", author)
+		return pubsub.ValidationIgnore
+	}
 	if !v.advance(author, vec.Seq, now) {
 		return pubsub.ValidationIgnore
 	}
@@ -112,12 +120,27 @@ func (v *validator) advance(p peer.ID, seq uint64, now time.Time) bool {
 	return true
 }
 
-// below reports whether seq is under p's high-water mark (a rollback), without changing it.
-func (v *validator) below(p peer.ID, seq uint64) bool {
+// seen reports whether seq is at or under p's high-water mark (a replay or a rollback),
+// without changing it.
+func (v *validator) seen(p peer.ID, seq uint64) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	m, ok := v.high[p]
-	return ok && seq < m.seq
+	return ok && seq <= m.seq
+}
+
+// raise lifts p's high-water mark to seq (a peer the registry forgot or found unreachable:
+// its last vector must not come back through a sync answer).
+func (v *validator) raise(p peer.ID, seq uint64, now time.Time) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if m, ok := v.high[p]; ok && m.seq >= seq {
+		return
+	}
+	if _, ok := v.high[p]; !ok && len(v.high) >= highWaterCap {
+		v.evictLocked(now)
+	}
+	v.high[p] = mark{seq: seq, at: now}
 }
 
 func (v *validator) evictLocked(now time.Time) {

@@ -28,6 +28,7 @@ import (
 
 	"github.com/meshinfer/meshinfer/mesh/caps"
 	"github.com/meshinfer/meshinfer/mesh/participation"
+	"github.com/meshinfer/meshinfer/mesh/registry"
 	"github.com/meshinfer/meshinfer/transport"
 )
 
@@ -199,10 +200,13 @@ type TargetReputation struct {
 type Mesh struct {
 	Name           string `json:"name"`
 	PeersConnected int    `json:"peers_connected"` // direct libp2p connections, any peer
-	PeersKnown     int    `json:"peers_known"`     // peers with a verified vector in the registry
-	PeersStale     int    `json:"peers_stale"`     // known peers silent for over two heartbeats
-	TopicPeers     int    `json:"topic_peers"`     // connected peers subscribed to the caps topic
-	DHTPeers       int    `json:"dht_peers"`       // peers in the DHT routing table
+	PeersKnown     int    `json:"peers_known"`     // contacted peers with a verified vector: routing candidates
+	// PeersPending are peers whose vector reached this node through others and that it has
+	// not yet been connected to: not routing candidates, at most registry.DefaultPendingCap.
+	PeersPending int `json:"peers_pending"`
+	PeersStale   int `json:"peers_stale"` // known peers silent for over two heartbeats
+	TopicPeers   int `json:"topic_peers"` // connected peers subscribed to the caps topic
+	DHTPeers     int `json:"dht_peers"`   // peers in the DHT routing table
 }
 
 // Announcements counts capability messages.
@@ -212,12 +216,22 @@ type Announcements struct {
 	Rejected  uint64 `json:"rejected"`
 	Ignored   uint64 `json:"ignored"`
 	Synced    uint64 `json:"synced"` // vectors learned by pulling from a newly met peer
+	// Contacted and Dropped count pending peers this node connected to, and those it could
+	// not reach and dropped.
+	Contacted uint64 `json:"contacted"`
+	Dropped   uint64 `json:"dropped"`
+	// Refused counts the vectors the registry refused: new identities past their source's
+	// budget, peers found unreachable, no room; and pending peers evicted.
+	Refused registry.Counts `json:"refused"`
 }
 
 // Peer is one entry of GET /api/peers.
 type Peer struct {
-	PeerID    string  `json:"peer_id"`
-	Connected bool    `json:"connected"`
+	PeerID    string `json:"peer_id"`
+	Connected bool   `json:"connected"`
+	// Contacted: this node has been connected to the peer; until then it is pending, not a
+	// routing candidate.
+	Contacted bool    `json:"contacted"`
 	Stale     bool    `json:"stale"`
 	AgeS      float64 `json:"age_s"` // seconds since its latest verified vector
 	// Score is the peer's reputation (0-100, 50 when unknown; under 40 it is excluded).

@@ -179,7 +179,7 @@ func (d *Executor) Models(ctx context.Context) []openai.Model {
 		}
 	}
 	for _, e := range d.cfg.Registry.Entries(d.now()) {
-		if e.Stale || e.Vector == nil {
+		if e.Stale || !e.Contacted || e.Vector == nil {
 			continue
 		}
 		for _, m := range e.Vector.Models {
@@ -219,7 +219,9 @@ func (d *Executor) snapshot(ctx context.Context, now time.Time) (s *route.Snapsh
 			s.Local.Accepting = len(ms) > 0
 		}
 	}
-	entries := d.cfg.Registry.Entries(now)
+	// Only peers this node has been connected to are candidates: anyone can sign vectors of
+	// made-up identities, and trying them would cost a request its time (registry.Entry).
+	entries := slices.DeleteFunc(d.cfg.Registry.Entries(now), func(e registry.Entry) bool { return !e.Contacted })
 	cloud := d.cfg.Cloud != nil && (d.cfg.CloudAllowed == nil || d.cfg.CloudAllowed())
 	latency := make([]time.Duration, len(entries))
 	for i, e := range entries {

@@ -106,7 +106,7 @@ func (ps peers) Generate(ctx context.Context, p peer.ID, req *inference.Request,
 func registryOf(model string, ids ...peer.ID) entries {
 	var out entries
 	for _, id := range ids {
-		out = append(out, registry.Entry{Peer: id, Vector: &caps.Vector{
+		out = append(out, registry.Entry{Peer: id, Contacted: true, Vector: &caps.Vector{
 			Models: []caps.Model{{Name: model, State: caps.ModelWarm, Deterministic: true}},
 			Load:   caps.Load{Accepting: true},
 		}})
