@@ -117,7 +117,11 @@ func newRig(t *testing.T, seenTTL time.Duration) *rig {
 		t.Fatal(err)
 	}
 	reg := registry.New(registry.ParamsForHeartbeat(time.Hour))
-	a, err := New(vh, vps, vKey, reg, fixedSource{}, Params{Mesh: testMesh, Heartbeat: time.Minute})
+	// Contacting a pending peer never ends within a test (a DHT lookup that takes its
+	// time): pending peers stay pending, and what a test sees is the validator's and the
+	// sync's doing, not a drop.
+	slowContact := func(ctx context.Context, _ peer.ID) error { <-ctx.Done(); return ctx.Err() }
+	a, err := New(vh, vps, vKey, reg, fixedSource{}, Params{Mesh: testMesh, Heartbeat: time.Minute, Contact: slowContact})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,5 +380,27 @@ func TestSyncFromForgerChangesNothing(t *testing.T) {
 	})
 	if n, err := r.victim.syncFrom(context.Background(), r.attacker.ID()); err != nil || n != 1 {
 		t.Fatalf("genuine sync = %d, %v; want 1, nil", n, err)
+	}
+}
+
+// TestSyncCannotBringBackAForgottenPeer: a vector still valid (10 min) of a peer the
+// registry forgot for its silence is refused when a sync answer hands it over again.
+func TestSyncCannotBringBackAForgottenPeer(t *testing.T) {
+	r := newRig(t, 2*time.Minute)
+	gone := newKey(t)
+	last := signed(t, gone, 50, time.Now(), caps.MaxTTL, nil)
+	r.attacker.SetStreamHandler(SyncProtocol(testMesh), func(s network.Stream) {
+		frame.Write(s, last)
+		s.Close()
+	})
+	if n, err := r.victim.syncFrom(context.Background(), r.attacker.ID()); err != nil || n != 1 {
+		t.Fatalf("first sync = %d, %v; want the vector taken", n, err)
+	}
+	r.victim.sweep(time.Now().Add(5 * time.Hour)) // the registry forgets it (ForgetAfter ≈ 4 h)
+	if r.reg.Len() != 0 {
+		t.Fatalf("registry holds %d peers after the sweep", r.reg.Len())
+	}
+	if n, err := r.victim.syncFrom(context.Background(), r.attacker.ID()); err != nil || n != 0 || r.reg.Len() != 0 {
+		t.Fatalf("second sync = %d, %v, %d held; want the forgotten peer's vector refused", n, err, r.reg.Len())
 	}
 }

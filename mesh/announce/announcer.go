@@ -265,14 +265,7 @@ func (a *Announcer) publishLoop(ctx context.Context) {
 			return
 		case <-heartbeat.C:
 			a.measureRTT(ctx)
-			now := a.params.Now()
-			for _, g := range a.reg.Sweep(now) {
-				// Its last vector may still be valid: a sync answer must not bring it back.
-				a.val.raise(g.Peer, g.Seq, now)
-			}
-			for _, p := range a.reg.PendingPeers() {
-				a.contactLater(p)
-			}
+			a.sweep(a.params.Now())
 		case <-a.trigger:
 		}
 		if err := a.publish(ctx); err != nil && ctx.Err() == nil {
@@ -284,6 +277,17 @@ func (a *Announcer) publishLoop(ctx context.Context) {
 			return
 		case <-gap.C:
 		}
+	}
+}
+
+// sweep forgets the peers silent for too long and queues the pending ones for contact.
+func (a *Announcer) sweep(now time.Time) {
+	for _, g := range a.reg.Sweep(now) {
+		// Its last vector may still be valid: a sync answer must not bring it back.
+		a.val.raise(g.Peer, g.Seq, now)
+	}
+	for _, p := range a.reg.PendingPeers() {
+		a.contactLater(p)
 	}
 }
 
