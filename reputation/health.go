@@ -328,7 +328,6 @@ func (s *Store) rankLocked(model string, candidates []string, mode RouteMode, no
 		tick = s.tickLocked(now)
 	}
 	cooling := 0
-	moved := false    // a penalized candidate ends up behind a cleaner one that followed it
 	unsorted := false // keys, appended in given order, are not in order of penalty
 	for i, c := range candidates {
 		e := s.entries[c]
@@ -345,9 +344,9 @@ func (s *Store) rankLocked(model string, candidates []string, mode RouteMode, no
 		var cand Candidate
 		if withScores {
 			cand = s.candidateLocked(e, now, tick)
+			cand.Penalty = pen
 		}
 		if pen == 0 {
-			moved = moved || len(pens) > 0
 			idx = append(idx, i)
 			if withScores {
 				dst = append(dst, cand)
@@ -355,7 +354,7 @@ func (s *Store) rankLocked(model string, candidates []string, mode RouteMode, no
 			continue
 		}
 		if n := len(keys); n > 0 && keys[n-1].penalty > pen {
-			moved, unsorted = true, true
+			unsorted = true
 		}
 		keys = append(keys, byPenalty{penalty: pen, slot: len(pens)})
 		pens = append(pens, penalized{index: i, cand: cand})
@@ -368,16 +367,15 @@ func (s *Store) rankLocked(model string, candidates []string, mode RouteMode, no
 		for i, c := range candidates {
 			idx = append(idx, i)
 			if withScores {
-				dst = append(dst, s.candidateLocked(s.entries[c], now, tick))
+				cand := s.candidateLocked(s.entries[c], now, tick)
+				cand.Cooling = true
+				dst = append(dst, cand)
 			}
 		}
 		return idx, dst
 	}
 	if cooling > 0 {
 		s.counters.routesCoolingSkipped++
-	}
-	if moved {
-		s.counters.routesPenalized++
 	}
 	if unsorted {
 		slices.SortFunc(keys, func(a, b byPenalty) int {

@@ -61,6 +61,7 @@ func TestStatsJSONNames(t *testing.T) {
 	s.Record(Target{"m", "a"}, Timeout, t0)
 	s.Order("m", []string{"b", "a"}, Auto, t0.Add(5*time.Second))
 	s.Order("m", []string{"a", "b"}, Auto, t0.Add(5*time.Second))
+	s.CountPenalizedRoute()
 	b, err := json.Marshal(s.Stats(t0.Add(5 * time.Second)))
 	if err != nil {
 		t.Fatalf("marshal: %v", err)

@@ -22,6 +22,12 @@ type Candidate struct {
 	// Spare is the spare capacity (fraction, (0, 1]; larger values count as 1). Zero,
 	// negative or NaN means full: the candidate is not eligible. Pass 1 when unknown.
 	Spare float64
+	// Penalty and Cooling are what placed the candidate in Rank's order; Select ignores
+	// them. Penalty is the (model, target) residual penalty (points, 0 = clean); Cooling is
+	// set only when every candidate was cooling (Explicit mode then returns them all, in
+	// their given order).
+	Penalty float64
+	Cooling bool
 }
 
 // eligible reports whether c may be picked at all.

@@ -28,7 +28,7 @@ func shares(t *testing.T, cands []Candidate, p Params, seed uint64) []float64 {
 }
 
 func TestSelectThreeEqualPeers(t *testing.T) {
-	cands := []Candidate{{70, 1, 1}, {70, 1, 1}, {70, 1, 1}}
+	cands := []Candidate{{Score: 70, Performance: 1, Spare: 1}, {Score: 70, Performance: 1, Spare: 1}, {Score: 70, Performance: 1, Spare: 1}}
 	for seed := range uint64(5) {
 		for i, sh := range shares(t, cands, DefaultParams(), seed) {
 			if math.Abs(sh-1.0/3) > 0.03 {
@@ -40,7 +40,7 @@ func TestSelectThreeEqualPeers(t *testing.T) {
 
 func TestSelectTwicePerformance(t *testing.T) {
 	p := DefaultParams()
-	cands := []Candidate{{70, 2, 1}, {70, 1, 1}, {70, 1, 1}}
+	cands := []Candidate{{Score: 70, Performance: 2, Spare: 1}, {Score: 70, Performance: 1, Spare: 1}, {Score: 70, Performance: 1, Spare: 1}}
 	sh := shares(t, cands, p, 1)
 	// Expected: ε/3 + (1-ε)·2/4 ≈ 0.492 against ε/3 + (1-ε)/4 ≈ 0.254.
 	if sh[0] < 1.5*sh[1] || sh[0] < 1.5*sh[2] {
@@ -56,7 +56,7 @@ func TestSelectTwicePerformance(t *testing.T) {
 func TestSelectKeepsExplorationShare(t *testing.T) {
 	p := DefaultParams()
 	// One peer dwarfs the others' weight: they live on exploration alone.
-	cands := []Candidate{{100, maxPerformanceFactor, 1}, {40, 1e-9, 1}, {40, 1e-9, 1}}
+	cands := []Candidate{{Score: 100, Performance: maxPerformanceFactor, Spare: 1}, {Score: 40, Performance: 1e-9, Spare: 1}, {Score: 40, Performance: 1e-9, Spare: 1}}
 	sh := shares(t, cands, p, 2)
 	want := p.Exploration / 3
 	for i := 1; i < 3; i++ {
@@ -68,12 +68,12 @@ func TestSelectKeepsExplorationShare(t *testing.T) {
 
 func TestSelectNeverPicksExcluded(t *testing.T) {
 	cands := []Candidate{
-		{39, maxPerformanceFactor, 1},
-		{45, 1, 1},
-		{39.999, 1, 1},
-		{math.NaN(), 1, 1},
-		{90, 1, 0},          // full: not eligible
-		{90, 1, math.NaN()}, // unknown spare must be passed as 1, NaN is not eligible
+		{Score: 39, Performance: maxPerformanceFactor, Spare: 1},
+		{Score: 45, Performance: 1, Spare: 1},
+		{Score: 39.999, Performance: 1, Spare: 1},
+		{Score: math.NaN(), Performance: 1, Spare: 1},
+		{Score: 90, Performance: 1, Spare: 0},          // full: not eligible
+		{Score: 90, Performance: 1, Spare: math.NaN()}, // unknown spare must be passed as 1, NaN is not eligible
 	}
 	sh := shares(t, cands, DefaultParams(), 3)
 	if sh[1] != 1 {
@@ -82,7 +82,7 @@ func TestSelectNeverPicksExcluded(t *testing.T) {
 }
 
 func TestSelectProbationShare(t *testing.T) {
-	cands := []Candidate{{45, 1, 1}, {90, 1, 1}}
+	cands := []Candidate{{Score: 45, Performance: 1, Spare: 1}, {Score: 90, Performance: 1, Spare: 1}}
 	sh := shares(t, cands, DefaultParams(), 4)
 	if sh[0] >= sh[1]/2 {
 		t.Fatalf("peer at 45 got %.4f, peer at 90 got %.4f: want less than half", sh[0], sh[1])
@@ -93,7 +93,7 @@ func TestSelectProbationShare(t *testing.T) {
 }
 
 func TestSelectSpareCapacityWeighs(t *testing.T) {
-	cands := []Candidate{{90, 1, 0.1}, {90, 1, 1}}
+	cands := []Candidate{{Score: 90, Performance: 1, Spare: 0.1}, {Score: 90, Performance: 1, Spare: 1}}
 	sh := shares(t, cands, DefaultParams(), 5)
 	if sh[0] > 0.15 {
 		t.Fatalf("nearly full peer got %.4f of picks", sh[0])
@@ -101,7 +101,7 @@ func TestSelectSpareCapacityWeighs(t *testing.T) {
 }
 
 func TestSelectZeroWeightsIsUniform(t *testing.T) {
-	cands := []Candidate{{70, 0, 1}, {70, math.NaN(), 1}, {70, -1, 1}}
+	cands := []Candidate{{Score: 70, Performance: 0, Spare: 1}, {Score: 70, Performance: math.NaN(), Spare: 1}, {Score: 70, Performance: -1, Spare: 1}}
 	for i, sh := range shares(t, cands, DefaultParams(), 6) {
 		if math.Abs(sh-1.0/3) > 0.03 {
 			t.Fatalf("peer %d share %.4f, want uniform", i, sh)
@@ -110,7 +110,7 @@ func TestSelectZeroWeightsIsUniform(t *testing.T) {
 }
 
 func TestSelectDeterministicAndEdgeCases(t *testing.T) {
-	cands := []Candidate{{60, 1, 1}, {80, 1.5, 0.5}, {95, 0.7, 1}, {41, 3, 1}}
+	cands := []Candidate{{Score: 60, Performance: 1, Spare: 1}, {Score: 80, Performance: 1.5, Spare: 0.5}, {Score: 95, Performance: 0.7, Spare: 1}, {Score: 41, Performance: 3, Spare: 1}}
 	p := DefaultParams()
 	a := rand.New(rand.NewPCG(7, 8))
 	b := rand.New(rand.NewPCG(7, 8))
@@ -124,7 +124,7 @@ func TestSelectDeterministicAndEdgeCases(t *testing.T) {
 	if i, ok := Select(nil, p, a); ok || i != -1 {
 		t.Fatalf("Select(nil) = %d, %v; want -1, false", i, ok)
 	}
-	if _, ok := Select([]Candidate{{39, 1, 1}}, p, a); ok {
+	if _, ok := Select([]Candidate{{Score: 39, Performance: 1, Spare: 1}}, p, a); ok {
 		t.Fatalf("Select picked from an all-excluded set")
 	}
 	if i, ok := Select(cands, p, nil); !ok || i < 0 || i >= len(cands) {
@@ -137,7 +137,7 @@ func TestSelectDeterministicAndEdgeCases(t *testing.T) {
 	}
 	// No exploration: excluded-by-weight candidates are never picked.
 	p.Exploration = 0
-	sh := shares(t, []Candidate{{70, 0, 1}, {70, 1, 1}}, p, 9)
+	sh := shares(t, []Candidate{{Score: 70, Performance: 0, Spare: 1}, {Score: 70, Performance: 1, Spare: 1}}, p, 9)
 	if sh[0] != 0 {
 		t.Fatalf("zero-weight candidate picked %.4f with no exploration", sh[0])
 	}

@@ -80,7 +80,9 @@ type Stats struct {
 	// PenalizedTargets counts (model, target) records still carrying a penalty, cooling or
 	// not.
 	PenalizedTargets int `json:"penalized_targets"`
-	// RoutesPenalized counts orderings that moved a penalized candidate behind a cleaner one.
+	// RoutesPenalized counts routing decisions whose attempt order put a penalized target
+	// behind a clean one; the router counts them (CountPenalizedRoute), since only it knows
+	// which order it applied.
 	RoutesPenalized uint64 `json:"routes_penalized"`
 	// CoolingTargets counts (model, target) records in cooldown now.
 	CoolingTargets int `json:"cooling_targets"`
@@ -99,6 +101,14 @@ type Stats struct {
 	EvictedPeers   uint64 `json:"evicted_peers"`
 	// MaxEntries is the cap of each kind.
 	MaxEntries int `json:"max_entries"`
+}
+
+// CountPenalizedRoute counts one routing decision whose attempt order put a penalized
+// target behind a clean one (Stats.RoutesPenalized).
+func (s *Store) CountPenalizedRoute() {
+	s.mu.Lock()
+	s.counters.routesPenalized++
+	s.mu.Unlock()
 }
 
 // Stats returns counters and gauges as of now. It walks every entry, so call it for the

@@ -223,7 +223,9 @@ func TestSpeculativeDispatch(t *testing.T) {
 
 // Three peers serve a model; one (A) is unavailable: its upstream refuses connections. The
 // router tries it, fails over before the first token, then leaves it alone while it cools
-// down; once its upstream is back and the cooldown has passed, A serves again.
+// down; once its upstream is back and the cooldown has passed, A is a candidate again but
+// tried only after the clean peers while its penalty lasts (NODE_REP, 5 min half-life): it
+// serves again as soon as they cannot.
 func TestRouterAvoidsUnavailablePeerThenReturns(t *testing.T) {
 	up, err := StartCloud("127.0.0.1:0", 0, "synth-tiny")
 	if err != nil {
@@ -278,23 +280,39 @@ func TestRouterAvoidsUnavailablePeerThenReturns(t *testing.T) {
 		t.Fatalf("no penalized target after A failed: %+v", st)
 	}
 
-	// Phase 3: A's upstream comes back; after the cooldown A serves again.
+	// Phase 3: A's upstream comes back; past its cooldown (at most reputation's 10 s cap)
+	// it is penalized: requests go to the clean peers first, every time.
 	up, err = StartCloud(addr, 0, "synth-tiny")
 	if err != nil {
 		t.Fatalf("restart A's upstream on %s: %v", addr, err)
 	}
 	defer up.Close()
-	// Requests keep coming (as they would) until A is picked again: past its cooldown
-	// (at most reputation's 10 s cap), with its lowered weight or the exploration share.
-	served, deadline := a.Status().Inference.Served, time.Now().Add(40*time.Second)
-	for i := 0; a.Status().Inference.Served == served; i++ {
-		if time.Now().After(deadline) {
-			t.Fatalf("A never served again after its upstream came back (%d requests)", i)
-		}
+	within(t, 15*time.Second, "A out of cooldown", func() bool {
+		return router.Status().RoutingAffinity.TargetReputation.CoolingTargets == 0
+	})
+	before = aTried()
+	routed := router.Status().RoutingAffinity.TargetReputation.RoutesPenalized
+	for i := range 20 {
 		r := stream(t, router.APIAddr(), routedBody("synth-tiny", 4, int64(2000+i), nil), nil, nil)
-		if r.errCode != "" || !r.done {
-			t.Fatalf("recovery phase request %d: %+v", i, r)
+		if r.errCode != "" || !r.done || r.final.Attempts != 1 || r.final.Route == "peer:"+a.ID().String() {
+			t.Fatalf("penalized phase request %d: %+v; want a clean peer at the first attempt", i, r)
 		}
+	}
+	if aTried() != before {
+		t.Fatal("A was tried while penalized and the clean peers served")
+	}
+	if got := router.Status().RoutingAffinity.TargetReputation.RoutesPenalized; got < routed+20 {
+		t.Fatalf("routes_penalized went from %d to %d over 20 requests ordered by A's penalty", routed, got)
+	}
+	// The clean peers go away: A serves.
+	for _, i := range []int{2, 3} {
+		if err := tn.Stop(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := stream(t, router.APIAddr(), routedBody("synth-tiny", 4, 3000, nil), nil, nil)
+	if r.errCode != "" || !r.done || r.final.Route != "peer:"+a.ID().String() {
+		t.Fatalf("with the clean peers gone: %+v; want A to serve", r)
 	}
 }
 

@@ -119,7 +119,8 @@ type plan struct {
 	est       [3]Estimate // indexed like tiers()
 	local     bool        // the local target survived
 	localCold bool
-	mesh      []Target // first Select's pick, then by weight
+	mesh      []Target // clean peers, then penalized ones; in each, Select's pick, then by weight
+	penalized bool     // mesh put a penalized peer behind a clean one
 	cloud     bool
 	order     []int   // indices into tiers() of the tiers that can serve, best first
 	score     float64 // the best tier's score under the priority
@@ -228,7 +229,8 @@ func (d *decider) plan(model string) plan {
 		d.estimate(&p.est[0], ttft, tps, 0)
 	}
 	if len(mc) > 0 {
-		order := d.orderMesh(mc, mi, keys)
+		order, penalized := d.orderMesh(mc, mi, keys)
+		p.penalized = penalized
 		first := peers[order[0]]
 		perf := 1.0 // the store's factor, without ColdFactor
 		if s.Rep != nil {
@@ -383,12 +385,39 @@ func (d *decider) survivors(model string, keys []string, nPeers int) ([]int, []r
 	return pos, cands
 }
 
-// orderMesh returns the mesh targets in order, as indices into keys: Select's pick, then up
-// to MaxMeshAttempts − 1 more by descending weight, ties by peer ID. mc are the eligible
-// peers' candidates and mi their indices into keys. One pass keeps the few heaviest in a
-// small sorted buffer, so the cost is linear in the number of peers.
-func (d *decider) orderMesh(mc []reputation.Candidate, mi []int, keys []string) []int {
+// orderMesh returns the mesh targets in order, as indices into keys, and whether a
+// penalized peer was put behind a clean one. mc are the eligible peers' candidates in
+// Rank's order (clean ones first, then penalized ones by penalty) and mi their indices into
+// keys. The peers form two classes, clean then penalized, and each class is ordered on its
+// own: Select's pick, then by descending weight, ties by peer ID; the whole is cut at
+// MaxMeshAttempts. So a peer out of cooldown but still penalized is tried only after every
+// clean one, and exploration and weights act within each class. When every candidate was
+// cooling (Rank then returns them all), they keep their given order.
+func (d *decider) orderMesh(mc []reputation.Candidate, mi []int, keys []string) (order []int, penalized bool) {
+	limit := min(d.tune.MaxMeshAttempts, len(mc))
+	order = make([]int, 0, limit)
+	if mc[0].Cooling {
+		return append(order, mi[:limit]...), false
+	}
+	split := slices.IndexFunc(mc, func(c reputation.Candidate) bool { return c.Penalty > 0 })
+	if split < 0 {
+		split = len(mc)
+	}
+	order = d.orderClass(order, mc[:split], mi[:split], keys, limit)
+	order = d.orderClass(order, mc[split:], mi[split:], keys, limit)
+	return order, split > 0 && split < len(mc)
+}
+
+// orderClass appends to order, up to limit in all, one class of peers: Select's pick, then
+// by descending weight, ties by peer ID. One pass keeps the few heaviest in a small sorted
+// buffer, so the cost is linear in the number of peers.
+func (d *decider) orderClass(order []int, mc []reputation.Candidate, mi []int, keys []string, limit int) []int {
+	room := limit - len(order)
+	if room <= 0 || len(mc) == 0 {
+		return order
+	}
 	first, _ := reputation.Select(mc, d.params, d.rng) // every candidate is eligible: ok
+	order = append(order, mi[first])
 	type heavy struct {
 		j int
 		w float64
@@ -396,7 +425,7 @@ func (d *decider) orderMesh(mc []reputation.Candidate, mi []int, keys []string) 
 	heavier := func(a, b heavy) bool {
 		return a.w > b.w || a.w == b.w && keys[mi[a.j]] < keys[mi[b.j]]
 	}
-	top := make([]heavy, 0, min(d.tune.MaxMeshAttempts, len(mc))-1)
+	top := make([]heavy, 0, min(room, len(mc))-1)
 	for j := range mc {
 		if j == first || cap(top) == 0 {
 			continue
@@ -416,8 +445,6 @@ func (d *decider) orderMesh(mc []reputation.Candidate, mi []int, keys []string) 
 			top[x], top[x-1] = top[x-1], top[x]
 		}
 	}
-	order := make([]int, 0, 1+len(top))
-	order = append(order, mi[first])
 	for _, h := range top {
 		order = append(order, mi[h.j])
 	}
@@ -507,6 +534,7 @@ func (p *plan) decision(d *decider) Decision {
 			dec.Attempts = append(dec.Attempts, local)
 		case TierMesh:
 			dec.Attempts = append(dec.Attempts, p.mesh...)
+			dec.Penalized = p.penalized
 		case TierCloud:
 			dec.Attempts = append(dec.Attempts, cloud)
 		}

@@ -37,11 +37,17 @@
 // # Mesh order
 //
 // Eligible peers become reputation.Candidates: score, performance × ColdFactor (0.5) when
-// the peer's copy of the model is cold, spare capacity. The first mesh target is
-// reputation.Select's pick, so 5 % of picks are uniform over eligible peers (exploration)
-// and the rest are weighted by Weight(score) × performance × spare. Up to
-// MaxMeshAttempts − 1 (2) fallbacks follow, by descending weight, ties by peer ID (its
-// string form); they are picked in one linear pass, not by sorting every candidate.
+// the peer's copy of the model is cold, spare capacity. They form two penalty classes
+// (NODE_REP): clean peers, then peers out of cooldown that still carry a residual penalty
+// for the model, so a recovered peer is tried only after every clean one until successes
+// clear its penalty. Within each class the first target is reputation.Select's pick, so
+// 5 % of picks are uniform over the class's peers (exploration) and the rest are weighted
+// by Weight(score) × performance × spare; the others follow by descending weight, ties by
+// peer ID (its string form), picked in one linear pass, not by sorting every candidate. The
+// list is cut at MaxMeshAttempts (3). When every candidate is cooling (route explicit),
+// they are tried in their given order. A decision whose mesh attempts put a penalized peer
+// behind a clean one says so (Decision.Penalized), and the executor counts it as
+// routes_penalized.
 //
 // # Estimates
 //

@@ -197,4 +197,7 @@ type Decision struct {
 	Attempts    []Target   // in order: the router tries the next on failure
 	Speculative bool       // Attempts[0] is a cold local target and Attempts[1] the cloud: start the cloud stream while local loads
 	Estimates   []Estimate // one per tier, in tier order local, mesh, cloud (for logs, tests and status)
+	// Penalized: Attempts put a penalized peer behind a clean one. The executor counts it
+	// in reputation (Store.CountPenalizedRoute: routes_penalized in /api/status).
+	Penalized bool
 }

@@ -452,9 +452,9 @@ func TestExplorationShare(t *testing.T) {
 	}
 }
 
-// TestPenalizedPeersMapBack: Rank moves penalized peers behind clean ones; each candidate's
-// score must still be matched to its own peer, so an excluded peer is never tried whatever
-// the penalties around it.
+// TestPenalizedPeersMapBack: penalized peers come after every clean one in the attempt
+// order, and each candidate's score stays matched to its own peer, so an excluded peer is
+// never tried whatever the penalties around it.
 func TestPenalizedPeersMapBack(t *testing.T) {
 	names := []string{"p0", "p1", "p2", "p3", "p4", "p5", "p6"}
 	f := newFleet(t, names...)
@@ -472,16 +472,83 @@ func TestPenalizedPeersMapBack(t *testing.T) {
 	s := &Snapshot{Peers: peers, Rep: rep}
 	s.Tune.MaxMeshAttempts = len(names)
 	req := request("m", prefs(inference.PrivacyMesh, inference.PriorityBalanced, inference.RouteExplicit))
+	clean, penalized := []string{"peer:p0", "peer:p3", "peer:p6"}, []string{"peer:p1", "peer:p2", "peer:p5"}
 	seen := map[string]bool{}
 	for seed := range uint64(200) {
-		got := f.render(Decide(req, s, at, seeded(seed)).Attempts)
-		if len(got) != 6 || slices.Contains(got, "peer:p4") {
-			t.Fatalf("seed %d: attempts %q, want the six peers other than p4", seed, got)
+		dec := Decide(req, s, at, seeded(seed))
+		got := f.render(dec.Attempts)
+		if len(got) != 6 || slices.Contains(got, "peer:p4") || !dec.Penalized {
+			t.Fatalf("seed %d: attempts %q (penalized %v), want the six peers other than p4", seed, got, dec.Penalized)
+		}
+		if !sameSet(got[:3], clean) || !sameSet(got[3:], penalized) {
+			t.Fatalf("seed %d: attempts %q, want the clean peers %q first", seed, got, clean)
 		}
 		seen[got[0]] = true
+		seen[got[3]+" after the clean ones"] = true
 	}
 	if len(seen) != 6 {
-		t.Errorf("first picks %v, want each eligible peer at some seed", seen)
+		t.Errorf("first picks %v, want each clean peer first, and each penalized one first of its class, at some seed", seen)
+	}
+}
+
+func sameSet(a, b []string) bool {
+	return len(a) == len(b) && !slices.ContainsFunc(a, func(x string) bool { return !slices.Contains(b, x) })
+}
+
+// TestRecoveredPeerWaitsBehindCleanOnes is NODE_REP's three-peer case through the router,
+// on a simulated candidate list: the first peer fails unavailable, is avoided while it
+// cools, then tried only after the clean peers while penalized, and returns to first place
+// once successes have cleared its penalty. Decision.Penalized says when the order was
+// shaped by a penalty.
+func TestRecoveredPeerWaitsBehindCleanOnes(t *testing.T) {
+	f := newFleet(t, "a", "b", "c")
+	rep := newStore(t)
+	s := &Snapshot{Peers: []Peer{f.peer("a", warm("m")), f.peer("b", warm("m")), f.peer("c", warm("m"))}, Rep: rep}
+	req := request("m", prefs(inference.PrivacyMesh, inference.PriorityBalanced, inference.RouteExplicit))
+	// Clean: a is first at some seeds.
+	var seed uint64
+	for ; f.render(Decide(req, s, now, seeded(seed)).Attempts)[0] != "peer:a"; seed++ {
+	}
+	a := reputation.Target{Model: "m", Peer: f.key("a")}
+	rep.Record(a, reputation.Unavailable, now)
+
+	// Cooling: a is not tried at all.
+	at := now.Add(time.Second)
+	for sd := range uint64(300) {
+		if got := f.render(Decide(req, s, at, seeded(sd)).Attempts); slices.Contains(got, "peer:a") {
+			t.Fatalf("seed %d while a cools: attempts %q", sd, got)
+		}
+	}
+	// Out of cooldown, still penalized: a comes last, every time.
+	at = now.Add(time.Minute)
+	if st, _ := rep.TargetHealth(a, at); st.Cooling || st.Penalty == 0 {
+		t.Fatalf("a at +1 min: %+v, want penalized and not cooling", st)
+	}
+	for sd := range uint64(300) {
+		dec := Decide(req, s, at, seeded(sd))
+		if got := f.render(dec.Attempts); len(got) != 3 || got[2] != "peer:a" || !dec.Penalized {
+			t.Fatalf("seed %d with a penalized: attempts %q (penalized %v), want a last", sd, got, dec.Penalized)
+		}
+	}
+	// Successes clear the penalty: a is first again at some seeds, and nothing is penalized.
+	for i := 0; ; i++ {
+		if _, ok := rep.TargetHealth(a, at); !ok {
+			break
+		}
+		if i == 10 {
+			t.Fatal("ten successes did not clear a's penalty")
+		}
+		rep.Record(a, reputation.Success, at)
+	}
+	count := map[string]int{}
+	for sd := range uint64(300) {
+		count[f.render(Decide(req, s, at, seeded(sd)).Attempts)[0]]++
+	}
+	if count["peer:a"] == 0 {
+		t.Fatalf("first picks %v after a's penalty cleared, want a first at some seeds", count)
+	}
+	if dec := Decide(req, s, at, seeded(seed)); dec.Penalized {
+		t.Fatalf("decision with no penalty left says penalized: %+v", dec)
 	}
 }
 

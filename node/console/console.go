@@ -191,7 +191,7 @@ type RoutingAffinity struct {
 // TargetReputation summarizes the reputation store.
 type TargetReputation struct {
 	PenalizedTargets int    `json:"penalized_targets"` // (model, target) pairs still penalized
-	RoutesPenalized  uint64 `json:"routes_penalized"`  // orderings that moved a penalized target back
+	RoutesPenalized  uint64 `json:"routes_penalized"`  // attempt orders that put a penalized peer behind a clean one
 	CoolingTargets   int    `json:"cooling_targets"`   // (model, target) pairs in cooldown now
 	ExcludedPeers    int    `json:"excluded_peers"`    // peers scored under 40
 }

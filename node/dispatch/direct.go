@@ -164,6 +164,7 @@ func (d *Executor) directTarget(ctx context.Context, req *inference.Request) (ro
 	snap.Local = route.Local{} // the client wants a peer's channel, not this node's answer
 	snap.Cloud = route.Cloud{}
 	dec := d.decide(req, snap, now)
+	d.countPenalized(dec)
 	for _, t := range dec.Attempts {
 		if t.Tier == inference.TierMesh {
 			r := &run{d: d, snap: snap, req: *req, last: t, attempts: 1, via: inference.TransportWebRTC}

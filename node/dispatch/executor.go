@@ -267,6 +267,7 @@ func (d *Executor) Generate(ctx context.Context, req *inference.Request, emit fu
 	now := d.now()
 	snap, full := d.snapshot(ctx, now)
 	dec := d.decide(req, snap, now)
+	d.countPenalized(dec)
 	if len(dec.Attempts) == 0 {
 		d.stats.none.Add(1)
 		return inference.Result{}, inference.Served{}, d.nothingServes(req, dec, full)
@@ -320,6 +321,14 @@ func (d *Executor) background(fn func()) bool {
 		fn()
 	}()
 	return true
+}
+
+// countPenalized counts, in reputation's routes_penalized, a decision whose attempt order
+// the executor applies and that put a penalized peer behind a clean one.
+func (d *Executor) countPenalized(dec route.Decision) {
+	if dec.Penalized && d.cfg.Rep != nil {
+		d.cfg.Rep.CountPenalizedRoute()
+	}
 }
 
 // decide runs route.Decide over snap with the executor's working memory and random source,

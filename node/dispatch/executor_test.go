@@ -21,8 +21,9 @@ const model = "synth-tiny"
 
 // A peer that fails before its first token costs the client nothing: the request moves to
 // the next peer (failover) and the client sees one whole stream; the failed peer then cools
-// down and is left out while another peer can serve, and is tried again once its cooldown
-// is over.
+// down and is left out while another peer can serve. Once its cooldown is over it is a
+// candidate again, behind the clean peer while its penalty lasts (NODE_REP): tried when
+// that one fails.
 func TestFailoverThenCooldown(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		bad, good := newTarget(t, model), newTarget(t, model)
@@ -54,15 +55,21 @@ func TestFailoverThenCooldown(t *testing.T) {
 		if n := bad.calledTimes(); n != 1 {
 			t.Fatalf("a cooling peer was tried %d times, want once", n)
 		}
-		// Past the longest cooldown it is a candidate again.
+		// Past the longest cooldown it is a candidate again, behind the clean peer.
 		time.Sleep(reputation.DefaultCooldownMax + time.Second)
-		for i := 0; bad.calledTimes() == 1; i++ {
-			if i == 64 {
-				t.Fatal("the bad peer was never tried again after its cooldown")
+		for i := range 20 {
+			if _, _, at, err := collect(d, req); err != nil || at.Peer != id("good") || at.Attempts != 1 {
+				t.Fatalf("penalized request %d: %v at %+v; want the clean peer first", i, err, at)
 			}
-			if _, _, _, err := collect(d, req); err != nil {
-				t.Fatal(err)
-			}
+		}
+		routed := d.cfg.Rep.Stats(time.Now()).RoutesPenalized
+		if routed < 20 {
+			t.Fatalf("routes_penalized %d after 20 decisions that put the bad peer behind the good one", routed)
+		}
+		bad.failBefore = nil
+		good.failBefore = inference.Errorf(inference.CodeUnavailable, "model unloaded")
+		if got, _, at, err := collect(d, req); err != nil || at.Peer != id("bad") || at.Attempts != 2 || texts(got) != texts(want) {
+			t.Fatalf("with the clean peer failing: %v at %+v; want the recovered peer second", err, at)
 		}
 	})
 }
