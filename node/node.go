@@ -207,7 +207,7 @@ func (n *Node) start() error {
 	n.part.observe(n.probe.Probe(cfg.Now()), cfg.Now())
 	var direct *directServer
 	if n.backend != nil {
-		opts := []infer.ServerOption{infer.WithAdmission(n.part.admit), infer.WithSigner(n.signTask)}
+		opts := []infer.ServerOption{infer.WithAdmission(n.part.admit), infer.WithSigner(n.signTask), infer.WithServerObserver(n.rep)}
 		if cfg.DataDir != "" {
 			// Every task served for a peer is receipted, off the task's own goroutine; the
 			// queue drains and the log closes after every task has ended (direct.wait).
@@ -240,7 +240,8 @@ func (n *Node) start() error {
 		// A peer known only from others' announcements is contacted through the DHT-routed
 		// host, in the background and a few at a time: a request never waits on a lookup,
 		// and a made-up identity is dropped without ever being routed to.
-		Contact: func(ctx context.Context, p peer.ID) error { return n.dialer.Connect(ctx, peer.AddrInfo{ID: p}) },
+		Contact:  func(ctx context.Context, p peer.ID) error { return n.dialer.Connect(ctx, peer.AddrInfo{ID: p}) },
+		Observer: n.rep,
 	})
 	if err != nil {
 		return fmt.Errorf("start announcer: %w", err)
@@ -281,7 +282,7 @@ func (n *Node) start() error {
 			n.closers = append(n.closers, cb.Close)
 		}
 		coordinator := cfg.HasRole(RoleCoordinator)
-		var clientOpts []infer.ClientOption
+		clientOpts := []infer.ClientOption{infer.WithClientObserver(n.rep)}
 		if coordinator {
 			// The meter opens first and closes last: the executor's verifications record
 			// in it until the executor has closed.

@@ -1,6 +1,8 @@
 package node
 
 import (
+	"time"
+
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 
@@ -96,19 +98,30 @@ func (n *Node) Peers() []console.Peer {
 	entries := n.reg.Entries(now)
 	out := make([]console.Peer, 0, len(entries))
 	for _, e := range entries {
+		reason, changed, _ := n.rep.LastChange(e.Peer.String())
 		out = append(out, console.Peer{
-			PeerID:     e.Peer.String(),
-			Connected:  e.Connected,
-			Contacted:  e.Contacted,
-			Stale:      e.Stale,
-			AgeS:       e.Age(now).Seconds(),
-			Score:      n.rep.Score(e.Peer.String(), now),
-			Excluded:   n.rep.Excluded(e.Peer.String(), now),
-			Capability: e.Vector,
-			Conns:      n.connsTo(e.Peer),
+			ScoreReason:    reason,
+			ScoreChangedAt: rfc3339(changed),
+			PeerID:         e.Peer.String(),
+			Connected:      e.Connected,
+			Contacted:      e.Contacted,
+			Stale:          e.Stale,
+			AgeS:           e.Age(now).Seconds(),
+			Score:          n.rep.Score(e.Peer.String(), now),
+			Excluded:       n.rep.Excluded(e.Peer.String(), now),
+			Capability:     e.Vector,
+			Conns:          n.connsTo(e.Peer),
 		})
 	}
 	return out
+}
+
+// rfc3339 formats t in UTC, or "" for the zero time.
+func rfc3339(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339)
 }
 
 // connsTo describes the open connections to p.

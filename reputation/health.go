@@ -168,7 +168,7 @@ func (s *Store) Record(target Target, o Outcome, now time.Time) {
 				s.deleteHealthLocked(target.Model, target.Peer)
 			}
 		}
-		s.peerEventLocked(target.Peer, now, func(ps *peerScore) {
+		s.peerEventLocked(target.Peer, now, o.String(), func(ps *peerScore) {
 			ps.availPlus = min(ps.availPlus+s.p.SuccessWeight, s.p.SuccessCap)
 		})
 	case Timeout, Unavailable:
@@ -189,7 +189,7 @@ func (s *Store) Record(target Target, o Outcome, now time.Time) {
 		}
 		h.penalty = min(h.penalty+s.p.FailurePenalty, s.p.PenaltyCap)
 		// h points into the entry's slice: done with it before anything else can change it.
-		s.peerEventLocked(target.Peer, now, func(ps *peerScore) {
+		s.peerEventLocked(target.Peer, now, o.String(), func(ps *peerScore) {
 			ps.availMinus = max(ps.availMinus+s.p.FailureWeight, counterFloor)
 		})
 	}

@@ -154,8 +154,9 @@ const (
 	// signature is never an accident, so it weighs like a failed verification.
 	DefaultForgedWeight = -70.0
 
-	// DefaultMalformedWeight is the debit per malformed frame (-10 points): a version skew
-	// or a buggy build can produce one, so one frame takes a neutral peer to 40, two exclude.
+	// DefaultMalformedWeight is the debit per malformed frame or protocol violation (-10
+	// points): a version skew or a buggy build can produce one, so one takes a neutral peer
+	// to 40, two exclude.
 	DefaultMalformedWeight = -10.0
 
 	// DefaultIntegrityHalfLife ages integrity counters (12 h): sticky. A liar excluded by
@@ -252,7 +253,7 @@ type Params struct {
 	VerifyFailedWeight float64
 	// ForgedWeight is the debit per forged announcement (points, <= 0).
 	ForgedWeight float64
-	// MalformedWeight is the debit per malformed frame (points, <= 0).
+	// MalformedWeight is the debit per malformed frame or protocol violation (points, <= 0).
 	MalformedWeight float64
 	// IntegrityHalfLife ages integrity credit and debit (duration, > 0). Long: failures stick.
 	IntegrityHalfLife time.Duration

@@ -106,7 +106,7 @@ func (s *Store) RecordPerformance(peer string, latency time.Duration, throughput
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.peerEventLocked(peer, now, func(ps *peerScore) {
+	s.peerEventLocked(peer, now, "", func(ps *peerScore) {
 		// Stale history weighs less than fresh: with no confidence left, the new sample
 		// replaces the old average outright.
 		alpha := max(perfSmoothing, 1-ps.confidence(&s.p))

@@ -18,8 +18,13 @@ const (
 	VerificationFailed
 	// ForgedAnnouncement is an integrity debit (Params.ForgedWeight).
 	ForgedAnnouncement
-	// MalformedFrame is an integrity debit (Params.MalformedWeight).
+	// MalformedFrame is an integrity debit (Params.MalformedWeight): a frame that does not
+	// parse, or is larger than its bound, on any meshinfer stream or topic.
 	MalformedFrame
+	// ProtocolViolation is an integrity debit (Params.MalformedWeight): a well-formed
+	// message that breaks its protocol (tokens past max_tokens, a frame out of order, a
+	// sync answer with an invalid vector, an announcement that rolls its own seq back).
+	ProtocolViolation
 )
 
 func (e Event) String() string {
@@ -34,6 +39,8 @@ func (e Event) String() string {
 		return "forged_announcement"
 	case MalformedFrame:
 		return "malformed_frame"
+	case ProtocolViolation:
+		return "protocol_violation"
 	default:
 		return "unknown"
 	}
@@ -65,6 +72,9 @@ type peerScore struct {
 
 	integPlus  float64 // [0, VerifyPassedCap]
 	integMinus float64 // [counterFloor, 0]
+
+	reason    string    // what last changed the score (an outcome or event name)
+	changedAt time.Time // when
 }
 
 // decayMemo remembers the decay factors of the last elapsed time. Reads at a regular
@@ -128,8 +138,9 @@ func (ps *peerScore) disposable(p *Params, m *decayMemo, now time.Time) bool {
 }
 
 // peerEventLocked ages peer's node score (creating it if needed) to now, applies fn, and
-// marks it touched. LocalTarget and the empty string have no node score.
-func (s *Store) peerEventLocked(peer string, now time.Time, fn func(*peerScore)) {
+// marks it touched; a non-empty reason is kept as what last changed the score (LastChange).
+// LocalTarget and the empty string have no node score.
+func (s *Store) peerEventLocked(peer string, now time.Time, reason string, fn func(*peerScore)) {
 	if peer == "" || peer == LocalTarget {
 		return
 	}
@@ -149,6 +160,23 @@ func (s *Store) peerEventLocked(peer string, now time.Time, fn func(*peerScore))
 	if now.After(ps.touched) {
 		ps.touched = now
 	}
+	if reason != "" {
+		ps.reason, ps.changedAt = reason, now
+	}
+}
+
+// LastChange returns what last changed peer's score and when: an outcome of Record
+// ("success", "timeout", "unavailable") or an Event's name. Performance samples adjust the
+// score continuously and are not a reason. ok is false for a peer the store has no score
+// for.
+func (s *Store) LastChange(peer string) (reason string, at time.Time, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.entries[peer]
+	if e == nil || !e.scored || e.score.reason == "" {
+		return "", time.Time{}, false
+	}
+	return e.score.reason, e.score.changedAt, true
 }
 
 // Observe records a heartbeat or integrity event for peer at now. Unknown events, the empty
@@ -164,14 +192,14 @@ func (s *Store) Observe(peer string, e Event, now time.Time) {
 		fn = func(ps *peerScore) { ps.integMinus = max(ps.integMinus+s.p.VerifyFailedWeight, counterFloor) }
 	case ForgedAnnouncement:
 		fn = func(ps *peerScore) { ps.integMinus = max(ps.integMinus+s.p.ForgedWeight, counterFloor) }
-	case MalformedFrame:
+	case MalformedFrame, ProtocolViolation:
 		fn = func(ps *peerScore) { ps.integMinus = max(ps.integMinus+s.p.MalformedWeight, counterFloor) }
 	default:
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.peerEventLocked(peer, now, fn)
+	s.peerEventLocked(peer, now, e.String(), fn)
 }
 
 // candidateLocked returns the Candidate for entry e as of now (Spare 1); a nil or unscored

@@ -13,6 +13,7 @@ import (
 
 	"github.com/libp2p/go-libp2p"
 	pubsub "github.com/libp2p/go-libp2p-pubsub"
+	pubsub_pb "github.com/libp2p/go-libp2p-pubsub/pb"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
@@ -22,6 +23,7 @@ import (
 	"github.com/meshinfer/meshinfer/internal/frame"
 	"github.com/meshinfer/meshinfer/mesh/caps"
 	"github.com/meshinfer/meshinfer/mesh/registry"
+	"github.com/meshinfer/meshinfer/reputation"
 )
 
 const testMesh = "test"
@@ -97,6 +99,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 type rig struct {
 	victim   *Announcer
 	reg      *registry.Registry
+	rep      *reputation.Store
 	attacker host.Host
 	attKey   crypto.PrivKey
 	topic    *pubsub.Topic
@@ -121,7 +124,11 @@ func newRig(t *testing.T, seenTTL time.Duration) *rig {
 	// time): pending peers stay pending, and what a test sees is the validator's and the
 	// sync's doing, not a drop.
 	slowContact := func(ctx context.Context, _ peer.ID) error { <-ctx.Done(); return ctx.Err() }
-	a, err := New(vh, vps, vKey, reg, fixedSource{}, Params{Mesh: testMesh, Heartbeat: time.Minute, Contact: slowContact})
+	rep, err := reputation.New(reputation.DefaultParams())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(vh, vps, vKey, reg, fixedSource{}, Params{Mesh: testMesh, Heartbeat: time.Minute, Contact: slowContact, Observer: rep})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +141,7 @@ func newRig(t *testing.T, seenTTL time.Duration) *rig {
 		t.Fatal(err)
 	}
 	waitFor(t, "attacker to see the victim on the topic", func() bool { return len(topic.ListPeers()) == 1 })
-	return &rig{victim: a, reg: reg, attacker: ah, attKey: aKey, topic: topic}
+	return &rig{victim: a, reg: reg, rep: rep, attacker: ah, attKey: aKey, topic: topic}
 }
 
 // send publishes data from the attacker and waits until the victim's validator has judged it.
@@ -194,7 +201,18 @@ func TestValidatorRejectsForgeriesWithoutStateChange(t *testing.T) {
 		return b
 	}(), "reject"}
 
+	// Each Reject is recorded against the message's signed author (the attacker), with its
+	// documented reason.
+	reasons := map[string]string{
+		"bad signature": "forged_announcement", "missing signature": "forged_announcement",
+		"A claims B": "forged_announcement", "A claims B with A's signature": "forged_announcement",
+		"tampered field": "forged_announcement", "out of bounds": "malformed_frame",
+		"oversized": "malformed_frame", "not json": "malformed_frame",
+	}
+	att := r.attacker.ID().String()
 	for _, tc := range cases {
+		before, _, _ := r.rep.LastChange(att)
+		changedBefore := r.rep.Score(att, time.Now())
 		got := r.send(t, tc.data)
 		want := Counts{}
 		if tc.want == "reject" {
@@ -204,6 +222,14 @@ func TestValidatorRejectsForgeriesWithoutStateChange(t *testing.T) {
 		}
 		if got != want {
 			t.Errorf("%s: got %+v, want %+v", tc.name, got, want)
+		}
+		reason, _, _ := r.rep.LastChange(att)
+		switch {
+		case tc.want == "reject" && (reason != reasons[tc.name] || !(r.rep.Score(att, time.Now()) < changedBefore) && changedBefore > 0):
+			t.Errorf("%s: the author's score went from %.1f to %.1f, reason %q; want lowered for %q",
+				tc.name, changedBefore, r.rep.Score(att, time.Now()), reason, reasons[tc.name])
+		case tc.want != "reject" && reason != before:
+			t.Errorf("%s: ignored, yet the author's score changed (%q)", tc.name, reason)
 		}
 		if n := r.reg.Len(); n != 0 {
 			t.Fatalf("%s: registry holds %d peers, want 0", tc.name, n)
@@ -402,5 +428,59 @@ func TestSyncCannotBringBackAForgottenPeer(t *testing.T) {
 	}
 	if n, err := r.victim.syncFrom(context.Background(), r.attacker.ID()); err != nil || n != 0 || r.reg.Len() != 0 {
 		t.Fatalf("second sync = %d, %v, %d held; want the forgotten peer's vector refused", n, err, r.reg.Len())
+	}
+}
+
+// TestReplayPenalizesOnlyTheAuthorsOwnRollback: a whole GossipSub message replayed (its
+// signed seqno unchanged) is ignored and penalizes nobody, since anyone can replay it; a
+// message the author signed afresh around an old vector is its own rollback, a protocol
+// violation.
+func TestReplayPenalizesOnlyTheAuthorsOwnRollback(t *testing.T) {
+	key := newKey(t)
+	author, _ := peer.IDFromPrivateKey(key)
+	rep, err := reputation.New(reputation.DefaultParams())
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	v := newValidator(func() time.Time { return now })
+	v.observe = func(p peer.ID, e reputation.Event) { rep.Observe(p.String(), e, now) }
+	msg := func(seq, env uint64) *pubsub.Message {
+		seqno := binary.BigEndian.AppendUint64(nil, env)
+		return &pubsub.Message{Message: &pubsub_pb.Message{From: []byte(author), Seqno: seqno, Data: signed(t, key, seq, now, time.Minute, nil)}}
+	}
+	if got := v.check(msg(20, 5)); got != pubsub.ValidationAccept {
+		t.Fatalf("first message: %v", got)
+	}
+	if got := v.check(msg(20, 5)); got != pubsub.ValidationIgnore {
+		t.Fatalf("replayed message: %v, want ignored", got)
+	}
+	if _, _, changed := rep.LastChange(author.String()); changed {
+		t.Fatal("a replay of the author's own message penalized the author")
+	}
+	if got := v.check(msg(19, 6)); got != pubsub.ValidationIgnore {
+		t.Fatalf("re-signed old vector: %v, want ignored", got)
+	}
+	if reason, _, _ := rep.LastChange(author.String()); reason != reputation.ProtocolViolation.String() {
+		t.Fatalf("re-signed old vector: reason %q, want protocol_violation", reason)
+	}
+}
+
+// TestMissedHeartbeatsLowerTheScore: each heartbeat a contacted peer misses is recorded
+// once, by the sweep; a pending peer earns no score entry.
+func TestMissedHeartbeatsLowerTheScore(t *testing.T) {
+	r := newRig(t, 2*time.Minute)
+	if got := r.send(t, signed(t, r.attKey, 10, time.Now(), time.Minute, nil)); got.Accepted != 1 {
+		t.Fatalf("genuine vector: %+v", got)
+	}
+	waitFor(t, "registry entry", func() bool { return r.reg.Len() == 1 })
+	att := r.attacker.ID().String()
+	start := time.Now()
+	r.victim.sweep(start.Add(3*time.Minute + 2*time.Second)) // heartbeat 1 min: 3 missed
+	r.victim.sweep(start.Add(3*time.Minute + 3*time.Second)) // nothing new
+	reason, _, _ := r.rep.LastChange(att)
+	want := reputation.NeutralScore + 3*reputation.DefaultHeartbeatMissedWeight
+	if got := r.rep.Score(att, start.Add(3*time.Minute+3*time.Second)); reason != "heartbeat_missed" || got < want-0.5 || got > want+0.5 {
+		t.Fatalf("after 3 missed heartbeats: score %.2f (reason %q), want about %.1f", got, reason, want)
 	}
 }

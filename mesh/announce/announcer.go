@@ -20,6 +20,7 @@ import (
 
 	"github.com/meshinfer/meshinfer/mesh/caps"
 	"github.com/meshinfer/meshinfer/mesh/registry"
+	"github.com/meshinfer/meshinfer/reputation"
 )
 
 var log = logging.Logger("mesh/announce")
@@ -36,6 +37,9 @@ const (
 	pingTimeout = 2 * time.Second
 	// pingPeers is how many connected peers are pinged per heartbeat: enough for a median.
 	pingPeers = 4
+	// heartbeatGrace is how late a heartbeat may be before it counts as missed: a message
+	// crossing a few GossipSub hops.
+	heartbeatGrace = time.Second
 	// contactTimeout bounds one attempt to connect to a pending peer, a DHT lookup of its
 	// addresses included.
 	contactTimeout = 15 * time.Second
@@ -69,6 +73,15 @@ type Params struct {
 	// connected to), finding its addresses if it must; nil uses the host's Connect with the
 	// addresses in its peerstore. A peer that cannot be contacted is dropped.
 	Contact func(ctx context.Context, p peer.ID) error
+	// Observer, when set, is told of each missed heartbeat of a contacted peer, and of each
+	// announcement or sync answer that breaks the rules, against the peer at fault (the
+	// message's signed author, the sync server).
+	Observer Observer
+}
+
+// Observer records events in peers' scores; reputation.Store is one.
+type Observer interface {
+	Observe(peer string, e reputation.Event, now time.Time)
 }
 
 // Announcer publishes this node's vector and feeds the registry from others'.
@@ -145,6 +158,9 @@ func New(h host.Host, ps *pubsub.PubSub, key crypto.PrivKey, reg *registry.Regis
 	a.val.newer = func(id peer.ID, seq uint64) bool {
 		have, ok := reg.Seq(id)
 		return ok && have > seq
+	}
+	if p.Observer != nil {
+		a.val.observe = func(id peer.ID, e reputation.Event) { p.Observer.Observe(id.String(), e, p.Now()) }
 	}
 	a.val.admit = func(author, via peer.ID) bool {
 		return reg.Admit(author, registry.Heard{Via: via, Connected: a.connected(author)}, p.Now()) == registry.Stored
@@ -280,8 +296,16 @@ func (a *Announcer) publishLoop(ctx context.Context) {
 	}
 }
 
-// sweep forgets the peers silent for too long and queues the pending ones for contact.
+// sweep records the heartbeats contacted peers missed, forgets the peers silent for too
+// long and queues the pending ones for contact.
 func (a *Announcer) sweep(now time.Time) {
+	if a.params.Observer != nil {
+		for p, n := range a.reg.Overdue(now, a.params.Heartbeat, heartbeatGrace) {
+			for range n {
+				a.params.Observer.Observe(p.String(), reputation.HeartbeatMissed, now)
+			}
+		}
+	}
 	for _, g := range a.reg.Sweep(now) {
 		// Its last vector may still be valid: a sync answer must not bring it back.
 		a.val.raise(g.Peer, g.Seq, now)

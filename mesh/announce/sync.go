@@ -16,6 +16,7 @@ import (
 	"github.com/meshinfer/meshinfer/internal/frame"
 	"github.com/meshinfer/meshinfer/mesh/caps"
 	"github.com/meshinfer/meshinfer/mesh/registry"
+	"github.com/meshinfer/meshinfer/reputation"
 )
 
 // SyncProtocol returns the protocol ID of the capability sync of the named mesh; the mesh
@@ -189,6 +190,13 @@ func (a *Announcer) syncFrom(ctx context.Context, p peer.ID) (int, error) {
 		return 0, err
 	}
 	added, done, err := a.readSync(frame.NewReader(s, caps.MaxEncodedSize), p)
+	if errors.Is(err, errSyncMisbehaved) && a.params.Observer != nil {
+		e := reputation.ProtocolViolation
+		if errors.Is(err, frame.ErrTooLarge) {
+			e = reputation.MalformedFrame
+		}
+		a.params.Observer.Observe(p.String(), e, a.params.Now())
+	}
 	if err != nil || !done {
 		s.Reset() // also when the rest is not wanted: the server stops writing
 		return added, err

@@ -2,6 +2,7 @@ package announce
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -11,6 +12,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/meshinfer/meshinfer/mesh/caps"
+	"github.com/meshinfer/meshinfer/reputation"
 )
 
 // highWaterCap bounds the per-peer seq table. Past it, entries whose last acceptance is older
@@ -40,6 +42,8 @@ type validator struct {
 	// over by via (registry.Admit: a new identity is charged to via's budget). A vector it
 	// would not take is Ignored, so it is not forwarded either.
 	admit func(author, via peer.ID) bool
+	// observe, when set, records a misbehaving signed author in reputation.
+	observe func(p peer.ID, e reputation.Event)
 
 	accepted, rejected, ignored atomic.Uint64
 
@@ -50,6 +54,7 @@ type validator struct {
 type mark struct {
 	seq uint64
 	at  time.Time // local time of acceptance
+	env uint64    // the accepted GossipSub message's seqno (0: raised by a sweep or a drop)
 }
 
 func newValidator(now func() time.Time) *validator {
@@ -72,41 +77,79 @@ func (v *validator) Validate(_ context.Context, _ peer.ID, msg *pubsub.Message) 
 }
 
 func (v *validator) check(msg *pubsub.Message) pubsub.ValidationResult {
+	// GossipSub checked the message's own signature (StrictSign): its author produced these
+	// bytes, so a Reject below is the author's doing and is recorded against it.
+	author := msg.GetFrom()
 	if len(msg.Data) > caps.MaxEncodedSize {
-		log.Debugw("announcement rejected", "peer", msg.ReceivedFrom, "err", caps.ErrTooLarge)
-		return pubsub.ValidationReject
+		return v.reject(msg, author, reputation.MalformedFrame, caps.ErrTooLarge)
 	}
 	now := v.now()
 	vec, err := caps.Verify(msg.Data, now)
-	if err != nil {
-		if errors.Is(err, caps.ErrExpired) || errors.Is(err, caps.ErrClockSkew) {
-			log.Debugw("announcement ignored", "peer", msg.ReceivedFrom, "err", err)
-			return pubsub.ValidationIgnore
-		}
-		log.Debugw("announcement rejected", "peer", msg.ReceivedFrom, "err", err)
-		return pubsub.ValidationReject
+	switch {
+	case errors.Is(err, caps.ErrExpired) || errors.Is(err, caps.ErrClockSkew):
+		log.Debugw("announcement ignored", "peer", msg.ReceivedFrom, "err", err)
+		return pubsub.ValidationIgnore
+	case errors.Is(err, caps.ErrBadSignature):
+		return v.reject(msg, author, reputation.ForgedAnnouncement, err)
+	case err != nil:
+		return v.reject(msg, author, reputation.MalformedFrame, err)
 	}
-	author := msg.GetFrom()
 	if author.String() != vec.PeerID {
-		log.Debugw("announcement rejected: author is not the vector's peer", "peer", author, "target", vec.PeerID)
-		return pubsub.ValidationReject
+		return v.reject(msg, author, reputation.ForgedAnnouncement, errors.New("author is not the vector's peer"))
 	}
+	seqno := envelopeSeqno(msg)
 	if v.newer != nil && v.newer(author, vec.Seq) {
+		v.replayed(author, seqno)
 		return pubsub.ValidationIgnore
 	}
 	if v.admit != nil && !v.admit(author, msg.ReceivedFrom) {
 		log.Debugw("announcement ignored: not admitted to the registry", "peer", msg.ReceivedFrom, "author", author)
 		return pubsub.ValidationIgnore
 	}
-	if !v.advance(author, vec.Seq, now) {
+	if !v.advance(author, vec.Seq, seqno, now) {
+		v.replayed(author, seqno)
 		return pubsub.ValidationIgnore
 	}
 	msg.ValidatorData = vec
 	return pubsub.ValidationAccept
 }
 
-// advance raises the high-water mark of p to seq and reports whether seq was above it.
-func (v *validator) advance(p peer.ID, seq uint64, now time.Time) bool {
+// reject logs and counts a Reject, and records it against the message's signed author.
+func (v *validator) reject(msg *pubsub.Message, author peer.ID, e reputation.Event, err error) pubsub.ValidationResult {
+	log.Debugw("announcement rejected", "peer", msg.ReceivedFrom, "author", author, "reason", e, "err", err)
+	if v.observe != nil && author != "" {
+		v.observe(author, e)
+	}
+	return pubsub.ValidationReject
+}
+
+// replayed handles a vector at or below the author's seq mark. Whoever replays a whole
+// GossipSub message cannot change its seqno (it is signed), so a message whose seqno is not
+// above the author's latest accepted one is someone's replay: ignored, nobody penalized. A
+// message the author signed afresh around an old vector is the author rolling back its own
+// seq: a protocol violation.
+func (v *validator) replayed(author peer.ID, seqno uint64) {
+	v.mu.Lock()
+	m, ok := v.high[author]
+	v.mu.Unlock()
+	if ok && m.env != 0 && seqno > m.env && v.observe != nil {
+		log.Debugw("announcement ignored: author re-signed an old vector", "author", author)
+		v.observe(author, reputation.ProtocolViolation)
+	}
+}
+
+// envelopeSeqno is the GossipSub message's own sequence number (8 bytes, big-endian), or 0.
+func envelopeSeqno(msg *pubsub.Message) uint64 {
+	b := msg.GetSeqno()
+	if len(b) != 8 {
+		return 0
+	}
+	return binary.BigEndian.Uint64(b)
+}
+
+// advance raises the high-water mark of p to seq, accepted in the GossipSub message env,
+// and reports whether seq was above it.
+func (v *validator) advance(p peer.ID, seq, env uint64, now time.Time) bool {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if m, ok := v.high[p]; ok {
@@ -116,7 +159,7 @@ func (v *validator) advance(p peer.ID, seq uint64, now time.Time) bool {
 	} else if len(v.high) >= highWaterCap {
 		v.evictLocked(now)
 	}
-	v.high[p] = mark{seq: seq, at: now}
+	v.high[p] = mark{seq: seq, at: now, env: env}
 	return true
 }
 
@@ -134,13 +177,14 @@ func (v *validator) seen(p peer.ID, seq uint64) bool {
 func (v *validator) raise(p peer.ID, seq uint64, now time.Time) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if m, ok := v.high[p]; ok && m.seq >= seq {
+	m, ok := v.high[p]
+	if ok && m.seq >= seq {
 		return
 	}
-	if _, ok := v.high[p]; !ok && len(v.high) >= highWaterCap {
+	if !ok && len(v.high) >= highWaterCap {
 		v.evictLocked(now)
 	}
-	v.high[p] = mark{seq: seq, at: now}
+	v.high[p] = mark{seq: seq, at: now, env: m.env}
 }
 
 func (v *validator) evictLocked(now time.Time) {

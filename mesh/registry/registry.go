@@ -192,6 +192,7 @@ type entry struct {
 	lastSeen  time.Time
 	connected bool
 	contacted bool
+	missed    int // heartbeats counted as missed since lastSeen (Overdue)
 }
 
 // bucket is a token bucket of new identities: tokens as of at.
@@ -293,7 +294,7 @@ func (r *Registry) Put(p peer.ID, h Heard, now time.Time) Result {
 		if v.Seq <= e.vec.Seq {
 			return Old
 		}
-		e.vec, e.wire, e.lastSeen = v, wire, now
+		e.vec, e.wire, e.lastSeen, e.missed = v, wire, now, 0
 		if h.Connected {
 			r.contactLocked(e)
 		}
@@ -401,6 +402,33 @@ func (r *Registry) Unreachable(p peer.ID, now time.Time) {
 		}
 	}
 	r.unreachable[p] = now.Add(r.params.UnreachableFor)
+}
+
+// Overdue counts the heartbeats contacted peers have missed: a peer heard from last at t
+// has missed ⌊(now − t − grace) / every⌋ heartbeats. It returns, for each peer, how many
+// more than the previous call counted (each missed heartbeat is reported once), and counts
+// them. Pending peers are left out: a made-up identity must not earn a score entry.
+func (r *Registry) Overdue(now time.Time, every, grace time.Duration) map[peer.ID]int {
+	if every <= 0 {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out map[peer.ID]int
+	for id, e := range r.entries {
+		late := now.Sub(e.lastSeen) - grace
+		if !e.contacted || late < every {
+			continue
+		}
+		if n := int(late / every); n > e.missed {
+			if out == nil {
+				out = make(map[peer.ID]int)
+			}
+			out[id] = n - e.missed
+			e.missed = n
+		}
+	}
+	return out
 }
 
 // Gone is a peer Sweep removed, with the seq of its last vector.

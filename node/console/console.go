@@ -235,9 +235,15 @@ type Peer struct {
 	Stale     bool    `json:"stale"`
 	AgeS      float64 `json:"age_s"` // seconds since its latest verified vector
 	// Score is the peer's reputation (0-100, 50 when unknown; under 40 it is excluded).
-	Score      float64      `json:"score"`
-	Excluded   bool         `json:"excluded"`
-	Capability *caps.Vector `json:"capability"`
+	Score    float64 `json:"score"`
+	Excluded bool    `json:"excluded"`
+	// ScoreReason is what last changed the score: an outcome ("success", "timeout",
+	// "unavailable") or an event ("heartbeat_missed", "verification_passed",
+	// "verification_failed", "forged_announcement", "malformed_frame", "protocol_violation"),
+	// at ScoreChangedAt (RFC 3339, UTC); both empty while the score is untouched.
+	ScoreReason    string       `json:"score_reason,omitempty"`
+	ScoreChangedAt string       `json:"score_changed_at,omitempty"`
+	Capability     *caps.Vector `json:"capability"`
 	// Conns are the open libp2p connections to the peer (none when not connected).
 	Conns []Conn `json:"conns"`
 }

@@ -23,6 +23,7 @@ type Client struct {
 	h        host.Host
 	idle     time.Duration
 	receipts bool
+	observer Observer
 
 	mu   sync.Mutex
 	pool map[peer.ID][]pooled // idle ReuseID streams, the most recent last
@@ -43,6 +44,11 @@ func WithIdleTimeout(d time.Duration) ClientOption { return func(c *Client) { c.
 // inference.Result.Receipt (empty when the peer has no signer). A coordinator asks for one on
 // all its requests, so that a verification run looks like any other task.
 func WithReceipts() ClientOption { return func(c *Client) { c.receipts = true } }
+
+// WithClientObserver records each serving peer that sends a malformed frame or breaks the
+// protocol (tokens past max_tokens or the byte cap, out of order, a bad terminal frame) in
+// o, as reputation.MalformedFrame or ProtocolViolation.
+func WithClientObserver(o Observer) ClientOption { return func(c *Client) { c.observer = o } }
 
 // NewClient returns a client that opens streams from h.
 func NewClient(h host.Host, opts ...ClientOption) *Client {
@@ -268,6 +274,7 @@ func (c *Client) lost(ctx context.Context, p peer.ID, what string, err error) er
 	if ctx.Err() != nil {
 		return fmt.Errorf("%s: %w", what, ctx.Err())
 	}
+	observe(c.observer, p, err)
 	return inference.Errorf(inference.CodePeerLost, "%s from %s: %v", what, p, err)
 }
 

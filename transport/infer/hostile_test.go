@@ -1,21 +1,25 @@
 package infer
 
 import (
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/internal/frame"
+	"github.com/meshinfer/meshinfer/reputation"
 )
 
 // lyingServer answers every request on h with what answer writes: a serving peer that
 // ignores the request's bounds and claims what it likes. It counts the frames it managed to
 // write, so a test can see where the requester cut it off.
-func lyingServer(t *testing.T, answer func(req *inference.Request, write func([]byte) error)) (*atomic.Int64, *Client, peer.ID) {
+func lyingServer(t *testing.T, answer func(req *inference.Request, write func([]byte) error), opts ...ClientOption) (*atomic.Int64, *Client, peer.ID) {
 	t.Helper()
 	ch, sh := newHost(t), newHost(t)
 	var written atomic.Int64
@@ -39,12 +43,31 @@ func lyingServer(t *testing.T, answer func(req *inference.Request, write func([]
 		})
 	})
 	connect(t, ch, sh)
-	return &written, NewClient(ch), sh.ID()
+	return &written, NewClient(ch, opts...), sh.ID()
+}
+
+// observed is an Observer that keeps what it is told, as "peer event".
+type observed struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (o *observed) Observe(p string, e reputation.Event, _ time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.got = append(o.got, p+" "+e.String())
+}
+
+func (o *observed) events() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.got)
 }
 
 // A peer that streams past max_tokens, or sends more text than the request can need, is cut
-// off at the bound with peer_lost (so the router fails over), not read to the end; and the
-// usage a requester reports is what it counted, whatever the peer claims.
+// off at the bound with peer_lost (so the router fails over), not read to the end, and the
+// violation is recorded in its score; and the usage a requester reports is what it counted,
+// whatever the peer claims.
 func TestHostilePeerIsHeldToTheRequest(t *testing.T) {
 	const maxTokens = 16
 	flood := func(text string, n int, usage inference.Usage) func(*inference.Request, func([]byte) error) {
@@ -73,13 +96,19 @@ func TestHostilePeerIsHeldToTheRequest(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			written, c, p := lyingServer(t, tt.answer)
+			var seen observed
+			written, c, p := lyingServer(t, tt.answer, WithClientObserver(&seen))
 			var toks []inference.Token
 			res, err := c.Generate(t.Context(), p, req, collect(&toks))
 			if tt.wantErr {
 				if inference.CodeOf(err) != inference.CodePeerLost || !strings.Contains(err.Error(), "protocol") {
 					t.Fatalf("error %v, want peer_lost for a protocol violation", err)
 				}
+				if got := seen.events(); len(got) != 1 || got[0] != p.String()+" "+reputation.ProtocolViolation.String() {
+					t.Fatalf("observed %q, want one protocol_violation of %s", got, p)
+				}
+			} else if got := seen.events(); len(got) != 0 {
+				t.Fatalf("observed %q for a peer within the bounds", got)
 			} else if err != nil {
 				t.Fatal(err)
 			}

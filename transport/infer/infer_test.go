@@ -282,10 +282,12 @@ func TestProtocolViolationsGivePeerLost(t *testing.T) {
 	}
 }
 
-// An oversized request frame is refused after reading the length alone; the honest request
-// that follows on another stream is served.
+// An oversized request frame is refused after reading the length alone, and recorded in the
+// sender's score as a malformed frame; the honest request that follows on another stream is
+// served.
 func TestServerRefusesOversizedRequest(t *testing.T) {
-	p := newPair(t, nil)
+	var seen observed
+	p := newPair(t, []ServerOption{WithServerObserver(&seen)})
 	ch := newHost(t)
 	connect(t, ch, p.sh)
 	st, err := ch.NewStream(context.Background(), p.sh.ID(), ID)
@@ -299,6 +301,9 @@ func TestServerRefusesOversizedRequest(t *testing.T) {
 		t.Fatal("server answered an oversized request frame")
 	}
 	waitFor(t, "protocol error counted", func() bool { return p.server.Stats().ProtocolErrors == 1 })
+	if got := seen.events(); len(got) != 1 || got[0] != ch.ID().String()+" malformed_frame" {
+		t.Fatalf("observed %q, want one malformed_frame of the sender %s", got, ch.ID())
+	}
 	var toks []inference.Token
 	if _, err := p.client.Generate(context.Background(), p.sh.ID(), request(4), collect(&toks)); err != nil {
 		t.Fatal("honest request after the oversized one:", err)

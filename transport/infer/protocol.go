@@ -9,9 +9,12 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/internal/frame"
+	"github.com/meshinfer/meshinfer/reputation"
 )
 
 // ID is the protocol ID of peer inference: one request per stream.
@@ -67,6 +70,33 @@ const (
 )
 
 var errProtocol = errors.New("infer protocol violation")
+
+// Observer records a peer's malformed frames and protocol violations in its score;
+// reputation.Store is one.
+type Observer interface {
+	Observe(peer string, e reputation.Event, now time.Time)
+}
+
+// violation is the reputation event err stands for when the remote peer broke the protocol
+// (a frame over its bound or with a malformed length: MalformedFrame; a well-formed frame
+// out of place or past the request's bounds: ProtocolViolation), and false for anything
+// else (timeouts, resets, cancellation say nothing about integrity).
+func violation(err error) (reputation.Event, bool) {
+	switch {
+	case errors.Is(err, frame.ErrTooLarge), errors.Is(err, frame.ErrMalformed):
+		return reputation.MalformedFrame, true
+	case errors.Is(err, errProtocol):
+		return reputation.ProtocolViolation, true
+	}
+	return 0, false
+}
+
+// observe records err against p in o, when err is a violation and o is set.
+func observe(o Observer, p peer.ID, err error) {
+	if e, ok := violation(err); ok && o != nil {
+		o.Observe(p.String(), e, time.Now())
+	}
+}
 
 // Stream is what the protocol needs of a stream: a libp2p network.Stream, or a WebRTC data
 // channel (transport/webrtc). Close ends it after the data written (the other side reads

@@ -3,6 +3,7 @@ package infer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -102,6 +103,10 @@ func WithOnServed(fn func(ServedTask)) ServerOption { return func(s *Server) { s
 // sent.
 func WithSigner(fn Signer) ServerOption { return func(s *Server) { s.sign = fn } }
 
+// WithServerObserver records each requester that sends a malformed frame or breaks the protocol
+// in o, as reputation.MalformedFrame or ProtocolViolation.
+func WithServerObserver(o Observer) ServerOption { return func(s *Server) { s.observer = o } }
+
 // WithSessionIdle sets how long a reused stream (ReuseID) waits for its next request
 // (DefaultSessionIdle).
 func WithSessionIdle(d time.Duration) ServerOption { return func(s *Server) { s.sessionIdle = d } }
@@ -124,6 +129,7 @@ type Server struct {
 	closed atomic.Bool
 
 	served, failed, overloaded, disconnected, protoErrs atomic.Uint64
+	observer                                            Observer
 
 	mu      sync.Mutex
 	total   int
@@ -233,6 +239,7 @@ func (s *Server) readRequest(from peer.ID, st Stream, body []byte, readErr error
 	}
 	s.protoErrs.Add(1)
 	log.Debugw("bad request frame", "peer", from, "err", err)
+	observe(s.observer, from, err)
 	st.Reset()
 	return nil, false, false, nil
 }
@@ -300,6 +307,7 @@ func (s *Server) handleSession(st network.Stream) {
 		cancel()
 		if early && err == nil {
 			s.protoErrs.Add(1)
+			observe(s.observer, from, fmt.Errorf("%w: a frame before the terminal frame", errProtocol))
 			st.Reset()
 			return
 		}
