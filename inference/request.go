@@ -204,6 +204,16 @@ func (r *Request) BoundUsage(u Usage) Usage {
 	return Usage{PromptTokens: prompt, CompletionTokens: completion, TotalTokens: prompt + completion}
 }
 
+// UnfinishedUsage is what a requester bills for r when it ended without a completed answer
+// (the client hung up, the target failed): the completion tokens delivered, as counted (up
+// to EffectiveMaxTokens), and the prompt at PromptTokensBound. A backend reports its prompt
+// count only with a completed answer, so nobody counted this prompt; the bound is the most
+// a completed answer could have been billed for it, which leaves a client nothing to gain by
+// hanging up before the end.
+func (r *Request) UnfinishedUsage(delivered int) Usage {
+	return r.BoundUsage(Usage{PromptTokens: r.PromptTokensBound(), CompletionTokens: delivered})
+}
+
 // EffectiveTemperature is Temperature, or DefaultTemperature when absent.
 func (r *Request) EffectiveTemperature() float64 {
 	if r.Temperature != nil {

@@ -211,3 +211,23 @@ func TestBoundUsage(t *testing.T) {
 		t.Errorf("MaxCompletionBytes = %d, want %d", got, want)
 	}
 }
+
+// An unfinished request is billed the tokens delivered and the prompt's bound.
+func TestUnfinishedUsage(t *testing.T) {
+	n := 16
+	r := &Request{MaxTokens: &n, Messages: []Message{{Role: RoleSystem, Content: "be brief"}, {Role: RoleUser, Content: "hello mesh"}}}
+	bound := len("be brief") + len("hello mesh") + 3*promptTokensPerMessage
+	for _, tt := range []struct {
+		delivered int
+		want      Usage
+	}{
+		{0, Usage{PromptTokens: bound, TotalTokens: bound}},
+		{5, Usage{PromptTokens: bound, CompletionTokens: 5, TotalTokens: bound + 5}},
+		{99, Usage{PromptTokens: bound, CompletionTokens: 16, TotalTokens: bound + 16}},
+		{-1, Usage{PromptTokens: bound, TotalTokens: bound}},
+	} {
+		if got := r.UnfinishedUsage(tt.delivered); got != tt.want {
+			t.Errorf("UnfinishedUsage(%d) = %+v, want %+v", tt.delivered, got, tt.want)
+		}
+	}
+}

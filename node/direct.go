@@ -3,7 +3,9 @@ package node
 import (
 	"context"
 	"errors"
+	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
@@ -93,25 +95,43 @@ func (n *Node) serveDirect(st network.Stream) {
 	}
 	defer release()
 	st.SetDeadline(time.Time{})
+	// The coordinator sends nothing more once the channel is up, and closes its side when
+	// its client went away: the task then ends as if the client had closed the channel.
+	var served atomic.Bool
+	coordGone := make(chan struct{})
+	go func() { // ends at the coordinator's end or when the deadline below is set
+		defer close(coordGone)
+		io.Copy(io.Discard, io.LimitReader(st, maxCoordinatorTrailing))
+		if !served.Load() {
+			dc.Reset()
+		}
+	}()
 	task := n.infer.ServeRequest(coord, req, wantReceipt, dc)
-	if task.Outcome != infer.OutcomeCompleted {
-		n.directResult(st, inference.Result{}, inference.Errorf(outcomeCode(task.Outcome), "direct task ended: %s", task.Outcome))
-		return
+	served.Store(true)
+	st.SetReadDeadline(time.Now().Add(-time.Hour))
+	<-coordGone
+	usage := inference.Usage{PromptTokens: task.PromptTokens, CompletionTokens: task.CompletionTokens,
+		TotalTokens: task.PromptTokens + task.CompletionTokens}
+	switch task.Outcome {
+	case infer.OutcomeCompleted:
+		n.directResult(st, inference.Result{FinishReason: task.FinishReason, Receipt: task.Receipt, Usage: usage}, nil)
+	case infer.OutcomeClientDisconnected:
+		// The client's channel went away: the tokens written to it before are its to pay.
+		n.directResult(st, inference.Result{Usage: usage},
+			inference.Errorf(inference.CodePeerLost, "direct task ended: %w", infer.ErrClientDisconnected))
+	default:
+		code, ok := inference.ParseCode(task.Outcome)
+		if !ok {
+			code = inference.CodeUnavailable
+		}
+		n.directResult(st, inference.Result{Usage: usage}, inference.Errorf(code, "direct task ended: %s", task.Outcome))
 	}
-	n.directResult(st, inference.Result{
-		FinishReason: task.FinishReason, Receipt: task.Receipt,
-		Usage: inference.Usage{PromptTokens: task.PromptTokens, CompletionTokens: task.CompletionTokens,
-			TotalTokens: task.PromptTokens + task.CompletionTokens},
-	}, nil)
 }
 
-// outcomeCode is the typed code of a served task's outcome.
-func outcomeCode(outcome string) inference.Code {
-	if c, ok := inference.ParseCode(outcome); ok {
-		return c
-	}
-	return inference.CodePeerLost // client_disconnected: the client's channel went away
-}
+// maxCoordinatorTrailing bounds what the serving peer reads (and discards) of the
+// coordinator's stream once the channel is up: the coordinator should send nothing, so
+// anything past this ends the task like the coordinator's end does.
+const maxCoordinatorTrailing = 64 << 10
 
 // directResult writes a direct task's result frame and closes st.
 func (n *Node) directResult(st network.Stream, res inference.Result, err error) {

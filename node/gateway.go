@@ -135,9 +135,22 @@ type meteredLocal struct {
 	tm taskMeter
 }
 
+// Generate runs req on the local-only path and meters it: a request that ended early with
+// the tokens the client got and its prompt's bound, as the executor meters the others.
 func (m meteredLocal) Generate(ctx context.Context, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
 	start := time.Now()
-	res, err := m.g.Generate(ctx, req, emit)
-	m.tm.record(ctx, req.Model, inference.Served{Tier: inference.TierLocal, Attempts: 1}, res, err, time.Since(start))
+	delivered := 0
+	res, err := m.g.Generate(ctx, req, func(t inference.Token) error {
+		if err := emit(t); err != nil {
+			return err
+		}
+		delivered++
+		return nil
+	})
+	billed := res
+	if err != nil {
+		billed.Usage = req.UnfinishedUsage(delivered)
+	}
+	m.tm.record(ctx, req.Model, inference.Served{Tier: inference.TierLocal, Attempts: 1}, billed, err, time.Since(start))
 	return res, err
 }

@@ -184,25 +184,72 @@ func (b heldBackend) Generate(ctx context.Context, req *inference.Request, emit 
 	})
 }
 
-// A client that hangs up mid-stream is metered with the tokens it received, as a
-// client_disconnected outcome: hanging up is no way around the meter (issue 19, finding 4).
+// A client that hangs up mid-stream is metered with the tokens it received and its prompt
+// at the request's bound, as a client_disconnected outcome: hanging up is no way around the
+// meter (issue 19, finding 4). So on every path: served by the coordinator's own backend,
+// by a mesh peer, and on the local-only path.
 func TestCoordinatorMetersWhatAHangUpReceived(t *testing.T) {
-	dir := t.TempDir()
-	key, _ := createKey(t, dir)
 	const received = 3
+	held := func(b inference.Backend) inference.Backend { return heldBackend{b, received} }
 	consent := participation.Consent{Version: participation.ConsentVersion, RunLocal: true, Contribute: true}
-	n := startTestNode(t, Config{Models: []string{"synth-tiny"}, DataDir: dir, Consent: &consent,
-		Roles:       []Role{RoleCoordinator},
-		WrapBackend: func(b inference.Backend) inference.Backend { return heldBackend{b, received} }})
-	req, _ := http.NewRequest(http.MethodPost, "http://"+n.APIAddr()+"/v1/chat/completions",
-		strings.NewReader(`{"model":"synth-tiny","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	prompt := (&inference.Request{Messages: []inference.Message{{Role: inference.RoleUser, Content: "hi"}}}).PromptTokensBound()
+	for _, tt := range []struct {
+		name, prefs, route string
+		mesh               bool // served by a peer; else by the coordinator
+	}{
+		{name: "local", route: "local"},
+		{name: "mesh", mesh: true, route: "peer:"},
+		{name: "local-only", prefs: `,"meshinfer":{"privacy":"local-only"}`, route: "local"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			key, _ := createKey(t, dir)
+			cfg := Config{DataDir: dir, Consent: &consent, Roles: []Role{RoleCoordinator}}
+			if !tt.mesh {
+				cfg.Models, cfg.WrapBackend = []string{"synth-tiny"}, held
+			}
+			n := startTestNode(t, cfg)
+			if tt.mesh {
+				p := startTestNode(t, Config{Models: []string{"synth-tiny"}, WrapBackend: held,
+					Bootstrap: []peer.AddrInfo{n.AddrInfo()}})
+				within(t, 20*time.Second, "the coordinator sees the peer", func() bool {
+					e, ok := n.Registry().Get(p.ID(), time.Now())
+					return ok && !e.Stale
+				})
+			}
+			hangUpAfter(t, n.APIAddr(), key, received,
+				`{"model":"synth-tiny","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"hi"}]`+tt.prefs+`}`)
+
+			var events []gateway.MeterEvent
+			within(t, 10*time.Second, "the hung-up request metered", func() bool {
+				events = meterEvents(dir)
+				return len(events) > 0
+			})
+			e := events[0]
+			if len(events) != 1 || e.TokensOut != received || e.TokensIn != prompt || e.Outcome != "client_disconnected" ||
+				!strings.HasPrefix(e.Peer, tt.route) {
+				t.Fatalf("meter events %+v: want one client_disconnected on %s with %d tokens in, %d out", events, tt.route, prompt, received)
+			}
+		})
+	}
+}
+
+// hangUpAfter posts body (a streaming chat request) to the API at addr with key, reads n
+// tokens and hangs up.
+func hangUpAfter(t *testing.T, addr, key string, n int, body string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/chat/completions", strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+key)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer resp.Body.Close() // hang up, the stream held at its next token
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %s", resp.Status)
+	}
 	rd := bufio.NewReader(resp.Body)
-	for got := 0; got < received; {
+	for got := 0; got < n; {
 		line, err := rd.ReadString('\n')
 		if err != nil {
 			t.Fatalf("after %d tokens: %v", got, err)
@@ -211,17 +258,13 @@ func TestCoordinatorMetersWhatAHangUpReceived(t *testing.T) {
 			got++
 		}
 	}
-	resp.Body.Close() // hang up, the stream held at its next token
+}
 
+// meterEvents reads a coordinator's usage.jsonl in dir.
+func meterEvents(dir string) []gateway.MeterEvent {
 	var events []gateway.MeterEvent
-	within(t, 10*time.Second, "the hung-up request metered", func() bool {
-		events = events[:0]
-		gateway.ReadEvents(filepath.Join(dir, gateway.UsageFile), func(e gateway.MeterEvent) { events = append(events, e) })
-		return len(events) > 0
-	})
-	if e := events[0]; len(events) != 1 || e.TokensOut != received || e.Outcome != "client_disconnected" {
-		t.Fatalf("meter events %+v: want one client_disconnected with %d tokens out", events, received)
-	}
+	gateway.ReadEvents(filepath.Join(dir, gateway.UsageFile), func(e gateway.MeterEvent) { events = append(events, e) })
+	return events
 }
 
 // createKey creates an API key named laptop in a coordinator's data dir and returns it with

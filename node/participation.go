@@ -138,9 +138,10 @@ func (g *partGate) accepting() bool {
 }
 
 // admit is the peer inference server's admission: consent (checked afresh: a withdrawal
-// stops new work at once), the governor's state, then the rate limit. A refusal is
-// policy_paused, which the requester's reputation store does not count against this node.
-func (g *partGate) admit(peer.ID) error {
+// stops new work at once), the governor's state, then the rate limit, shared fairly between
+// the requesting peers (participation.RateLimiter). A refusal is policy_paused, which the
+// requester's reputation store does not count against this node.
+func (g *partGate) admit(from peer.ID) error {
 	g.refreshConsent()
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -149,7 +150,7 @@ func (g *partGate) admit(peer.ID) error {
 		return inference.Errorf(inference.CodePolicyPaused, "this node's owner has not agreed to contribute (%s)", participation.ReasonNoConsent)
 	case !g.state.Accepting:
 		return inference.Errorf(inference.CodePolicyPaused, "this node is paused: %s", joinReasons(g.state.Reasons))
-	case !g.rate.Allow(g.effectiveLocked().MaxTasksPerMin, g.now()):
+	case !g.rate.Allow(string(from), g.effectiveLocked().MaxTasksPerMin, g.now()):
 		return inference.Errorf(inference.CodePolicyPaused, "this node is paused: %s (at most %d tasks a minute)",
 			participation.ReasonRateLimited, g.effectiveLocked().MaxTasksPerMin)
 	}

@@ -8,6 +8,10 @@
 //   - mDNS on the local network, under the service name "meshinfer-<mesh>";
 //   - whatever else connects to us (GossipSub and the DHT learn peers on their own).
 //
+// A peer found by rendezvous or mDNS is dialled only at the addresses that filter.go allows:
+// a few, of IP scopes this node reaches as it listens, and a bounded number of peers per
+// rendezvous round.
+//
 // Every network call carries a timeout. All loops are owned by the Discovery: started in New,
 // stopped and waited for by Close.
 //
@@ -27,6 +31,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/p2p/discovery/mdns"
+	ma "github.com/multiformats/go-multiaddr"
 )
 
 var log = logging.Logger("mesh/discovery")
@@ -217,17 +222,33 @@ func (d *Discovery) findAndConnect(ctx context.Context, ns string) {
 		log.Debugw("rendezvous lookup failed; will retry", "err", err)
 		return
 	}
+	dials := 0
 	for ai := range ch {
-		if len(d.h.Network().Peers()) >= d.params.LowWater {
+		if dials >= maxDialsPerRound || len(d.h.Network().Peers()) >= d.params.LowWater {
 			continue // drain the channel so the lookup can finish
 		}
-		if ai.ID == d.h.ID() || len(ai.Addrs) == 0 || d.h.Network().Connectedness(ai.ID) == network.Connected {
+		if ai.ID == d.h.ID() || d.h.Network().Connectedness(ai.ID) == network.Connected {
 			continue
 		}
+		if ai.Addrs = d.dialable(ai); len(ai.Addrs) == 0 {
+			continue
+		}
+		dials++
 		if err := d.connect(ctx, ai); err != nil && ctx.Err() == nil {
 			log.Debugw("rendezvous peer unreachable", "peer", ai.ID, "err", err)
 		}
 	}
+}
+
+// dialable is what this node dials of a found peer's addresses (filter.go).
+func (d *Discovery) dialable(ai peer.AddrInfo) []ma.Multiaddr {
+	var canDial func(peer.ID, ma.Multiaddr) bool
+	if sw, ok := d.h.Network().(interface {
+		CanDial(peer.ID, ma.Multiaddr) bool
+	}); ok {
+		canDial = sw.CanDial
+	}
+	return reachOf(d.h.Network().ListenAddresses()).dialable(ai.ID, ai.Addrs, canDial)
 }
 
 // foundLoop dials peers announced by mDNS.
@@ -239,6 +260,9 @@ func (d *Discovery) foundLoop(ctx context.Context) {
 			return
 		case ai := <-d.found:
 			if ai.ID == d.h.ID() || d.h.Network().Connectedness(ai.ID) == network.Connected {
+				continue
+			}
+			if ai.Addrs = d.dialable(ai); len(ai.Addrs) == 0 {
 				continue
 			}
 			if err := d.connect(ctx, ai); err != nil && ctx.Err() == nil {

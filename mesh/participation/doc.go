@@ -138,8 +138,11 @@
 // # Admission
 //
 // A task from a peer is admitted when the Governor is accepting and then
-// RateLimiter.Allow(effective.MaxTasksPerMin, now) agrees; in that order, so a refused task
-// does not use up the rate. A refusal by the rate limiter is rate_limited, refused like a
-// pause. The window slides: at most max_tasks_per_min admissions in any 60 s, and a lowered
-// limit applies to the next task.
+// RateLimiter.Allow(peer, effective.MaxTasksPerMin, now) agrees; in that order, so a refused
+// task does not use up the rate. A refusal by the rate limiter is rate_limited, refused like
+// a pause. The window slides: at most max_tasks_per_min admissions in any 60 s, and a
+// lowered limit applies to the next task. The budget is shared fairly between the peers
+// that ask (RateLimiter has the rule): a peer alone may use all of it, and while another
+// peer that used less is waiting, one that used more is refused first, so one peer's flood
+// keeps no other peer out for longer than until one of its admissions ages out.
 package participation

@@ -24,7 +24,10 @@ import (
 // request to a mesh peer, sends it the request and relays the client's WebRTC signaling to
 // it and back, then reads the peer's result frame: the receipt, which it checks (signed by
 // that peer, made out to this node, for the model and the usage) and meters with its
-// countersignature. It never sees a token. A sample is verified like any mesh task, against
+// countersignature. It never sees a token. A task that ends early is metered from the
+// peer's failed result: the tokens the peer wrote to the client's channel and the prompt at
+// its bound; when the client goes away first, the executor closes its side of the stream,
+// which ends the task at the peer, and waits for that report (directResultWait). A sample is verified like any mesh task, against
 // the receipt's digest of the output. The serving side is the node's (node/direct.go).
 
 // StreamOpener opens a libp2p stream to a peer (the node's routed host).
@@ -58,8 +61,6 @@ func (d *Executor) Relay(ctx context.Context, s gateway.Session, body json.RawMe
 	if err != nil {
 		return gateway.DirectResult{}, inference.Errorf(inference.CodeUnavailable, "open a direct task on %s: %v", t.Peer, err)
 	}
-	stop := context.AfterFunc(ctx, func() { st.Reset() })
-	defer stop()
 	defer d.hold(t.Peer)() // the task counts against the peer's per-requester limit
 	if err := frame.Write(st, frameBody); err != nil {
 		st.Reset()
@@ -81,6 +82,22 @@ func (d *Executor) Relay(ctx context.Context, s gateway.Session, body json.RawMe
 			}
 		}
 	})
+	// When the client goes away (ctx ends: it cancelled, or its connection ended), the
+	// coordinator closes its side of the stream: the peer ends the task (as if the client had
+	// closed its channel) and reports what the client got, which is metered. The report is
+	// waited for directResultWait at most.
+	gone := make(chan struct{})
+	stopGone := context.AfterFunc(ctx, func() {
+		defer close(gone)
+		relayWG.Wait() // the relay ends with ctx: no write races the close
+		st.CloseWrite()
+		st.SetReadDeadline(time.Now().Add(directResultWait))
+	})
+	defer func() {
+		if !stopGone() {
+			<-gone
+		}
+	}()
 	// The peer's signaling to the client, then its result.
 	rd := frame.NewReader(st, max(gateway.MaxSignalFrame, infer.MaxTerminalFrame))
 	var res inference.Result
@@ -98,15 +115,26 @@ func (d *Executor) Relay(ctx context.Context, s gateway.Session, body json.RawMe
 			if _, typed := errors.AsType[*inference.Error](err); err != nil && !typed {
 				err = inference.Errorf(inference.CodePeerLost, "direct task on %s: %v", t.Peer, err) // a malformed result
 			}
-			// The client got the tokens, not this node: the peer's counts are believed only
-			// as far as the request makes them possible.
-			res.Usage = r.req.BoundUsage(res.Usage)
 			st.Close()
-			if err != nil {
-				d.meterDirect(s, r, res, err, d.now().Sub(start))
-				return gateway.DirectResult{}, err
+			if err == nil {
+				// The client got the tokens, not this node: the peer's counts are believed
+				// only as far as the request makes them possible.
+				res.Usage = r.req.BoundUsage(res.Usage)
+				break
 			}
-			break
+			// Ended early: the tokens the peer says it wrote to the client's channel (bounded
+			// by max_tokens), and the prompt at its bound, as an unfinished mesh request is
+			// metered. A client that went away is client_disconnected, whatever the peer
+			// made of it.
+			res.Usage = r.req.UnfinishedUsage(res.Usage.CompletionTokens)
+			if ctx.Err() != nil {
+				err = inference.Errorf(inference.CodePeerLost, "direct task: the client went away: %w", infer.ErrClientDisconnected)
+			}
+			d.meterDirect(s, r, res, err, d.now().Sub(start))
+			return gateway.DirectResult{}, err
+		}
+		if ctx.Err() != nil {
+			continue // the client is gone: the peer's late signaling has no one to go to
 		}
 		if err := sig.Send(msg); err != nil {
 			st.Reset()
@@ -118,6 +146,10 @@ func (d *Executor) Relay(ctx context.Context, s gateway.Session, body json.RawMe
 	out.Receipt, out.Countersig = d.meterDirect(s, r, res, nil, d.now().Sub(start))
 	return out, nil
 }
+
+// directResultWait bounds the wait for a direct task's result once the client went away:
+// the peer ends the task when it reads the coordinator's end, at once.
+const directResultWait = 5 * time.Second
 
 // meterDirect checks a direct task's receipt, meters the task (after its verification's
 // verdict when it is sampled) and returns the receipt with its countersignature, both "" when
@@ -134,6 +166,9 @@ func (d *Executor) meterDirect(s gateway.Session, r *run, res inference.Result, 
 	}
 	if err != nil {
 		ev.Outcome = string(inference.CodeOf(err))
+		if errors.Is(err, infer.ErrClientDisconnected) {
+			ev.Outcome = infer.OutcomeClientDisconnected
+		}
 		d.cfg.Meter.Write(ev)
 		return "", ""
 	}

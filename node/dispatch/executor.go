@@ -288,9 +288,9 @@ func (d *Executor) Generate(ctx context.Context, req *inference.Request, emit fu
 		billed := res
 		if err != nil {
 			// A request that ended early (the client hung up, a target failed mid-stream) is
-			// metered with the tokens the client did get. Its prompt count is known only from
-			// a completed answer.
-			billed.Usage = inference.Usage{CompletionTokens: len(r.sent), TotalTokens: len(r.sent)}
+			// metered with the tokens the client did get, and its prompt at the request's
+			// bound: no target counted it back (inference.Request.UnfinishedUsage).
+			billed.Usage = r.req.UnfinishedUsage(len(r.sent))
 		}
 		var ev gateway.MeterEvent
 		if ev, metered = d.cfg.Meter.Event(ctx, r.req.Model, at, billed, err, d.now().Sub(start)); metered {

@@ -171,13 +171,17 @@ func encodeDone(res inference.Result) []byte {
 }
 
 func encodeError(err error) []byte {
-	code := inference.CodeOf(err)
+	b, _ := json.Marshal(wireErrorOf(err))
+	return append([]byte{frameError}, b...)
+}
+
+// wireErrorOf is err's code and message, the message cut to half a terminal frame.
+func wireErrorOf(err error) wireError {
 	msg := err.Error()
 	if len(msg) > MaxTerminalFrame/2 {
 		msg = msg[:MaxTerminalFrame/2]
 	}
-	b, _ := json.Marshal(wireError{Code: string(code), Message: msg})
-	return append([]byte{frameError}, b...)
+	return wireError{Code: string(inference.CodeOf(err)), Message: msg}
 }
 
 func decodeTerminal(body []byte) (inference.Result, error) {

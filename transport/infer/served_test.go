@@ -115,10 +115,11 @@ func TestOnServedReportsEachRequestThatRan(t *testing.T) {
 	refuse.Store(false)
 
 	// Overloaded while a request runs: not reported. Then the running one is cancelled by its
-	// client: client_disconnected, with its one token.
+	// client: client_disconnected, with the one token written to it (streaming: each token
+	// goes out as it is produced).
 	ctx, cancel := context.WithCancel(context.Background())
 	blocks := request(8)
-	blocks.Model = "blocks"
+	blocks.Model, blocks.Stream = "blocks", true
 	errc := make(chan error, 1)
 	go func() { errc <- generate(ctx, blocks) }()
 	<-gen.started

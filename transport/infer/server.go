@@ -56,8 +56,8 @@ type ServedTask struct {
 	Model string  // the model requested
 	// PromptTokens and CompletionTokens come from the result's usage when the task
 	// completed. Otherwise the prompt was never counted back (the backend reports usage only
-	// on success): PromptTokens is 0 and CompletionTokens counts the tokens emitted before the
-	// end.
+	// on success): PromptTokens is 0 and CompletionTokens counts the tokens written to the
+	// client before the end (those of a write that failed not included).
 	PromptTokens, CompletionTokens int
 	Duration                       time.Duration          // from admission to the terminal frame or reset (with a receipt: to the generation's end)
 	Outcome                        string                 // OutcomeCompleted, OutcomeClientDisconnected or an inference error code
@@ -404,23 +404,26 @@ func (s *Server) serve(st Stream, from peer.ID, req *inference.Request, began ti
 	// timer stays fed and a long completion is not held back.
 	pending := make([]byte, 0, 256)
 	lastWrite := time.Now()
-	emitted := 0
+	sent, queued := 0, 0 // tokens written to the client; tokens in pending
 	var out *inference.Digester
 	if sign != nil {
 		out = inference.NewDigester()
 	}
 	res, err := s.gen.Generate(ctx, req, func(t inference.Token) error {
-		emitted++
 		if out != nil {
 			out.Add(t)
 		}
 		pending = frame.Append(pending, encodeToken(nil, t))
+		queued++
 		if !req.Stream && len(pending) < batchBytes && time.Since(lastWrite) < batchDelay {
 			return nil
 		}
 		st.SetWriteDeadline(time.Now().Add(WriteTimeout))
 		_, werr := st.Write(pending)
-		pending, lastWrite = pending[:0], time.Now()
+		if werr == nil {
+			sent += queued
+		}
+		pending, lastWrite, queued = pending[:0], time.Now(), 0
 		return werr
 	})
 	if s.ctx.Err() != nil && err != nil {
@@ -442,11 +445,14 @@ func (s *Server) serve(st Stream, from peer.ID, req *inference.Request, began ti
 		}
 	}
 	task.Outcome = s.finish(st, pending, &res, err, sess)
-	if task.Outcome == OutcomeCompleted {
+	switch task.Outcome {
+	case OutcomeCompleted:
 		task.FinishReason = res.FinishReason
 		task.PromptTokens, task.CompletionTokens = res.Usage.PromptTokens, res.Usage.CompletionTokens
-	} else {
-		task.CompletionTokens = emitted
+	case OutcomeClientDisconnected: // the last batch was not written
+		task.CompletionTokens = sent
+	default: // the last batch went out with the error frame
+		task.CompletionTokens = sent + queued
 	}
 	return task
 }

@@ -58,11 +58,18 @@ func startNode(t *testing.T, cfg node.Config) *node.Node {
 type mesh struct {
 	coord *node.Node
 	peers []*node.Node
+	dirs  []string // the peers' data dirs
 	dir   string
 	key   string
 }
 
 func startMesh(t *testing.T, verify float64) *mesh {
+	t.Helper()
+	return startMeshWrapped(t, verify, nil)
+}
+
+// startMeshWrapped is startMesh with the peers' backends wrapped by wrap (nil: as they are).
+func startMeshWrapped(t *testing.T, verify float64, wrap func(inference.Backend) inference.Backend) *mesh {
 	t.Helper()
 	m := &mesh{dir: t.TempDir()}
 	ks, err := gateway.OpenKeys(m.dir)
@@ -74,8 +81,9 @@ func startMesh(t *testing.T, verify float64) *mesh {
 	}
 	m.coord = startNode(t, node.Config{DataDir: m.dir, Roles: []node.Role{node.RoleCoordinator}, VerifySample: verify})
 	for range 2 {
-		m.peers = append(m.peers, startNode(t, node.Config{Models: []string{model},
-			Bootstrap: []peer.AddrInfo{m.coord.AddrInfo()}}))
+		m.dirs = append(m.dirs, t.TempDir())
+		m.peers = append(m.peers, startNode(t, node.Config{Models: []string{model}, WrapBackend: wrap,
+			DataDir: m.dirs[len(m.dirs)-1], Bootstrap: []peer.AddrInfo{m.coord.AddrInfo()}}))
 	}
 	waitFor(t, 20*time.Second, "the coordinator sees every peer", func() bool {
 		for _, p := range m.peers {
@@ -173,6 +181,71 @@ func TestDirectThroughCoordinator(t *testing.T) {
 		if err != nil || e.Outcome != gateway.OutcomeCompleted || e.TokensOut != rc.TokensOut || e.TokensOut == 0 {
 			t.Fatalf("meter event %+v: %v", e, err)
 		}
+	}
+}
+
+// heldBackend holds every stream before token index at until its context ends: the test
+// hangs up while the task is certainly running.
+type heldBackend struct {
+	inference.Backend
+	at int
+}
+
+func (b heldBackend) Generate(ctx context.Context, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
+	return b.Backend.Generate(ctx, req, func(tok inference.Token) error {
+		if tok.Index == b.at {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return emit(tok)
+	})
+}
+
+// A thin client that hangs up mid-stream on a direct task is metered with the tokens the
+// serving peer wrote to its channel and its prompt at the request's bound, as
+// client_disconnected; the peer's own record counts the tokens it sent (issue 19, finding
+// 4).
+func TestDirectHangUpIsMetered(t *testing.T) {
+	const received = 4
+	m := startMeshWrapped(t, node.VerifyOff, func(b inference.Backend) inference.Backend { return heldBackend{b, received} })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	got := 0
+	_, err := direct.Chat(ctx, "http://"+m.coord.APIAddr(), m.key, chatBody(1, 64), direct.Options{OnToken: func(inference.Token) {
+		if got++; got == received {
+			cancel() // hang up: the channel and the gateway connection
+		}
+	}})
+	if !errors.Is(err, context.Canceled) || got != received {
+		t.Fatalf("hung up after %d tokens: %v, want %d and context.Canceled", got, err, received)
+	}
+	prompt := (&inference.Request{Messages: []inference.Message{{Role: inference.RoleUser, Content: "what is a mesh?"}}}).PromptTokensBound()
+	var events []gateway.MeterEvent
+	waitFor(t, 10*time.Second, "the hung-up task metered", func() bool {
+		events = events[:0]
+		gateway.ReadEvents(filepath.Join(m.dir, gateway.UsageFile), func(e gateway.MeterEvent) { events = append(events, e) })
+		return len(events) > 0
+	})
+	e := events[0]
+	if len(events) != 1 || e.TokensOut != received || e.TokensIn != prompt || e.Outcome != "client_disconnected" || e.Receipt != "" {
+		t.Fatalf("meter events %+v: want one client_disconnected with %d tokens in and %d out", events, prompt, received)
+	}
+	// The serving peer's log: the task, with the tokens it sent.
+	var served []receipts.Receipt
+	waitFor(t, 10*time.Second, "the serving peer's receipt", func() bool {
+		served = served[:0]
+		for _, dir := range m.dirs {
+			receipts.Read(filepath.Join(dir, receipts.File), func(r receipts.Receipt, err error) bool {
+				if err == nil {
+					served = append(served, r)
+				}
+				return true
+			})
+		}
+		return len(served) > 0
+	})
+	if r := served[0]; len(served) != 1 || r.TokensOut != received || r.Outcome != "client_disconnected" || r.Requester != m.coord.ID().String() {
+		t.Fatalf("serving peer's receipts %+v: want one client_disconnected for the coordinator with %d tokens out", served, received)
 	}
 }
 
