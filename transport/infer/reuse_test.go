@@ -103,6 +103,12 @@ func TestServerCloseEndsIdleSessions(t *testing.T) {
 func TestOneShotServerStillServed(t *testing.T) {
 	p := newPair(t, nil)
 	p.sh.RemoveStreamHandler(ReuseID)
+	// The client learns it through identify's push: until then its peerstore still lists
+	// ReuseID and it would open one, lazily negotiated, which the server resets.
+	waitFor(t, "the client to learn the server dropped ReuseID", func() bool {
+		protos, err := p.client.h.Peerstore().SupportsProtocols(p.sh.ID(), ReuseID)
+		return err == nil && len(protos) == 0
+	})
 	for range 2 {
 		generateSame(t, p, 6)
 	}
