@@ -16,11 +16,20 @@ import (
 	"github.com/meshinfer/meshinfer/reputation"
 )
 
-// verifyEverything makes node 0 verify every mesh task it routes.
+// verifyEverything makes node 0 verify every mesh task it routes, with voters vetted by
+// connection and host alone (vetAtOnce). Its testnets run with Options.DistinctHosts.
 func verifyEverything(i int, cfg *node.Config) {
 	if i == 0 {
 		cfg.VerifySample = 1
+		vetAtOnce(cfg)
 	}
+}
+
+// vetAtOnce lowers cfg's voter thresholds so that the peers a test has just started can
+// vote: known at all (1 ns), and any score not excluded. Connection and a host of its own
+// are still required. node/dispatch's tests hold the default thresholds.
+func vetAtOnce(cfg *node.Config) {
+	cfg.VoterMinKnown, cfg.VoterMinScore = time.Nanosecond, reputation.ExcludeBelow
 }
 
 // verificationsInFlight is how many of n's sampled tasks have no verdict yet.
@@ -60,22 +69,53 @@ func TestLiarIsExcludedAfterOneVerifiedTask(t *testing.T) {
 	// Three runs, each on a fresh testnet (an exclusion lasts a day), with different request
 	// seeds and the router's own draws: the liar is caught serving or verifying.
 	for run := range 3 {
-		t.Run(fmt.Sprintf("run %d", run), func(t *testing.T) { liarExcluded(t, int64(1000*run)) })
+		t.Run(fmt.Sprintf("run %d", run), func(t *testing.T) { liarExcluded(t, int64(1000*run), verifyEverything) })
 	}
 }
 
-func liarExcluded(t *testing.T, seed int64) {
-	// Node 0 routes and serves nothing; nodes 1-3 are honest; node 4, the last, lies.
+// liarExcluded runs the bound on a fresh testnet: node 0 routes and serves nothing, nodes 1-3
+// are honest and node 4 lies, each configured by configure.
+func liarExcluded(t *testing.T, seed int64, configure func(i int, cfg *node.Config)) {
 	tn := start(t, Options{Nodes: 5, NoConsole: true, Heartbeat: time.Second, ModelsFor: serveNothing,
-		Faults: Faults{Liars: 1}, Configure: verifyEverything})
+		Faults: Faults{Liars: 1}, Configure: configure, DistinctHosts: true})
 	within(t, 15*time.Second, "converge", tn.Converged)
 	router, liar := tn.Node(0), tn.Node(4)
 	liarRoute := "peer:" + liar.ID().String()
-	excluded := func() bool { _, ex := peerScore(t, router, liar); return ex }
+	catchLiar(t, router, liar, seed)
 
-	// Until the liar is caught: bounded, since with every task verified it is caught the
-	// first time it serves or verifies (each request involves it with probability about a
-	// half, so 40 requests miss it with probability about 2^-40).
+	// Excluded, the liar gets no more work: neither client tasks nor verifications.
+	before := liar.Status().Inference
+	for i := range 20 {
+		body := routedBody("synth-tiny", 8, seed+int64(100+i), nil)
+		r := stream(t, router.APIAddr(), body, nil, nil)
+		if r.errCode != "" || !r.done || r.final.Route == liarRoute || r.text() != reference(t, body) {
+			t.Fatalf("request %d after the exclusion: %+v", i, r)
+		}
+		within(t, 10*time.Second, "verdict", func() bool { return verificationsInFlight(router) == 0 })
+	}
+	if after := liar.Status().Inference; after.Served+after.Failed != before.Served+before.Failed {
+		t.Fatalf("the excluded liar was given %d tasks", after.Served+after.Failed-before.Served-before.Failed)
+	}
+	if v := router.Status().Routing.Verification; v.Failed != 1 || v.Inconclusive != 0 {
+		t.Fatalf("verification %+v: want the one failure only", v)
+	}
+	for i := 1; i < 4; i++ {
+		if score, ex := peerScore(t, router, tn.Node(i)); ex || score < reputation.NeutralScore {
+			t.Fatalf("honest node %d scored %v (excluded %v)", i, score, ex)
+		}
+	}
+}
+
+// catchLiar sends router requests, awaiting each verdict, until it has excluded liar, and
+// returns how many client tasks the liar served: at most one, with exactly one failed
+// verification at router (see TestLiarIsExcludedAfterOneVerifiedTask). Bounded, since with
+// every task verified the liar is caught the first time it serves or verifies (each request
+// involves it with probability about a half, so 40 requests miss it with probability about
+// 2^-40).
+func catchLiar(t *testing.T, router, liar *node.Node, seed int64) int {
+	t.Helper()
+	liarRoute := "peer:" + liar.ID().String()
+	excluded := func() bool { _, ex := peerScore(t, router, liar); return ex }
 	const bound = 40
 	lies := 0 // client answers that came from the liar
 	for i := 0; !excluded(); i++ {
@@ -102,35 +142,33 @@ func liarExcluded(t *testing.T, seed int64) {
 		t.Fatalf("liar served %d client tasks, %d failed verifications, score %v; want at most 1, exactly 1, below %v",
 			lies, v.Failed, score, reputation.ExcludeBelow)
 	}
+	return lies
+}
 
-	// Excluded, the liar gets no more work: neither client tasks nor verifications.
-	before := liar.Status().Inference
-	for i := range 20 {
-		body := routedBody("synth-tiny", 8, seed+int64(100+i), nil)
-		r := stream(t, router.APIAddr(), body, nil, nil)
-		if r.errCode != "" || !r.done || r.final.Route == liarRoute || r.text() != reference(t, body) {
-			t.Fatalf("request %d after the exclusion: %+v", i, r)
-		}
-		within(t, 10*time.Second, "verdict", func() bool { return verificationsInFlight(router) == 0 })
-	}
-	if after := liar.Status().Inference; after.Served+after.Failed != before.Served+before.Failed {
-		t.Fatalf("the excluded liar was given %d tasks", after.Served+after.Failed-before.Served-before.Failed)
-	}
-	if v := router.Status().Routing.Verification; v.Failed != 1 || v.Inconclusive != 0 {
-		t.Fatalf("verification %+v: want the one failure only", v)
-	}
-	for i := 1; i < 4; i++ {
-		if score, ex := peerScore(t, router, tn.Node(i)); ex || score < reputation.NeutralScore {
-			t.Fatalf("honest node %d scored %v (excluded %v)", i, score, ex)
+// connectTo connects n to each of peers and waits until n's registry holds each as
+// connected, as a verification voter must be.
+func connectTo(t *testing.T, n *node.Node, peers ...*node.Node) {
+	t.Helper()
+	for _, p := range peers {
+		if err := n.Host().Connect(context.Background(), p.AddrInfo()); err != nil {
+			t.Fatalf("connecting to %s: %v", p.ID(), err)
 		}
 	}
+	within(t, 15*time.Second, "registry holds the peers connected", func() bool {
+		for _, p := range peers {
+			if e, ok := n.Registry().Get(p.ID(), time.Now()); !ok || e.Stale || !e.Connected {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // Honest peers are never penalized for integrity: over hundreds of verified tasks with
 // varied seeds, temperatures, top_p, lengths and stop strings, every verification passes.
 func TestHonestPeersPassEveryVerification(t *testing.T) {
 	tn := start(t, Options{Nodes: 4, NoConsole: true, Heartbeat: time.Second, ModelsFor: serveNothing,
-		Configure: verifyEverything})
+		Configure: verifyEverything, DistinctHosts: true})
 	within(t, 15*time.Second, "converge", tn.Converged)
 	router := tn.Node(0)
 	const requests = 200
