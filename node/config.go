@@ -190,6 +190,14 @@ type Config struct {
 	// serving peer scores below 60 (new or recently penalized peers). Default:
 	// DefaultVerifyProbationSample; VerifyOff: no higher rate on probation.
 	VerifyProbationSample float64
+	// VoterMinKnown and VoterMinScore vet the peers that may vote in a verification
+	// (node/dispatch/verify.go): known for at least VoterMinKnown and scoring at least
+	// VoterMinScore here, besides being connected and on a host apart. Defaults:
+	// dispatch.DefaultVoterMinKnown (10 min) and dispatch.DefaultVoterMinScore (60). Tests
+	// that start their peers just before lower them; with Loopback, each loopback address
+	// counts as a host of its own.
+	VoterMinKnown time.Duration
+	VoterMinScore float64
 	// WrapBackend, when set, wraps the backend serving Models (synthetic or upstream) before
 	// anything uses it: the peer server, the local tier and the announced model list all
 	// see the wrapper. A test and testnet hook for injecting faults (testnet.Faults); nil in
@@ -326,6 +334,18 @@ func (cfg Config) withDefaults() (Config, error) {
 		if v.p != VerifyOff && !(v.p >= 0 && v.p <= 1) {
 			return cfg, fmt.Errorf("%s %v: need a probability in [0, 1], or %v for off", v.name, v.p, VerifyOff)
 		}
+	}
+	if cfg.VoterMinKnown < 0 {
+		return cfg, fmt.Errorf("verification voters known for %v: need a duration of at least 0", cfg.VoterMinKnown)
+	}
+	if !(cfg.VoterMinScore >= 0 && cfg.VoterMinScore <= 100) {
+		return cfg, fmt.Errorf("verification voter score %v: need a score in [0, 100]", cfg.VoterMinScore)
+	}
+	if cfg.VoterMinKnown == 0 {
+		cfg.VoterMinKnown = dispatch.DefaultVoterMinKnown
+	}
+	if cfg.VoterMinScore == 0 {
+		cfg.VoterMinScore = dispatch.DefaultVoterMinScore
 	}
 	if cfg.ProbeRoot == "" {
 		cfg.ProbeRoot = "/"

@@ -10,7 +10,8 @@ import (
 	"github.com/meshinfer/meshinfer/mesh/participation"
 )
 
-// startTestNode starts a node on loopback with a fresh identity, no console, its API on a
+// startTestNode starts a node on loopback (127.0.0.1 unless cfg listens elsewhere) with a
+// fresh identity, no console, its API on a
 // random port and, unless cfg says otherwise, consent to everything; closed when the test
 // ends.
 func startTestNode(t *testing.T, cfg Config) *Node {
@@ -20,7 +21,9 @@ func startTestNode(t *testing.T, cfg Config) *Node {
 		t.Fatal(err)
 	}
 	cfg.Identity, cfg.Loopback = key, true
-	cfg.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"}
+	if len(cfg.ListenAddrs) == 0 {
+		cfg.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"}
+	}
 	cfg.ConsoleAddr, cfg.APIAddr = ConsoleOff, "127.0.0.1:0"
 	if cfg.Consent == nil && cfg.DataDir == "" { // with a data dir, consent.json decides
 		cfg.Consent = &participation.Consent{Version: participation.ConsentVersion, RunLocal: true, Contribute: true,

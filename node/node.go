@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"sync"
@@ -37,6 +38,7 @@ import (
 	drouting "github.com/libp2p/go-libp2p/p2p/discovery/routing"
 	routedhost "github.com/libp2p/go-libp2p/p2p/host/routed"
 	ma "github.com/multiformats/go-multiaddr"
+	manet "github.com/multiformats/go-multiaddr/net"
 
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/inference/localonly"
@@ -301,7 +303,9 @@ func (n *Node) start() error {
 			Degraded: n.probe.Refresh,
 			WebRTC:   n.rtc, Streams: peers,
 			VerifySample: cfg.VerifySample, VerifyProbationSample: cfg.VerifyProbationSample,
-			Self: h.ID(), Dialer: n.dialer, Now: cfg.Now, Seed: randomSeed(),
+			Voters:   dispatch.Voters{MinKnown: cfg.VoterMinKnown, MinScore: cfg.VoterMinScore, LoopbackHosts: cfg.Loopback},
+			PeerAddr: n.peerAddr,
+			Self:     h.ID(), Dialer: n.dialer, Now: cfg.Now, Seed: randomSeed(),
 		}
 		if coordinator {
 			dcfg.Meter = n.tasks
@@ -339,6 +343,26 @@ func (n *Node) start() error {
 	}
 	log.Infow("node started", "peer", h.ID(), "mesh", cfg.Mesh)
 	return nil
+}
+
+// peerAddr is the remote IP address of a direct connection to p, or the zero Addr when
+// there is none: not connected, or only through a relay (whose address is the relay's, not
+// the peer's). The executor tells verification voters' hosts apart by it.
+func (n *Node) peerAddr(p peer.ID) netip.Addr {
+	for _, c := range n.host.Network().ConnsToPeer(p) {
+		ra := c.RemoteMultiaddr()
+		if _, err := ra.ValueForProtocol(ma.P_CIRCUIT); err == nil {
+			continue
+		}
+		ip, err := manet.ToIP(ra)
+		if err != nil {
+			continue
+		}
+		if a, ok := netip.AddrFromSlice(ip); ok {
+			return a.Unmap()
+		}
+	}
+	return netip.Addr{}
 }
 
 // randomSeed seeds the executor's draws (which peer, which task is verified) from the

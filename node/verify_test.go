@@ -1,8 +1,15 @@
 package node
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/meshinfer/meshinfer/node/dispatch"
 )
 
 func TestConfigVerify(t *testing.T) {
@@ -30,5 +37,40 @@ func TestConfigVerify(t *testing.T) {
 		case err == nil && (cfg.VerifySample != tt.wantSample || cfg.VerifyProbationSample != tt.wantPro):
 			t.Errorf("%s: samples %v and %v, want %v and %v", tt.name, cfg.VerifySample, cfg.VerifyProbationSample, tt.wantSample, tt.wantPro)
 		}
+	}
+}
+
+func TestConfigVoters(t *testing.T) {
+	cfg, err := Config{DataDir: t.TempDir()}.withDefaults()
+	if err != nil || cfg.VoterMinKnown != dispatch.DefaultVoterMinKnown || cfg.VoterMinScore != dispatch.DefaultVoterMinScore {
+		t.Fatalf("defaults: voters known %v, score %v (%v); want %v and %v", cfg.VoterMinKnown, cfg.VoterMinScore, err,
+			dispatch.DefaultVoterMinKnown, dispatch.DefaultVoterMinScore)
+	}
+	for _, bad := range []Config{{VoterMinKnown: -time.Minute}, {VoterMinScore: -1}, {VoterMinScore: 100.5}} {
+		bad.DataDir = t.TempDir()
+		if _, err := bad.withDefaults(); err == nil || !strings.Contains(err.Error(), "voter") {
+			t.Errorf("voters known %v, score %v: error %v, want one about voters", bad.VoterMinKnown, bad.VoterMinScore, err)
+		}
+	}
+}
+
+// A peer's address, by which the executor tells verification voters' hosts apart, is the
+// remote IP of the connection to it: each side sees the other's own loopback address,
+// whichever dialled. A peer without a connection has none.
+func TestPeerAddr(t *testing.T) {
+	a := startTestNode(t, Config{ListenAddrs: []string{"/ip4/127.0.0.2/tcp/0"}})
+	b := startTestNode(t, Config{ListenAddrs: []string{"/ip4/127.0.0.3/tcp/0"}, Bootstrap: []peer.AddrInfo{a.AddrInfo()}})
+	within(t, 10*time.Second, "b connected to a", func() bool {
+		return a.Host().Network().Connectedness(b.ID()) == network.Connected
+	})
+	if got, want := a.peerAddr(b.ID()), netip.MustParseAddr("127.0.0.3"); got != want {
+		t.Errorf("a sees b (which dialled) at %v, want %v", got, want)
+	}
+	if got, want := b.peerAddr(a.ID()), netip.MustParseAddr("127.0.0.2"); got != want {
+		t.Errorf("b sees a at %v, want %v", got, want)
+	}
+	c := startTestNode(t, Config{})
+	if got := a.peerAddr(c.ID()); got.IsValid() {
+		t.Errorf("a sees c, never connected, at %v", got)
 	}
 }

@@ -35,6 +35,7 @@ func (c *coordinators) configure(i int, cfg *node.Config) {
 		return
 	}
 	cfg.VerifySample = 1
+	vetAtOnce(cfg)
 	cfg.Roles = append(cfg.Roles, node.RoleCoordinator)
 	ks, err := gateway.OpenKeys(cfg.DataDir)
 	if err != nil {
@@ -69,7 +70,7 @@ func (c *coordinators) key(i int) string {
 func TestCoordinatorMetersReceiptsAndLiarAsZero(t *testing.T) {
 	c := &coordinators{t: t, keys: map[int]string{}}
 	tn := start(t, Options{Nodes: 5, NoConsole: true, Heartbeat: time.Second, ModelsFor: c.models,
-		Faults: Faults{Liars: 1}, Configure: c.configure})
+		Faults: Faults{Liars: 1}, Configure: c.configure, DistinctHosts: true})
 	within(t, 15*time.Second, "converge", tn.Converged)
 
 	// Without a key: refused, and nothing is metered.
@@ -96,6 +97,9 @@ func TestCoordinatorMetersReceiptsAndLiarAsZero(t *testing.T) {
 // (node 4), checks what it metered, and returns how many client tasks the liar served.
 func coordinatorRound(t *testing.T, tn *Testnet, idx int, key string, seed int64) int {
 	coord, liar := tn.Node(idx), tn.Node(4)
+	// Connected to each serving peer, as verification voters must be: a coordinator added
+	// later bootstraps to only three nodes.
+	connectTo(t, coord, tn.Node(1), tn.Node(2), tn.Node(3), liar)
 	within(t, 15*time.Second, "coordinator sees the serving peers", func() bool {
 		seen := 0
 		for _, p := range coord.Peers() {

@@ -18,6 +18,9 @@
 //     peers per bucket; meshinfer nodes do not enable it, so the DHT fills normally.
 //   - loopback addresses are never "public", so DHT server mode is forced (Config.Loopback)
 //     and NAT traversal services, which would only burn CPU here, are off.
+//   - verification voters must be on hosts apart, and every node on 127.0.0.1 is one host:
+//     tests of verification set Options.DistinctHosts (node i on 127.0.0.(i+1)), which
+//     Config.Loopback makes count as hosts of their own.
 //   - Config.Loopback also turns off the DHT's routing-table refresh, DHT rendezvous and
 //     GossipSub peer exchange: on one machine they make every node dial dozens of others
 //     (the ~20 nodes closest to the single rendezvous key become hubs), which at 100 nodes
@@ -88,6 +91,12 @@ type Options struct {
 	// WebRTC makes WebRTC data channels every node's transport to its peers (node's
 	// --webrtc), falling back to libp2p streams where no direct path sets up.
 	WebRTC bool
+	// DistinctHosts makes node i listen on 127.0.0.(i+1) instead of 127.0.0.1, and so dial
+	// from it too, so that its peers see each node on a host of its own: verification
+	// voters must be on hosts apart (node/dispatch/verify.go; with Config.Loopback each
+	// loopback address is one). Linux routes all of 127.0.0.0/8 to the loopback
+	// interface; elsewhere the addresses need aliases. At most 254 nodes.
+	DistinctHosts bool
 	// Configure, when set, adjusts node i's configuration last (tests: another backend, a
 	// default privacy).
 	Configure func(i int, cfg *node.Config)
@@ -221,11 +230,18 @@ func (t *Testnet) add() (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("node %d identity: %w", idx, err)
 	}
+	ip := "127.0.0.1"
+	if t.opts.DistinctHosts {
+		if idx > 253 {
+			return 0, fmt.Errorf("node %d: distinct loopback hosts run out at 254 nodes", idx)
+		}
+		ip = fmt.Sprintf("127.0.0.%d", idx+1)
+	}
 	cfg := node.Config{
 		Identity:    key,
 		DataDir:     dataDir,
 		Mesh:        t.opts.Mesh,
-		ListenAddrs: []string{"/ip4/127.0.0.1/tcp/0", "/ip4/127.0.0.1/udp/0/quic-v1"},
+		ListenAddrs: []string{"/ip4/" + ip + "/tcp/0", "/ip4/" + ip + "/udp/0/quic-v1"},
 		Bootstrap:   boot,
 		ConsoleAddr: t.consoleAddr(idx),
 		APIAddr:     t.apiAddr(idx),

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -14,13 +15,23 @@ import (
 	"github.com/meshinfer/meshinfer/inference/synth"
 	"github.com/meshinfer/meshinfer/node"
 	"github.com/meshinfer/meshinfer/reputation"
+	"github.com/meshinfer/meshinfer/transport/gateway"
 )
 
-// verifyEverything makes node 0 verify every mesh task it routes.
+// verifyEverything makes node 0 verify every mesh task it routes, with voters vetted by
+// connection and host alone (vetAtOnce). Its testnets run with Options.DistinctHosts.
 func verifyEverything(i int, cfg *node.Config) {
 	if i == 0 {
 		cfg.VerifySample = 1
+		vetAtOnce(cfg)
 	}
+}
+
+// vetAtOnce lowers cfg's voter thresholds so that the peers a test has just started can
+// vote: known at all (1 ns), and any score not excluded. Connection and a host of its own
+// are still required. node/dispatch's tests hold the default thresholds.
+func vetAtOnce(cfg *node.Config) {
+	cfg.VoterMinKnown, cfg.VoterMinScore = time.Nanosecond, reputation.ExcludeBelow
 }
 
 // verificationsInFlight is how many of n's sampled tasks have no verdict yet.
@@ -60,22 +71,53 @@ func TestLiarIsExcludedAfterOneVerifiedTask(t *testing.T) {
 	// Three runs, each on a fresh testnet (an exclusion lasts a day), with different request
 	// seeds and the router's own draws: the liar is caught serving or verifying.
 	for run := range 3 {
-		t.Run(fmt.Sprintf("run %d", run), func(t *testing.T) { liarExcluded(t, int64(1000*run)) })
+		t.Run(fmt.Sprintf("run %d", run), func(t *testing.T) { liarExcluded(t, int64(1000*run), verifyEverything) })
 	}
 }
 
-func liarExcluded(t *testing.T, seed int64) {
-	// Node 0 routes and serves nothing; nodes 1-3 are honest; node 4, the last, lies.
+// liarExcluded runs the bound on a fresh testnet: node 0 routes and serves nothing, nodes 1-3
+// are honest and node 4 lies, each configured by configure.
+func liarExcluded(t *testing.T, seed int64, configure func(i int, cfg *node.Config)) {
 	tn := start(t, Options{Nodes: 5, NoConsole: true, Heartbeat: time.Second, ModelsFor: serveNothing,
-		Faults: Faults{Liars: 1}, Configure: verifyEverything})
+		Faults: Faults{Liars: 1}, Configure: configure, DistinctHosts: true})
 	within(t, 15*time.Second, "converge", tn.Converged)
 	router, liar := tn.Node(0), tn.Node(4)
 	liarRoute := "peer:" + liar.ID().String()
-	excluded := func() bool { _, ex := peerScore(t, router, liar); return ex }
+	catchLiar(t, router, liar, seed)
 
-	// Until the liar is caught: bounded, since with every task verified it is caught the
-	// first time it serves or verifies (each request involves it with probability about a
-	// half, so 40 requests miss it with probability about 2^-40).
+	// Excluded, the liar gets no more work: neither client tasks nor verifications.
+	before := liar.Status().Inference
+	for i := range 20 {
+		body := routedBody("synth-tiny", 8, seed+int64(100+i), nil)
+		r := stream(t, router.APIAddr(), body, nil, nil)
+		if r.errCode != "" || !r.done || r.final.Route == liarRoute || r.text() != reference(t, body) {
+			t.Fatalf("request %d after the exclusion: %+v", i, r)
+		}
+		within(t, 10*time.Second, "verdict", func() bool { return verificationsInFlight(router) == 0 })
+	}
+	if after := liar.Status().Inference; after.Served+after.Failed != before.Served+before.Failed {
+		t.Fatalf("the excluded liar was given %d tasks", after.Served+after.Failed-before.Served-before.Failed)
+	}
+	if v := router.Status().Routing.Verification; v.Failed != 1 || v.Inconclusive != 0 {
+		t.Fatalf("verification %+v: want the one failure only", v)
+	}
+	for i := 1; i < 4; i++ {
+		if score, ex := peerScore(t, router, tn.Node(i)); ex || score < reputation.NeutralScore {
+			t.Fatalf("honest node %d scored %v (excluded %v)", i, score, ex)
+		}
+	}
+}
+
+// catchLiar sends router requests, awaiting each verdict, until it has excluded liar, and
+// returns how many client tasks the liar served: at most one, with exactly one failed
+// verification at router (see TestLiarIsExcludedAfterOneVerifiedTask). Bounded, since with
+// every task verified the liar is caught the first time it serves or verifies (each request
+// involves it with probability about a half, so 40 requests miss it with probability about
+// 2^-40).
+func catchLiar(t *testing.T, router, liar *node.Node, seed int64) int {
+	t.Helper()
+	liarRoute := "peer:" + liar.ID().String()
+	excluded := func() bool { _, ex := peerScore(t, router, liar); return ex }
 	const bound = 40
 	lies := 0 // client answers that came from the liar
 	for i := 0; !excluded(); i++ {
@@ -102,27 +144,220 @@ func liarExcluded(t *testing.T, seed int64) {
 		t.Fatalf("liar served %d client tasks, %d failed verifications, score %v; want at most 1, exactly 1, below %v",
 			lies, v.Failed, score, reputation.ExcludeBelow)
 	}
+	return lies
+}
 
-	// Excluded, the liar gets no more work: neither client tasks nor verifications.
-	before := liar.Status().Inference
-	for i := range 20 {
-		body := routedBody("synth-tiny", 8, seed+int64(100+i), nil)
-		r := stream(t, router.APIAddr(), body, nil, nil)
-		if r.errCode != "" || !r.done || r.final.Route == liarRoute || r.text() != reference(t, body) {
-			t.Fatalf("request %d after the exclusion: %+v", i, r)
+// connectTo connects n to each of peers and waits until n's registry holds each as
+// connected, as a verification voter must be.
+func connectTo(t *testing.T, n *node.Node, peers ...*node.Node) {
+	t.Helper()
+	for _, p := range peers {
+		if err := n.Host().Connect(context.Background(), p.AddrInfo()); err != nil {
+			t.Fatalf("connecting to %s: %v", p.ID(), err)
 		}
-		within(t, 10*time.Second, "verdict", func() bool { return verificationsInFlight(router) == 0 })
 	}
-	if after := liar.Status().Inference; after.Served+after.Failed != before.Served+before.Failed {
-		t.Fatalf("the excluded liar was given %d tasks", after.Served+after.Failed-before.Served-before.Failed)
-	}
-	if v := router.Status().Routing.Verification; v.Failed != 1 || v.Inconclusive != 0 {
-		t.Fatalf("verification %+v: want the one failure only", v)
-	}
-	for i := 1; i < 4; i++ {
-		if score, ex := peerScore(t, router, tn.Node(i)); ex || score < reputation.NeutralScore {
-			t.Fatalf("honest node %d scored %v (excluded %v)", i, score, ex)
+	within(t, 15*time.Second, "registry holds the peers connected", func() bool {
+		for _, p := range peers {
+			if e, ok := n.Registry().Get(p.ID(), time.Now()); !ok || e.Stale || !e.Connected {
+				return false
+			}
 		}
+		return true
+	})
+}
+
+// undeclared announces its backend's models as not deterministic, whatever they are: a
+// liar's way to opt out of verification, were the serving peer's claim believed.
+type undeclared struct{ inference.Backend }
+
+func (u undeclared) Models(ctx context.Context) ([]inference.ModelInfo, error) {
+	ms, err := u.Backend.Models(ctx)
+	for i := range ms {
+		ms[i].Deterministic = false
+	}
+	return ms, err
+}
+
+// A liar whose vector says its model is not deterministic is sampled as the serving peer
+// and caught all the same, within the same bound as any liar
+// (TestLiarIsExcludedAfterOneVerifiedTask): the routers know synth-tiny is deterministic, a
+// built-in preset, whatever a peer announces. Whether the liar is first caught serving a
+// router's client task or verifying another peer's is chance (about half each), so fresh
+// routers (fresh reputation stores) join until the liar has served one: that task was
+// sampled, and its verification is the one failure. 20 rounds all missing it have odds of
+// about one in a million.
+func TestLiarClaimingNondeterminismIsCaught(t *testing.T) {
+	routes := func(i int) bool { return i == 0 || i > 4 } // node 0 and those added later
+	tn := start(t, Options{Nodes: 5, NoConsole: true, Heartbeat: time.Second, DistinctHosts: true,
+		ModelsFor: func(i int) []string {
+			if routes(i) {
+				return nil
+			}
+			return []string{"synth-tiny"}
+		},
+		Faults: Faults{Liars: 1},
+		Configure: func(i int, cfg *node.Config) {
+			switch {
+			case routes(i):
+				cfg.VerifySample = 1
+				vetAtOnce(cfg)
+			case i == 4:
+				lie := cfg.WrapBackend // the liar fault
+				cfg.WrapBackend = func(b inference.Backend) inference.Backend { return undeclared{lie(b)} }
+			}
+		}})
+	within(t, 15*time.Second, "converge", tn.Converged)
+	liar := tn.Node(4)
+	for round, lies := 0, 0; lies == 0; round++ {
+		if round == 20 {
+			t.Fatalf("the liar never served a client task in %d rounds", round)
+		}
+		idx := 0
+		if round > 0 {
+			var err error
+			if idx, err = tn.Add(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		router := tn.Node(idx)
+		connectTo(t, router, tn.Node(1), tn.Node(2), tn.Node(3), liar)
+		e, _ := router.Registry().Get(liar.ID(), time.Now())
+		if e.Vector == nil || len(e.Vector.Models) != 1 || e.Vector.Models[0].Deterministic {
+			t.Fatalf("router %d holds the liar's vector %+v: want synth-tiny claimed not deterministic", idx, e.Vector)
+		}
+		lies = catchLiar(t, router, liar, int64(3000+100*round))
+	}
+}
+
+// sybilSalt is the lie both Sybils tell: one liar salt, so that they agree with each other.
+const sybilSalt = 0x5b11
+
+// The attack of issue #19 (finding 5), on real hosts: a coordinator (node 0, serving
+// nothing, verifying every task), one honest peer (node 1) and two colluding Sybils (nodes
+// 2 and 3): fresh identities, each on a loopback host of its own and connected, serving the
+// real synthetic model behind the same liar wrapper, so that they lie identically. When
+// the honest peer serves, the Sybils are the only other peers: if they may vote, they
+// outvote it two to one (it is excluded, and its task metered as zero); when a Sybil
+// serves and the honest peer verifies first, the other Sybil outvotes it all the same.
+//
+// At the default voter thresholds (10 min known, score 60) they may not vote: every
+// sampled task is skipped for want of a vetted voter, the honest peer keeps its score, and
+// each of its tasks is metered with its tokens (verification "skipped"). The control runs
+// the same attack with voters vetted by connection and host alone (vetAtOnce): there the
+// Sybils convict the honest peer, so the first outcome is the thresholds' doing.
+func TestSybilVotersCannotConvictAnHonestPeer(t *testing.T) {
+	t.Run("default voter thresholds", func(t *testing.T) { sybilAttack(t, false) })
+	t.Run("control: voters vetted at once", func(t *testing.T) { sybilAttack(t, true) })
+}
+
+func sybilAttack(t *testing.T, vetAll bool) {
+	var key string // node 0's API key: written by configure before New returns
+	configure := func(i int, cfg *node.Config) {
+		switch i {
+		case 0:
+			cfg.VerifySample = 1
+			cfg.Roles = append(cfg.Roles, node.RoleCoordinator)
+			if vetAll {
+				vetAtOnce(cfg)
+			}
+			ks, err := gateway.OpenKeys(cfg.DataDir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if key, _, err = ks.Create("sybil-attack", time.Now()); err != nil {
+				t.Fatal(err)
+			}
+		case 2, 3:
+			cfg.WrapBackend = func(b inference.Backend) inference.Backend { return newLiar(b, sybilSalt) }
+		}
+	}
+	tn := start(t, Options{Nodes: 4, NoConsole: true, Heartbeat: time.Second, ModelsFor: serveNothing,
+		Configure: configure, DistinctHosts: true})
+	within(t, 15*time.Second, "converge", tn.Converged)
+	coord, honest := tn.Node(0), tn.Node(1)
+	honestRoute := "peer:" + honest.ID().String()
+	within(t, 15*time.Second, "the coordinator connected to every peer", func() bool {
+		for i := 1; i <= 3; i++ {
+			if e, ok := coord.Registry().Get(tn.Node(i).ID(), time.Now()); !ok || !e.Connected {
+				return false
+			}
+		}
+		return true
+	})
+
+	// Default thresholds: until the honest peer has served three client tasks. Control:
+	// until it is excluded. Each request is served by the honest peer with probability
+	// about 1/3, so 40 requests bound both (in the control, a request convicts it with
+	// probability about 2/3: it serves, or a Sybil serves and it verifies first).
+	const bound = 40
+	auth := http.Header{"Authorization": {"Bearer " + key}}
+	requests, honestTasks := 0, 0
+	done := func() bool {
+		if vetAll {
+			_, ex := peerScore(t, coord, honest)
+			return ex
+		}
+		return honestTasks == 3
+	}
+	for ; !done(); requests++ {
+		if requests == bound {
+			t.Fatalf("after %d requests: honest peer served %d; verification %+v", bound, honestTasks, coord.Status().Routing.Verification)
+		}
+		body := routedBody("synth-tiny", 8, int64(5000+requests), nil)
+		r := stream(t, coord.APIAddr(), body, auth, nil)
+		if r.errCode != "" || !r.done {
+			t.Fatalf("request %d: %+v", requests, r)
+		}
+		if r.final.Route == honestRoute {
+			honestTasks++
+			if r.text() != reference(t, body) {
+				t.Fatalf("request %d: the honest peer's answer differs from the model's", requests)
+			}
+		}
+		within(t, 10*time.Second, "verdict", func() bool { return verificationsInFlight(coord) == 0 })
+	}
+	// A coordinator samples a task once it has metered it, just after the response: wait
+	// for the last one's verdict.
+	within(t, 10*time.Second, "every task's verdict", func() bool {
+		return coord.Status().Routing.Verification.Sampled == uint64(requests) && verificationsInFlight(coord) == 0
+	})
+	v := coord.Status().Routing.Verification
+	score, excluded := peerScore(t, coord, honest)
+	t.Logf("%d requests, %d served by the honest peer (score %.1f, excluded %v); verification %+v", requests, honestTasks, score, excluded, v)
+	if vetAll {
+		if v.Failed == 0 {
+			t.Fatalf("control: the honest peer excluded without a failed verification: %+v", v)
+		}
+		return
+	}
+	if v.Sampled != uint64(requests) || v.SkippedUnvetted != v.Sampled || v.Passed+v.Failed+v.Inconclusive != 0 {
+		t.Fatalf("verification %+v: want all %d sampled tasks skipped for want of a vetted voter", v, requests)
+	}
+	if excluded || score < reputation.NeutralScore {
+		t.Fatalf("the honest peer scored %v (excluded %v)", score, excluded)
+	}
+
+	// Each of the honest peer's tasks metered normally: completed, with its tokens.
+	usageFile := filepath.Join(tn.DataDir(0), gateway.UsageFile)
+	within(t, 10*time.Second, "every task metered", func() bool {
+		n := 0
+		gateway.ReadEvents(usageFile, func(gateway.MeterEvent) { n++ })
+		return n >= requests
+	})
+	metered := 0
+	if err := gateway.ReadEvents(usageFile, func(e gateway.MeterEvent) {
+		if e.Peer != honestRoute {
+			return
+		}
+		metered++
+		if e.Outcome != gateway.OutcomeCompleted || e.TokensOut != 8 || e.Verification != inference.VerdictSkipped || e.Verified {
+			t.Errorf("the honest peer's task metered as %+v: want completed, 8 tokens, verification skipped", e)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if metered != honestTasks {
+		t.Fatalf("%d meter events for the honest peer's %d tasks", metered, honestTasks)
 	}
 }
 
@@ -130,7 +365,7 @@ func liarExcluded(t *testing.T, seed int64) {
 // varied seeds, temperatures, top_p, lengths and stop strings, every verification passes.
 func TestHonestPeersPassEveryVerification(t *testing.T) {
 	tn := start(t, Options{Nodes: 4, NoConsole: true, Heartbeat: time.Second, ModelsFor: serveNothing,
-		Configure: verifyEverything})
+		Configure: verifyEverything, DistinctHosts: true})
 	within(t, 15*time.Second, "converge", tn.Converged)
 	router := tn.Node(0)
 	const requests = 200

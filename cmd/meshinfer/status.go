@@ -106,8 +106,8 @@ func renderStatus(w io.Writer, st console.Status, peers []console.Peer) {
 	fmt.Fprintf(w, "          %d failovers, %d resumed streams; speculative cloud %d started, %d cancelled (local ready first), %d kept\n",
 		r.Failovers, r.Resumptions, r.Speculative.Started, r.Speculative.Cancelled, r.Speculative.Kept)
 	v := r.Verification
-	fmt.Fprintf(w, "          verified %d sampled: %d passed, %d failed (a liar penalized), %d inconclusive, %d skipped\n",
-		v.Sampled, v.Passed, v.Failed, v.Inconclusive, v.Skipped)
+	fmt.Fprintf(w, "          verified %d sampled: %d passed, %d failed (a liar penalized), %d inconclusive, %d skipped (%d with no vetted voter)\n",
+		v.Sampled, v.Passed, v.Failed, v.Inconclusive, v.Skipped, v.SkippedUnvetted)
 	if wr := st.WebRTC; wr != nil {
 		fmt.Fprintf(w, "webrtc    %d paths open, %d channels; %d requests over WebRTC (%d on a warm path), %d fell back to libp2p; %d set-ups failed\n",
 			wr.Open, wr.Streams, wr.Dispatched, wr.WarmHits, wr.Fallbacks, wr.SetupFailures)

@@ -107,8 +107,9 @@ type WebRTC struct {
 
 // Verification counts sampled verification: a task served by one peer with a deterministic
 // model is run again on a second peer and the outputs compared; on a mismatch a third peer
-// decides, two out of three. Every sampled task ends in exactly one of the other four
-// counters, so sampled = passed + failed + inconclusive + skipped once none is in flight.
+// decides, two out of three. Every sampled task ends in exactly one of passed, failed,
+// inconclusive and skipped, so sampled = passed + failed + inconclusive + skipped once none
+// is in flight; skipped_unvetted is a part of skipped.
 type Verification struct {
 	// Sampled counts tasks drawn for verification.
 	Sampled uint64 `json:"sampled"`
@@ -120,9 +121,13 @@ type Verification struct {
 	// Inconclusive counts mismatches nobody could settle (no third peer, three different
 	// outputs) and verifications cut short by a transport failure; nobody is penalized.
 	Inconclusive uint64 `json:"inconclusive"`
-	// Skipped counts sampled tasks not verified: no second peer served the model, or too
-	// many verifications were already running.
+	// Skipped counts sampled tasks not verified: no second peer served the model, none of
+	// those that did was a vetted voter, or too many verifications were already running.
 	Skipped uint64 `json:"skipped"`
+	// SkippedUnvetted counts the skipped tasks that other peers served the model for but
+	// none was a vetted voter (connected, established, reputed, on another host; see
+	// node/dispatch/verify.go): part of Skipped, not in addition to it.
+	SkippedUnvetted uint64 `json:"skipped_unvetted"`
 }
 
 // Participation is whether and on what terms this node contributes to the mesh.

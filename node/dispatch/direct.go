@@ -196,7 +196,9 @@ func (d *Executor) directTarget(ctx context.Context, req *inference.Request) (ro
 	req.Prefs = inference.Prefs{Privacy: inference.PrivacyMesh, Priority: inference.PriorityLatency, Route: inference.RouteExplicit}
 	now := d.now()
 	snap, full := d.snapshot(ctx, now)
-	snap.Local = route.Local{} // the client wants a peer's channel, not this node's answer
+	// The client wants a peer's channel, not this node's answer. The local models stay, not
+	// accepting: verification asks them whether the model is deterministic (verify.go).
+	snap.Local.Accepting = false
 	snap.Cloud = route.Cloud{}
 	dec := d.decide(req, snap, now)
 	d.countPenalized(dec)

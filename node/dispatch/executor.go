@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -70,9 +71,16 @@ type Config struct {
 	// whose transport preference is webrtc (webrtc.go). nil: libp2p streams only.
 	WebRTC  DirectPaths
 	Streams StreamGenerator
-	// VerifySample and VerifyProbationSample are the shares of deterministic mesh results
-	// verified (verify.go); VerifyOff (or 0) for none.
+	// VerifySample and VerifyProbationSample are the shares of mesh results for
+	// deterministic models verified (verify.go); VerifyOff (or 0) for none.
 	VerifySample, VerifyProbationSample float64
+	// Voters vets the peers that may vote in a verification (verify.go); zero fields take
+	// the defaults.
+	Voters Voters
+	// PeerAddr is the remote IP address of this node's direct connection to a peer (the
+	// host's open connections), or the zero Addr when there is none: not connected, or
+	// only through a relay. Voters need one; nil: no peer has one, so nothing is verified.
+	PeerAddr func(peer.ID) netip.Addr
 	// Self is this node's peer ID: serving peers make their receipts out to it.
 	Self peer.ID
 	// Meter meters finished requests on a coordinator; nil: nothing is metered.
@@ -124,6 +132,16 @@ func New(cfg Config) (*Executor, error) {
 		return nil, errors.New("dispatch: no registry")
 	case cfg.Rep == nil:
 		return nil, errors.New("dispatch: no reputation store")
+	case cfg.Voters.MinKnown < 0:
+		return nil, fmt.Errorf("dispatch: voters known for %v: need a duration of at least 0", cfg.Voters.MinKnown)
+	case !(cfg.Voters.MinScore >= 0 && cfg.Voters.MinScore <= reputation.MaxScore):
+		return nil, fmt.Errorf("dispatch: voter score %v: need a score in [0, %v]", cfg.Voters.MinScore, reputation.MaxScore)
+	}
+	if cfg.Voters.MinKnown == 0 {
+		cfg.Voters.MinKnown = DefaultVoterMinKnown
+	}
+	if cfg.Voters.MinScore == 0 {
+		cfg.Voters.MinScore = DefaultVoterMinScore
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now

@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"math/rand/v2"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -20,11 +21,21 @@ import (
 	"github.com/meshinfer/meshinfer/reputation"
 )
 
-// peerScript is what a scripted peer answers: an output, or an error.
+// peerScript is what a scripted peer answers (an output, or an error), what its vector
+// claims, and how this node knows it. The zero value of the last group is an established
+// voter as far as time, connection and address go: known for an hour, connected, on a /24
+// of its own (10.0.i.1, i its rank by peer ID). Its score is the store's.
 type peerScript struct {
 	out           []inference.Token
 	err           error
-	deterministic bool
+	deterministic bool // what its vector claims about the model
+
+	known     time.Duration // since its first announcement here; 0: an hour
+	offline   bool          // no direct connection now
+	stale     bool          // not heard from lately
+	addr      netip.Addr    // its connection's remote address; zero: 10.0.i.1
+	noAddr    bool          // no address known (reached only through a relay)
+	successes int           // tasks it served this node, recorded before the verification
 }
 
 // scriptedPeers answers the peer protocol from scripts; read-only once built.
@@ -43,36 +54,88 @@ func (s scriptedPeers) Generate(ctx context.Context, p peer.ID, req *inference.R
 	return inference.Result{FinishReason: inference.FinishLength}, nil
 }
 
-// verifyOnce has an executor verify one request that peer "served" answered with sent,
-// the other peers of the mesh answering from their scripts, and waits for the verdict.
-func verifyOnce(t *testing.T, seed uint64, cfg Config, sent []inference.Token, peers scriptedPeers, resumed bool) (console.Verification, *reputation.Store) {
+// verifyMesh is a verification's world: an executor whose peers answer from scripts, this
+// node's view of them (registry entries, addresses, scores) and a request to verify.
+type verifyMesh struct {
+	d    *Executor
+	rep  *reputation.Store
+	snap *route.Snapshot
+	req  inference.Request
+}
+
+// newVerifyMesh builds a verifyMesh for model over peers, the peer "served" among them
+// having served the request, at the executor's clock (cfg.Now, else time.Now). local is
+// this node's own backend as the request's snapshot saw it.
+func newVerifyMesh(t *testing.T, seed uint64, cfg Config, rep *reputation.Store, model string, local []route.LocalModel, peers scriptedPeers) *verifyMesh {
 	t.Helper()
-	// A store that scores integrity alone (no credit for successes or speed), so that a
-	// score above or below neutral can only come from a verification.
+	cfg.Peers, cfg.Registry, cfg.Rep, cfg.Seed = peers, entries{}, rep, seed
+	ids := slices.Sorted(maps.Keys(peers))
+	addrs := map[peer.ID]netip.Addr{}
+	for i, p := range ids {
+		switch sc := peers[p]; {
+		case sc.noAddr:
+		case sc.addr.IsValid():
+			addrs[p] = sc.addr
+		default:
+			addrs[p] = netip.AddrFrom4([4]byte{10, 0, byte(i), 1})
+		}
+	}
+	cfg.PeerAddr = func(p peer.ID) netip.Addr { return addrs[p] }
+	d := newExecutor(t, cfg)
+	now := d.now()
+	snap := &route.Snapshot{Rep: rep, Tune: route.DefaultTuning(), Local: route.Local{Models: local}}
+	for _, p := range ids {
+		sc := peers[p]
+		known := sc.known
+		if known == 0 {
+			known = time.Hour
+		}
+		snap.Peers = append(snap.Peers, route.Peer{Entry: registry.Entry{Peer: p, Vector: &caps.Vector{
+			Models: []caps.Model{{Name: model, State: caps.ModelWarm, Deterministic: sc.deterministic}},
+			Load:   caps.Load{Accepting: true},
+		}, FirstSeen: now.Add(-known), LastSeen: now, Connected: !sc.offline, Stale: sc.stale}})
+		for range sc.successes {
+			rep.Record(reputation.Target{Model: model, Peer: p.String()}, reputation.Success, now)
+		}
+	}
+	seed64 := int64(seed)
+	return &verifyMesh{d: d, rep: rep, snap: snap,
+		req: inference.Request{Model: model, Seed: &seed64, Messages: []inference.Message{{Role: inference.RoleUser, Content: "hi"}}}}
+}
+
+// run is the request as peer "served" answered it with sent.
+func (m *verifyMesh) run(sent []inference.Token, resumed bool) *run {
+	return &run{d: m.d, snap: m.snap, sent: sent, resumed: resumed, attempts: 1, req: m.req,
+		last: route.Target{Tier: route.TierMesh, Peer: "served", Model: m.req.Model}}
+}
+
+// integrityStore is a store that scores integrity alone (no credit for successes or
+// speed), so that a score above or below neutral can only come from a verification.
+func integrityStore(t *testing.T) *reputation.Store {
+	t.Helper()
 	params := reputation.DefaultParams()
 	params.SuccessWeight, params.PerformanceWeight, params.SuccessCap = 0, 0, 25
 	rep, err := reputation.New(params)
 	if err != nil {
 		t.Fatal(err)
 	}
-	const model = "synth-tiny"
-	cfg.Peers, cfg.Registry, cfg.Rep, cfg.Seed = peers, entries{}, rep, seed
-	d := newExecutor(t, cfg)
-	snap := &route.Snapshot{Rep: rep, Tune: route.DefaultTuning()}
-	for _, p := range slices.Sorted(maps.Keys(peers)) {
-		snap.Peers = append(snap.Peers, route.Peer{Entry: registry.Entry{Peer: p, Vector: &caps.Vector{
-			Models: []caps.Model{{Name: model, State: caps.ModelWarm, Deterministic: peers[p].deterministic}},
-			Load:   caps.Load{Accepting: true},
-		}}})
-	}
-	seed64 := int64(seed)
-	r := &run{d: d, snap: snap, sent: sent, resumed: resumed, attempts: 1,
-		req:  inference.Request{Model: model, Seed: &seed64, Messages: []inference.Message{{Role: inference.RoleUser, Content: "hi"}}},
-		last: route.Target{Tier: route.TierMesh, Peer: "served", Model: model}}
-	d.maybeVerify(r, nil)
-	d.Close() // waits for the verification
-	return d.verificationStatus(), rep
+	return rep
 }
+
+// verifyOnce has an executor verify one request of synth-tiny that peer "served" answered
+// with sent, the other peers of the mesh answering from their scripts, and waits for the
+// verdict. The store scores integrity alone (integrityStore).
+func verifyOnce(t *testing.T, seed uint64, cfg Config, sent []inference.Token, peers scriptedPeers, resumed bool) (console.Verification, *reputation.Store) {
+	t.Helper()
+	m := newVerifyMesh(t, seed, cfg, integrityStore(t), "synth-tiny", nil, peers)
+	m.d.maybeVerify(m.run(sent, resumed), nil)
+	m.d.Close() // waits for the verification
+	return m.d.verificationStatus(), m.rep
+}
+
+// verifyAll verifies every task, with voters vetted from a score of 50 up: an integrity
+// store gives nobody credit for work, so the default 60 is out of reach there.
+var verifyAll = Config{VerifySample: 1, Voters: Voters{MinScore: reputation.NeutralScore}}
 
 // The executor's verification end to end over scripted peers: who runs the request
 // again, what each outcome counts as, and who gets which reputation event.
@@ -92,21 +155,25 @@ func TestVerifyVerdicts(t *testing.T) {
 		failed  []peer.ID // excluded by a failed verification
 		passed  []peer.ID // credited with a passed one
 	}{
-		{"outputs match", Config{VerifySample: 1}, truth, scriptedPeers{"h1": honest},
+		{"outputs match", verifyAll, truth, scriptedPeers{"h1": honest},
 			false, console.Verification{Sampled: 1, Passed: 1}, nil, []peer.ID{"served", "h1"}},
-		{"the served peer lied: two out of three", Config{VerifySample: 1}, lie1, scriptedPeers{"h1": honest, "h2": honest},
+		{"the served peer lied: two out of three", verifyAll, lie1, scriptedPeers{"h1": honest, "h2": honest},
 			false, console.Verification{Sampled: 1, Failed: 1}, []peer.ID{"served"}, []peer.ID{"h1", "h2"}},
-		{"mismatch and no third peer", Config{VerifySample: 1}, truth, scriptedPeers{"l1": {out: lie1, deterministic: true}},
+		{"mismatch and no third peer", verifyAll, truth, scriptedPeers{"l1": {out: lie1, deterministic: true}},
 			false, console.Verification{Sampled: 1, Inconclusive: 1}, nil, nil},
-		{"three different outputs", Config{VerifySample: 1}, truth, scriptedPeers{"l1": {out: lie1, deterministic: true}, "l2": {out: lie2, deterministic: true}},
+		{"three different outputs", verifyAll, truth, scriptedPeers{"l1": {out: lie1, deterministic: true}, "l2": {out: lie2, deterministic: true}},
 			false, console.Verification{Sampled: 1, Inconclusive: 1}, nil, nil},
-		{"the verifier was lost", Config{VerifySample: 1}, truth, scriptedPeers{"x": lost},
+		{"the verifier was lost", verifyAll, truth, scriptedPeers{"x": lost},
 			false, console.Verification{Sampled: 1, Inconclusive: 1}, nil, nil},
-		{"no other peer", Config{VerifySample: 1}, truth, scriptedPeers{},
+		{"no other peer", verifyAll, truth, scriptedPeers{},
 			false, console.Verification{Sampled: 1, Skipped: 1}, nil, nil},
-		{"the other peer is not deterministic", Config{VerifySample: 1}, truth, scriptedPeers{"n": {out: truth}},
-			false, console.Verification{Sampled: 1, Skipped: 1}, nil, nil},
-		{"a resumed stream is not verified", Config{VerifySample: 1}, truth, scriptedPeers{"h1": honest},
+		{"the other peer's claim of non-determinism does not matter", verifyAll, truth, scriptedPeers{"n": {out: truth}},
+			false, console.Verification{Sampled: 1, Passed: 1}, nil, []peer.ID{"served", "n"}},
+		{"the only other peer is not a vetted voter", verifyAll, truth, scriptedPeers{"h1": {out: truth, known: time.Minute}},
+			false, console.Verification{Sampled: 1, Skipped: 1, SkippedUnvetted: 1}, nil, nil},
+		{"no vetted third voter", verifyAll, truth, scriptedPeers{"l1": {out: lie1}, "h1": {out: truth, offline: true}},
+			false, console.Verification{Sampled: 1, Inconclusive: 1}, nil, nil},
+		{"a resumed stream is not verified", verifyAll, truth, scriptedPeers{"h1": honest},
 			true, console.Verification{}, nil, nil},
 		{"verification off", Config{VerifySample: VerifyOff, VerifyProbationSample: 1}, truth, scriptedPeers{"h1": honest},
 			false, console.Verification{}, nil, nil},
@@ -155,7 +222,7 @@ func TestVerifyLyingVerifier(t *testing.T) {
 	}
 	var sawMatch, sawOutvoted bool
 	for seed := uint64(1); seed <= 32; seed++ {
-		got, rep := verifyOnce(t, seed, Config{VerifySample: 1}, truth, peers, false)
+		got, rep := verifyOnce(t, seed, verifyAll, truth, peers, false)
 		now := time.Now()
 		switch got {
 		case console.Verification{Sampled: 1, Passed: 1}:
@@ -202,24 +269,29 @@ func TestHonestPeersPassThousandsOfVerifications(t *testing.T) {
 		tasks = 150
 	}
 	peers := synthPeers{}
+	addrs := map[peer.ID]netip.Addr{}
 	snap := &route.Snapshot{Tune: route.DefaultTuning()}
-	for _, p := range []peer.ID{"p1", "p2", "p3"} {
+	for i, p := range []peer.ID{"p1", "p2", "p3"} {
 		b, err := synth.New(model)
 		if err != nil {
 			t.Fatal(err)
 		}
 		peers[p] = b
+		addrs[p] = netip.AddrFrom4([4]byte{10, 0, byte(i), 1})
+		// Established voters, each on a /24 of its own.
 		snap.Peers = append(snap.Peers, route.Peer{Entry: registry.Entry{Peer: p, Vector: &caps.Vector{
 			Models: []caps.Model{{Name: model, State: caps.ModelWarm, Deterministic: true}},
 			Load:   caps.Load{Accepting: true},
-		}}})
+		}, FirstSeen: time.Now().Add(-time.Hour), Connected: true}})
 	}
 	rep, err := reputation.New(reputation.DefaultParams())
 	if err != nil {
 		t.Fatal(err)
 	}
 	snap.Rep = rep
-	d := newExecutor(t, Config{Peers: peers, Registry: entries{}, Rep: rep, VerifySample: 1, Seed: 7})
+	// Voters from a score of 50: the peers start there, and earn the rest in this test.
+	d := newExecutor(t, Config{Peers: peers, Registry: entries{}, Rep: rep, VerifySample: 1, Seed: 7,
+		Voters: Voters{MinScore: reputation.NeutralScore}, PeerAddr: func(p peer.ID) netip.Addr { return addrs[p] }})
 	rng := rand.New(rand.NewPCG(1, 2))
 	words := strings.Fields("the mesh routes each request to a peer that serves its model and checks a sample")
 	for i := range tasks {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"net"
 	"path/filepath"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"github.com/meshinfer/meshinfer/mesh/participation"
 	"github.com/meshinfer/meshinfer/mesh/receipts"
 	"github.com/meshinfer/meshinfer/node"
+	"github.com/meshinfer/meshinfer/reputation"
 	"github.com/meshinfer/meshinfer/transport/gateway"
 	"github.com/meshinfer/meshinfer/transport/gateway/client/direct"
 	"github.com/meshinfer/meshinfer/transport/webrtc"
@@ -35,7 +37,9 @@ func startNode(t *testing.T, cfg node.Config) *node.Node {
 		t.Fatal(err)
 	}
 	cfg.Identity, cfg.Loopback = id, true
-	cfg.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"}
+	if len(cfg.ListenAddrs) == 0 {
+		cfg.ListenAddrs = []string{"/ip4/127.0.0.1/tcp/0"}
+	}
 	cfg.ConsoleAddr, cfg.APIAddr = node.ConsoleOff, "127.0.0.1:0"
 	cfg.Consent = &participation.Consent{Version: participation.ConsentVersion, RunLocal: true, Contribute: true}
 	if cfg.DataDir == "" {
@@ -79,11 +83,16 @@ func startMeshWrapped(t *testing.T, verify float64, wrap func(inference.Backend)
 	if m.key, _, err = ks.Create("direct", time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	m.coord = startNode(t, node.Config{DataDir: m.dir, Roles: []node.Role{node.RoleCoordinator}, VerifySample: verify})
-	for range 2 {
+	// Verification voters must be on hosts apart: each peer listens (and dials) on a
+	// loopback address of its own. They may vote as soon as they are connected: known at
+	// all (1 ns), any score not excluded.
+	m.coord = startNode(t, node.Config{DataDir: m.dir, Roles: []node.Role{node.RoleCoordinator}, VerifySample: verify,
+		VoterMinKnown: time.Nanosecond, VoterMinScore: reputation.ExcludeBelow})
+	for i := range 2 {
 		m.dirs = append(m.dirs, t.TempDir())
 		m.peers = append(m.peers, startNode(t, node.Config{Models: []string{model}, WrapBackend: wrap,
-			DataDir: m.dirs[len(m.dirs)-1], Bootstrap: []peer.AddrInfo{m.coord.AddrInfo()}}))
+			ListenAddrs: []string{fmt.Sprintf("/ip4/127.0.0.%d/tcp/0", 2+i)},
+			DataDir:     m.dirs[len(m.dirs)-1], Bootstrap: []peer.AddrInfo{m.coord.AddrInfo()}}))
 	}
 	waitFor(t, 20*time.Second, "the coordinator sees every peer", func() bool {
 		for _, p := range m.peers {
