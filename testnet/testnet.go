@@ -85,9 +85,14 @@ type Options struct {
 	Sensors bool
 	// Faults makes some nodes misbehave (see Faults); none when zero.
 	Faults Faults
-	// WebRTC makes WebRTC data channels every node's transport to its peers (node's
-	// --webrtc), falling back to libp2p streams where no direct path sets up.
+	// WebRTC makes WebRTC data channels every node's transport to its peers, falling back
+	// to libp2p streams where no direct path sets up, and makes every node accept peers'
+	// set-ups (node's --webrtc).
 	WebRTC bool
+	// WebRTCAccept makes every node answer peers' WebRTC set-ups (node's --webrtc-accept):
+	// direct paths for requests that ask for WebRTC, and direct tasks. Without it (or
+	// WebRTC) no node answers one, and such requests go over libp2p.
+	WebRTCAccept bool
 	// Configure, when set, adjusts node i's configuration last (tests: another backend, a
 	// default privacy).
 	Configure func(i int, cfg *node.Config)
@@ -254,6 +259,7 @@ func (t *Testnet) add() (int, error) {
 	if t.opts.WebRTC {
 		cfg.Prefs.Transport = inference.TransportWebRTC
 	}
+	cfg.WebRTCAccept = t.opts.WebRTC || t.opts.WebRTCAccept
 	if t.opts.Configure != nil {
 		t.opts.Configure(idx, &cfg)
 	}

@@ -2,14 +2,23 @@
 // authenticated libp2p stream: /meshinfer/webrtc-signal/1.0.0; and to a client with no
 // libp2p host, set up over signaling a third party relays (see Relayed signaling).
 //
+// A Transport answers set-ups only with Config.Accept: then it registers SignalID on the
+// host and AcceptRelayed serves relayed set-ups. Without it, a peer's set-up fails as soon
+// as the protocol is negotiated (not supported), AcceptRelayed fails with ErrNotAccepting,
+// and no peer can make the node create a PeerConnection, gather candidates or send ICE
+// checks; the Transport still offers (OpenStream).
+//
 // A Transport keeps a small pool of connected PeerConnections, used in both directions:
 // OpenStream reuses one to the peer (warm: a new data channel, whose first bytes leave
 // with its open message, so no round trip is spent before them) or sets one up (cold:
 // signaling, ICE, DTLS and SCTP within Config.ConnectTimeout). At most Config.MaxWarm
-// PeerConnections are kept (at most two per peer: one each way when both set up at once);
-// beyond that the least recently used is closed, idle ones before those with open
-// streams. One with no open stream for Config.IdleClose is closed by a sweep, and one whose
-// ICE or DTLS fails or disconnects is dropped at once.
+// PeerConnections are kept, and at most max(1, min(2, MaxWarm/4)) per peer (two at the
+// default MaxWarm of 8: one each way when both set up at once; one in a pool under 8):
+// a peer's share, so that one that sets up again and again only replaces its own, and
+// takes at most a quarter of the pool. Beyond either bound the least recently used is
+// closed, idle ones before those with open streams (the peer's own first). One with no
+// open stream for Config.IdleClose is closed by a sweep, and one whose ICE or DTLS fails
+// or disconnects is dropped at once.
 //
 // A Stream is a byte stream on its own data channel, like a libp2p stream: the user frames
 // messages. Its remote peer is the peer of the libp2p stream the PeerConnection was
@@ -40,8 +49,11 @@
 // ICE and DTLS connected) closes the signaling stream; the other side ignores the end of
 // the stream once it has the description. A side that fails resets the stream.
 //
-// The answerer handles at most MaxIncomingSetups set-ups at once and one per remote peer;
-// an excess signaling stream is reset before any PeerConnection is made. An offerer makes
+// The answerer handles at most MaxIncomingSetups set-ups at once (16), and a peer's share
+// of them is one: a peer that floods signaling streams holds one slot and the rest of its
+// streams are reset at once, before any PeerConnection is made, so that another peer
+// still sets up. (Relayed set-ups have their own share per relaying peer; see Relayed
+// signaling.) It takes MaxIncomingSetups peer identities to fill them. An offerer makes
 // at most one set-up per remote peer at a time: a second OpenStream to the same peer waits
 // for the first's.
 //
@@ -78,7 +90,11 @@
 // its side too (at most drainTimeout), so that what was written before Close arrives;
 // on a stream still open it closes at once. Transport.Close closes the node's relayed
 // PeerConnections too. While being set up, a relayed exchange takes one of the
-// MaxIncomingSetups slots; beyond them AcceptRelayed fails at once with ErrBusy.
+// MaxIncomingSetups slots; beyond them AcceptRelayed fails at once with ErrBusy. The
+// relayed side has no peer ID of the client, so the share is per relaying peer, the
+// coordinator that AcceptRelayed's caller names: at most a quarter of the slots (4) at
+// once, so that a coordinator relaying many clients, or one that floods, leaves three
+// quarters to others. Beyond its share AcceptRelayed fails at once with ErrBusy too.
 //
 // # Data channel wire format
 //

@@ -150,7 +150,7 @@ func (t *Transport) handleSignal(st network.Stream) {
 
 // admit reserves a slot for an incoming set-up from p and counts it in wg. It fails with
 // ErrClosed, or ErrBusy when MaxIncomingSetups set-ups (relayed ones included) or one
-// from p are under way.
+// from p are under way: a peer's share of the slots is one.
 func (t *Transport) admit(p peer.ID) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -28,6 +28,8 @@ const (
 	MaxCandidates = 32
 	// MaxIncomingSetups bounds the set-ups this node answers at once: each holds a
 	// PeerConnection (UDP sockets, a DTLS certificate, goroutines) for up to ConnectTimeout.
+	// One peer holds at most one of them over SignalID, and a relaying peer at most
+	// maxRelayedPerRelay relayed ones.
 	MaxIncomingSetups = 16
 	// maxSignalFrame is the largest signaling frame: a description and its type byte.
 	maxSignalFrame = 1 + MaxSDP

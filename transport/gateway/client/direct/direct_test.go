@@ -54,7 +54,7 @@ func startNode(t *testing.T, cfg node.Config) *node.Node {
 }
 
 // mesh is a coordinator that serves no model, with one API key, and two peers serving
-// model that joined through it.
+// model that joined through it and accept WebRTC set-ups (direct tasks).
 type mesh struct {
 	coord *node.Node
 	peers []*node.Node
@@ -63,6 +63,12 @@ type mesh struct {
 }
 
 func startMesh(t *testing.T, verify float64) *mesh {
+	t.Helper()
+	return startMeshAccepting(t, verify, true)
+}
+
+// startMeshAccepting is startMesh with peers that accept WebRTC set-ups or not.
+func startMeshAccepting(t *testing.T, verify float64, accept bool) *mesh {
 	t.Helper()
 	m := &mesh{dir: t.TempDir()}
 	ks, err := gateway.OpenKeys(m.dir)
@@ -74,7 +80,7 @@ func startMesh(t *testing.T, verify float64) *mesh {
 	}
 	m.coord = startNode(t, node.Config{DataDir: m.dir, Roles: []node.Role{node.RoleCoordinator}, VerifySample: verify})
 	for range 2 {
-		m.peers = append(m.peers, startNode(t, node.Config{Models: []string{model},
+		m.peers = append(m.peers, startNode(t, node.Config{Models: []string{model}, WebRTCAccept: accept,
 			Bootstrap: []peer.AddrInfo{m.coord.AddrInfo()}}))
 	}
 	waitFor(t, 20*time.Second, "the coordinator sees every peer", func() bool {
@@ -222,5 +228,24 @@ func TestDirectNoChannel(t *testing.T) {
 	}
 	if st := m.coord.Status().Routing; st.Direct != 0 {
 		t.Fatalf("coordinator counted %d direct tasks", st.Direct)
+	}
+}
+
+// Peers that do not accept WebRTC set-ups (no --webrtc or --webrtc-accept) take no direct
+// task: the coordinator cannot open one on them, and the client gets the coordinator's
+// error, not a channel; no direct task is counted.
+func TestDirectPeersNotAccepting(t *testing.T) {
+	m := startMeshAccepting(t, node.VerifyOff, false)
+	_, err := direct.Chat(context.Background(), "http://"+m.coord.APIAddr(), m.key, chatBody(1, 4), direct.Options{})
+	if inference.CodeOf(err) != inference.CodeUnavailable {
+		t.Fatalf("direct task on peers not accepting: %v, want unavailable", err)
+	}
+	if st := m.coord.Status().Routing; st.Direct != 0 {
+		t.Fatalf("coordinator counted %d direct tasks", st.Direct)
+	}
+	for i, p := range m.peers {
+		if w := p.Status().WebRTC; w.Accepting || w.Relayed != 0 {
+			t.Fatalf("peer %d's webrtc status %+v: want not accepting, nothing relayed", i, w)
+		}
 	}
 }
