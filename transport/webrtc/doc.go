@@ -39,9 +39,11 @@
 // The offerer sends the offer at once (trickle ICE: it does not wait for gathering), then
 // each local candidate as it is gathered, then end. The answerer reads the offer, replies
 // with the answer, then its candidates and end likewise. Each side's first message is its
-// description (offer, answer); a side sends at most MaxCandidates candidates and nothing
-// after end. Anything else (an unknown type, a frame over its bound, text that is not
-// UTF-8, an SDP pion refuses) is a violation: the reader resets the stream.
+// description (offer, answer); a side sends at most MaxCandidates candidates, those
+// embedded in its description (SDP a=candidate lines) and those it trickles together,
+// and nothing after end. Anything else (an unknown type, a frame over its bound, text that
+// is not UTF-8, an SDP pion refuses, a candidate past the cap) is a violation: the reader
+// resets the stream, and the error it returns or logs wraps ErrSignaling.
 //
 // The whole exchange, and the ICE, DTLS and SCTP set-up that follows, has
 // Config.ConnectTimeout, enforced as a deadline on the signaling stream. The side that
@@ -56,6 +58,31 @@
 // signaling.) It takes MaxIncomingSetups peer identities to fill them. An offerer makes
 // at most one set-up per remote peer at a time: a second OpenStream to the same peer waits
 // for the first's.
+//
+// # Remote candidates
+//
+// A remote candidate makes this node send packets to its address (ICE checks: STUN
+// binding requests, carrying the ICE credentials of the signaling; then DTLS and SCTP to
+// the pair that answered). So a peer's candidates are capped (MaxCandidates, counting
+// every candidate line, refused ones included) and filtered, trickled or embedded alike:
+// this side's descriptions never embed candidates (it trickles), but a remote's may, and
+// pion adds embedded ones to the ICE agent as it applies the description, so the
+// description is stripped of refused lines first. A refused candidate is dropped, not a
+// violation; the others may do. Refused:
+//
+//   - a line pion cannot parse as a candidate (garbage), and port 0;
+//   - an address that is not an IP literal: mDNS names (.local; DefaultSettingEngine
+//     disables mDNS, and a remote's names are refused even with a SettingEngine that
+//     enables it) and any other host name, which would mean a DNS lookup the peer chose;
+//   - unspecified (0.0.0.0, ::) and 0.0.0.0/8 addresses;
+//   - multicast (224.0.0.0/4, ff00::/8, link-local multicast included), the IPv4
+//     broadcast address and the rest of the reserved 240.0.0.0/4;
+//   - link-local unicast (169.254.0.0/16, home of cloud metadata services, and fe80::/10).
+//
+// An IPv4-mapped IPv6 address is judged as the IPv4 one. Loopback and private addresses
+// (10/8, 172.16/12, 192.168/16, fc00::/7) are kept: two nodes on one machine and LANs use
+// them. What a peer can still steer is bounded: at most MaxCandidates addresses per
+// set-up, checked with STUN only, within ConnectTimeout.
 //
 // # Relayed signaling
 //

@@ -22,9 +22,10 @@ const (
 	MaxSDP = 16 << 10
 	// MaxCandidate bounds one candidate line, in bytes; a real one is 60 to 200.
 	MaxCandidate = 1 << 10
-	// MaxCandidates bounds the candidates one side sends: one host candidate per interface
-	// address and network type plus reflexive and relay ones; 32 covers a multi-homed host
-	// with IPv4 and IPv6, and bounds the ICE checks a peer can make us run.
+	// MaxCandidates bounds the candidates one side sends, trickled and embedded in its
+	// description together: one host candidate per interface address and network type plus
+	// reflexive and relay ones; 32 covers a multi-homed host with IPv4 and IPv6, and bounds
+	// the ICE checks a peer can make us run (the addresses it can make us send to).
 	MaxCandidates = 32
 	// MaxIncomingSetups bounds the set-ups this node answers at once: each holds a
 	// PeerConnection (UDP sockets, a DTLS certificate, goroutines) for up to ConnectTimeout.
