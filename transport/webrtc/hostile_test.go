@@ -134,7 +134,9 @@ func TestRelayedShareOfOneRelay(t *testing.T) {
 	ha, hb, hc := newHost(t), newHost(t), newHost(t)
 	connect(t, ha, hb)
 	connect(t, hc, hb)
-	p := newTransport(t, hb, accepting())
+	cfg := accepting()
+	cfg.ConnectTimeout = time.Minute // the stalled set-ups outlast the test
+	p := newTransport(t, hb, cfg)
 	p.SetStreamHandler(echo)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -374,7 +374,9 @@ func FuzzSignalReader(f *testing.F) {
 func TestRelayedBusyAndCancel(t *testing.T) {
 	ha, hb := newHost(t), newHost(t)
 	connect(t, ha, hb)
-	p := newTransport(t, hb, accepting())
+	cfg := accepting()
+	cfg.ConnectTimeout = time.Minute // the stalled set-ups outlast the test
+	p := newTransport(t, hb, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	stalled := make(chan error, MaxIncomingSetups)
