@@ -149,6 +149,14 @@ type Config struct {
 	// CloudUSDPerMTok is the cloud's price per million tokens, for cost and balanced
 	// routing. Default: DefaultCloudUSDPerMTok.
 	CloudUSDPerMTok float64
+	// WebRTCAccept makes the node answer peers' WebRTC set-ups: direct paths a peer sets
+	// up to send it requests (a request whose transport is webrtc), and direct tasks a
+	// coordinator relays for its thin clients (meshinfer chat --gateway --direct). Off, the
+	// node registers neither protocol, so a peer's set-up fails at once and its request
+	// goes over libp2p; the node can still send its own requests over WebRTC to peers that
+	// accept (Prefs.Transport). The command line's --webrtc turns both on, --webrtc-accept
+	// only this.
+	WebRTCAccept bool
 	// ICEServers are the STUN and TURN servers of WebRTC direct paths (stun:host:port,
 	// turn:host:port; TURN credentials from EnvTURNUsername and EnvTURNCredential). None
 	// are needed on a LAN or loopback.

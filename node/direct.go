@@ -16,7 +16,8 @@ import (
 )
 
 // Direct tasks (transport/infer's DirectID), the serving side: a coordinator's thin client
-// gets its tokens over a WebRTC data channel straight from this node. The coordinator's side
+// gets its tokens over a WebRTC data channel straight from this node, if it accepts WebRTC
+// set-ups (Config.WebRTCAccept; without it DirectID is not registered). The coordinator's side
 // (routing, relaying the set-up, checking and metering the receipt) is the executor's
 // (node/dispatch, Relay). The serving peer (serveDirect) answers the relayed offer on a
 // one-shot PeerConnection, serves the request on the client's data channel with its
@@ -87,7 +88,7 @@ func (n *Node) serveDirect(st network.Stream) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), directSetupTimeout)
-	dc, release, err := n.rtc.AcceptRelayed(ctx, st)
+	dc, release, err := n.rtc.AcceptRelayed(ctx, coord, st)
 	cancel()
 	if err != nil {
 		log.Debugw("direct task: no channel to the client", "coordinator", coord, "err", err)

@@ -231,7 +231,7 @@ func (n *Node) start() error {
 	if err := n.startWebRTC(); err != nil {
 		return err
 	}
-	if direct != nil {
+	if direct != nil && cfg.WebRTCAccept {
 		h.SetStreamHandler(infer.DirectID, direct.handle)
 		n.closers = append(n.closers, direct.stop)
 	}

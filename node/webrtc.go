@@ -14,12 +14,18 @@ import (
 
 // WebRTC direct paths.
 //
-// Every node runs a webrtc.Transport: a peer may ask it for a data channel over libp2p
-// signaling, and the node answers each channel with its inference server, as it answers a
-// libp2p stream. The executor (node/dispatch) uses a data channel for a mesh attempt when
-// the request's transport preference is webrtc, falling back to a libp2p stream when the
-// channel cannot be set up within Config.WebRTCConnectTimeout (webrtc.DefaultConnectTimeout)
-// or breaks before the first token.
+// Every node runs a webrtc.Transport, to send requests over data channels: the executor
+// (node/dispatch) uses one for a mesh attempt when the request's transport preference is
+// webrtc, falling back to a libp2p stream when the channel cannot be set up within
+// Config.WebRTCConnectTimeout (webrtc.DefaultConnectTimeout) or breaks before the first
+// token.
+//
+// Only a node with Config.WebRTCAccept answers peers' set-ups: it registers the signaling
+// protocol (webrtc.SignalID) and, when it serves models, direct tasks (infer.DirectID).
+// A node without it registers neither, so a peer's set-up fails as soon as the protocol is
+// negotiated and the peer's request goes over libp2p. Either way the node answers each
+// channel a peer opens on a PeerConnection with its inference server, as it answers a
+// libp2p stream: without WebRTCAccept, those are only PeerConnections it set up itself.
 
 // TURN credentials for ICEServers with a turn: or turns: URL come from these environment
 // variables, so that they stay off the command line.
@@ -57,6 +63,7 @@ func (n *Node) startWebRTC() error {
 		return err
 	}
 	t, err := webrtc.New(n.dialer, webrtc.Config{
+		Accept:     n.cfg.WebRTCAccept,
 		ICEServers: servers, ConnectTimeout: n.cfg.WebRTCConnectTimeout,
 		SettingEngine: n.cfg.WebRTCSettingEngine, Now: n.cfg.Now,
 	})
@@ -78,7 +85,7 @@ func (n *Node) webrtcStatus() *console.WebRTC {
 	}
 	st := n.rtc.Stats()
 	out := &console.WebRTC{
-		Open: st.Open, Streams: st.Streams, WarmHits: st.WarmHits, ColdSetups: st.ColdSetups,
+		Accepting: n.cfg.WebRTCAccept, Open: st.Open, Streams: st.Streams, WarmHits: st.WarmHits, ColdSetups: st.ColdSetups,
 		Accepted: st.Accepted, Relayed: st.RelayedAccepted, SetupFailures: st.SetupFailures, IdleClosed: st.IdleClosed,
 	}
 	if n.exec != nil {

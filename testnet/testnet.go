@@ -88,8 +88,9 @@ type Options struct {
 	Sensors bool
 	// Faults makes some nodes misbehave (see Faults); none when zero.
 	Faults Faults
-	// WebRTC makes WebRTC data channels every node's transport to its peers (node's
-	// --webrtc), falling back to libp2p streams where no direct path sets up.
+	// WebRTC makes WebRTC data channels every node's transport to its peers, falling back
+	// to libp2p streams where no direct path sets up, and makes every node accept peers'
+	// set-ups (node's --webrtc).
 	WebRTC bool
 	// DistinctHosts makes node i listen on 127.0.0.(i+1) instead of 127.0.0.1, and so dial
 	// from it too, so that its peers see each node on a host of its own: verification
@@ -97,6 +98,10 @@ type Options struct {
 	// loopback address is one). Linux routes all of 127.0.0.0/8 to the loopback
 	// interface; elsewhere the addresses need aliases. At most 254 nodes.
 	DistinctHosts bool
+	// WebRTCAccept makes every node answer peers' WebRTC set-ups (node's --webrtc-accept):
+	// direct paths for requests that ask for WebRTC, and direct tasks. Without it (or
+	// WebRTC) no node answers one, and such requests go over libp2p.
+	WebRTCAccept bool
 	// Configure, when set, adjusts node i's configuration last (tests: another backend, a
 	// default privacy).
 	Configure func(i int, cfg *node.Config)
@@ -270,6 +275,7 @@ func (t *Testnet) add() (int, error) {
 	if t.opts.WebRTC {
 		cfg.Prefs.Transport = inference.TransportWebRTC
 	}
+	cfg.WebRTCAccept = t.opts.WebRTC || t.opts.WebRTCAccept
 	if t.opts.Configure != nil {
 		t.opts.Configure(idx, &cfg)
 	}

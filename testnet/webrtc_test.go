@@ -1,14 +1,18 @@
 package testnet
 
 import (
+	"context"
 	"net"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/protocol"
 	"go.uber.org/goleak"
 
 	"github.com/meshinfer/meshinfer/node"
+	"github.com/meshinfer/meshinfer/transport/infer"
 	pwebrtc "github.com/meshinfer/meshinfer/transport/webrtc"
 )
 
@@ -20,7 +24,7 @@ var viaWebRTC = map[string]string{"transport": "webrtc"}
 // the testnet leaves no goroutine behind, pion's included.
 func TestWebRTCDispatchMatchesLibp2p(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	tn, err := New(Options{Nodes: 2, NoConsole: true, Heartbeat: time.Second, ModelsFor: serveNothing})
+	tn, err := New(Options{Nodes: 2, NoConsole: true, Heartbeat: time.Second, ModelsFor: serveNothing, WebRTCAccept: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +62,7 @@ func TestWebRTCDispatchMatchesLibp2p(t *testing.T) {
 // --webrtc (the node's default transport) sends requests over WebRTC without a per-request
 // preference; a request that says libp2p still goes over libp2p.
 func TestWebRTCNodeDefault(t *testing.T) {
-	tn := start(t, Options{Nodes: 2, NoConsole: true, Heartbeat: time.Second, ModelsFor: serveNothing,
+	tn := start(t, Options{Nodes: 2, NoConsole: true, Heartbeat: time.Second, ModelsFor: serveNothing, WebRTCAccept: true,
 		Configure: func(i int, cfg *node.Config) {
 			if i == 0 {
 				cfg.Prefs.Transport = "webrtc"
@@ -82,7 +86,7 @@ func TestWebRTCNodeDefault(t *testing.T) {
 // as a fallback; the client sees a normal, complete stream.
 func TestWebRTCBlockedFallsBackToLibp2p(t *testing.T) {
 	const timeout = time.Second
-	tn := start(t, Options{Nodes: 2, NoConsole: true, Heartbeat: time.Second, ModelsFor: serveNothing,
+	tn := start(t, Options{Nodes: 2, NoConsole: true, Heartbeat: time.Second, ModelsFor: serveNothing, WebRTCAccept: true,
 		Configure: func(i int, cfg *node.Config) {
 			if i == 0 {
 				se := pwebrtc.DefaultSettingEngine()
@@ -113,7 +117,7 @@ func TestWebRTCBlockedFallsBackToLibp2p(t *testing.T) {
 func TestWebRTCChannelKilledMidStream(t *testing.T) {
 	gate := newTokenGate()
 	tn := start(t, Options{Nodes: 3, NoConsole: true, Heartbeat: time.Second, ModelsFor: serveNothing,
-		Configure: gate.configure})
+		WebRTCAccept: true, Configure: gate.configure})
 	within(t, 15*time.Second, "converge", tn.Converged)
 	router := tn.Node(0)
 	open := gate.Hold(t, 5) // the serving peer stops after 5 tokens until it is killed
@@ -132,5 +136,60 @@ func TestWebRTCChannelKilledMidStream(t *testing.T) {
 	}
 	if got := router.Status().Routing.Resumptions; got < 1 {
 		t.Fatalf("resumptions %d, want at least 1", got)
+	}
+}
+
+// A node answers WebRTC signaling only when it accepts WebRTC (node's --webrtc or
+// --webrtc-accept). One that does not registers neither the signaling nor the direct-task
+// protocol, so a set-up to it fails at once, and a request asking for WebRTC still
+// completes over libp2p, counted as a fallback; the node that accepts serves the same
+// request over a data channel.
+func TestWebRTCOnlyWhenAccepted(t *testing.T) {
+	const accepting, refusing = 1, 2
+	tn := start(t, Options{Nodes: 3, NoConsole: true, Heartbeat: time.Second,
+		ModelsFor: func(i int) []string {
+			return [][]string{nil, {"synth-tiny"}, {"synth-small"}}[i]
+		},
+		Configure: func(i int, cfg *node.Config) { cfg.WebRTCAccept = i == accepting }})
+	within(t, 15*time.Second, "converge", tn.Converged)
+	router := tn.Node(0)
+
+	for i, want := range map[int]bool{accepting: true, refusing: false} {
+		n := tn.Node(i)
+		for _, proto := range []protocol.ID{pwebrtc.SignalID, infer.DirectID} {
+			if got := slices.Contains(n.Host().Mux().Protocols(), proto); got != want {
+				t.Fatalf("node %d registers %s: %v, want %v", i, proto, got, want)
+			}
+		}
+		st, err := router.Host().NewStream(context.Background(), n.ID(), pwebrtc.SignalID)
+		if want != (err == nil) {
+			t.Fatalf("signaling stream to node %d: %v, want it opened %v", i, err, want)
+		}
+		if err == nil {
+			st.Reset()
+		}
+		if w := n.Status().WebRTC; w == nil || w.Accepting != want {
+			t.Fatalf("node %d's webrtc status %+v: want accepting %v", i, w, want)
+		}
+	}
+
+	refused := routedBody("synth-small", 16, 3, viaWebRTC)
+	r := stream(t, router.APIAddr(), refused, nil, nil)
+	if r.errCode != "" || !r.done || r.final.Route != "peer:"+tn.Node(refusing).ID().String() || r.text() != reference(t, refused) {
+		t.Fatalf("webrtc request to the node not accepting: %+v", r)
+	}
+	if w := router.Status().WebRTC; w.Fallbacks != 1 || w.Dispatched != 0 || w.SetupFailures != 1 {
+		t.Fatalf("router's webrtc status %+v: want one failed set-up, fallen back to libp2p", w)
+	}
+	accepted := routedBody("synth-tiny", 16, 4, viaWebRTC)
+	r = stream(t, router.APIAddr(), accepted, nil, nil)
+	if r.errCode != "" || !r.done || r.final.Route != "peer:"+tn.Node(accepting).ID().String() || r.text() != reference(t, accepted) {
+		t.Fatalf("webrtc request to the node accepting: %+v", r)
+	}
+	if w := router.Status().WebRTC; w.Fallbacks != 1 || w.Dispatched != 1 {
+		t.Fatalf("router's webrtc status %+v: want the second request dispatched over WebRTC", w)
+	}
+	if a, n := tn.Node(accepting).Status().WebRTC, tn.Node(refusing).Status().WebRTC; a.Accepted != 1 || n.Accepted != 0 {
+		t.Fatalf("accepted: %d by the node accepting, %d by the other; want 1 and 0", a.Accepted, n.Accepted)
 	}
 }

@@ -186,6 +186,7 @@ func TestNodeHelpListsEveryFlagWithItsDefault(t *testing.T) {
 		{"insecure-gateway", ""},
 		{"config", "require_charging"},
 		{"webrtc", "falls back to libp2p"},
+		{"webrtc-accept", "registers no WebRTC signaling"},
 		{"ice-server", "stun:host:port"},
 		{"gateway-origin", "repeatable"},
 	}

@@ -52,7 +52,9 @@ Routing: each request goes to this device, a peer, or the cloud, from its prefer
 body's "meshinfer" object or the X-Meshinfer-Privacy / X-Meshinfer-Priority headers), with
 --privacy and --priority as the defaults. local-only requests never leave this device.
 A request sent to a peer goes over a libp2p stream, or a WebRTC data channel with
-"meshinfer": {"transport": "webrtc"}, X-Meshinfer-Transport: webrtc, or --webrtc.`
+"meshinfer": {"transport": "webrtc"}, X-Meshinfer-Transport: webrtc, or --webrtc, when the
+peer accepts WebRTC set-ups (it runs with --webrtc or --webrtc-accept); else over libp2p.
+A node answers no peer's WebRTC set-up unless it runs with one of those two flags.`
 
 func runNode(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("node", nodeSynopsis, stderr)
@@ -83,7 +85,8 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	cloudCost := fs.Float64("cloud-cost", node.DefaultCloudUSDPerMTok, "the cloud's price in USD per million tokens, for cost and balanced routing")
 	tlsCert := fs.String("tls-cert", "", "PEM certificate chain: serve the API over HTTPS (with --tls-key)")
 	tlsKey := fs.String("tls-key", "", "PEM private key for --tls-cert")
-	useWebRTC := fs.Bool("webrtc", false, "send this node's requests to peers over WebRTC data channels (direct, low latency) unless a request sets its transport; falls back to libp2p when no direct path sets up")
+	useWebRTC := fs.Bool("webrtc", false, "use WebRTC data channels (direct, low latency): send this node's requests to peers over them unless a request sets its transport (falls back to libp2p when no direct path sets up), and answer peers' WebRTC set-ups as --webrtc-accept does")
+	acceptWebRTC := fs.Bool("webrtc-accept", false, "answer peers' WebRTC set-ups, without sending this node's own requests over WebRTC: direct paths peers open to send it requests, and direct tasks a coordinator relays for its thin clients (meshinfer chat --gateway --direct). Without it or --webrtc, this node registers no WebRTC signaling and peers' requests reach it over libp2p")
 	fs.Var(&iceServers, "ice-server", "STUN or TURN server for WebRTC paths, stun:host:port or turn:host:port (TURN credentials from $"+node.EnvTURNUsername+" and $"+node.EnvTURNCredential+"); repeatable; none needed on a LAN")
 	fs.Var(&origins, "gateway-origin", "origin of a browser app allowed to call this coordinator's gateway (WebSocket and REST with CORS), e.g. app.example.com or *.example.com; repeatable")
 	insecureGateway := fs.Bool("insecure-gateway", false, "let a coordinator's API listen on a non-loopback address without TLS (a TLS proxy in front of it)")
@@ -113,6 +116,7 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	if *useWebRTC {
 		cfg.Prefs.Transport = inference.TransportWebRTC
 	}
+	cfg.WebRTCAccept = *useWebRTC || *acceptWebRTC
 	cfg.ICEServers = iceServers
 	if err := cfg.Prefs.Validate(); err != nil {
 		if e, ok := errors.AsType[*inference.Error](err); ok {
@@ -167,6 +171,12 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "  upstream %s\n", cfg.Upstream)
 	}
 	fmt.Fprintf(stdout, "  routing  privacy %s, priority %s by default\n", cfg.Prefs.Or(inference.DefaultPrefs()).Privacy, cfg.Prefs.Or(inference.DefaultPrefs()).Priority)
+	switch {
+	case *useWebRTC:
+		fmt.Fprintln(stdout, "  webrtc   requests to peers over WebRTC data channels by default; answers peers' WebRTC set-ups")
+	case cfg.WebRTCAccept:
+		fmt.Fprintln(stdout, "  webrtc   answers peers' WebRTC set-ups (direct paths, direct tasks for thin clients)")
+	}
 	if cfg.CloudURL != "" {
 		fmt.Fprintf(stdout, "  cloud    %s (%s) for requests with privacy any\n", cfg.CloudURL, strings.Join(cfg.CloudModels, ", "))
 	}

@@ -109,8 +109,12 @@ func renderStatus(w io.Writer, st console.Status, peers []console.Peer) {
 	fmt.Fprintf(w, "          verified %d sampled: %d passed, %d failed (a liar penalized), %d inconclusive, %d skipped (%d with no vetted voter)\n",
 		v.Sampled, v.Passed, v.Failed, v.Inconclusive, v.Skipped, v.SkippedUnvetted)
 	if wr := st.WebRTC; wr != nil {
-		fmt.Fprintf(w, "webrtc    %d paths open, %d channels; %d requests over WebRTC (%d on a warm path), %d fell back to libp2p; %d set-ups failed\n",
-			wr.Open, wr.Streams, wr.Dispatched, wr.WarmHits, wr.Fallbacks, wr.SetupFailures)
+		accepts := "answers peers' set-ups"
+		if !wr.Accepting {
+			accepts = "answers no peer's set-up (--webrtc-accept)"
+		}
+		fmt.Fprintf(w, "webrtc    %d paths open, %d channels; %d requests over WebRTC (%d on a warm path), %d fell back to libp2p; %d set-ups failed; %s\n",
+			wr.Open, wr.Streams, wr.Dispatched, wr.WarmHits, wr.Fallbacks, wr.SetupFailures, accepts)
 	}
 	for _, addr := range st.ListenAddrs {
 		fmt.Fprintf(w, "listen    %s\n", addr)

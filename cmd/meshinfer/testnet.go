@@ -43,7 +43,7 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	cloudLatency := fs.Duration("cloud-latency", testnet.DefaultCloudLatency, "latency the stand-in cloud adds before each response")
 	coldStart := fs.Duration("cold-start", 0, "added to every synthetic model's load on the nodes, to show real-length cold starts (e.g. 3s)")
 	faults := fs.String("faults", "", "comma-separated faulty nodes to start, e.g. liar=1,slow=1: liars (the last nodes) alter every token they generate, and sampled verification finds them; slow nodes (just before them) wait 500ms before their first token and 30ms before each next; flaky nodes (before those) drop all their connections every 2s")
-	useWebRTC := fs.Bool("webrtc", false, "nodes send their requests to peers over WebRTC data channels (libp2p where no direct path sets up); 'meshinfer status' shows the paths")
+	useWebRTC := fs.Bool("webrtc", false, "nodes send their requests to peers over WebRTC data channels (libp2p where no direct path sets up) and answer each other's WebRTC set-ups, as node --webrtc; 'meshinfer status' shows the paths")
 	scenario := fs.String("scenario", scenarioNone, "what to play after the demo: none, or battery-drain (node 1's simulated battery drains below the floor, then charges: it pauses, is skipped, comes back)")
 	if err := parse(fs, args, stdout); err != nil {
 		return err
@@ -97,7 +97,7 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "faults: %d node(s) before them answer slowly; the router's performance weighting sends them less\n", fl.Slow)
 	}
 	if *useWebRTC {
-		fmt.Fprintln(stdout, "webrtc: requests between nodes go over WebRTC data channels (libp2p where no path sets up)")
+		fmt.Fprintln(stdout, "webrtc: requests between nodes go over WebRTC data channels (libp2p where no path sets up); every node answers WebRTC set-ups")
 	}
 	if c := tn.Cloud(); c != nil {
 		fmt.Fprintf(stdout, "cloud: %s/v1 (stand-in, +%v per response; serves %s)\n", c.URL(), *cloudLatency, strings.Join(c.Models(), ", "))

@@ -93,6 +93,7 @@ type Routing struct {
 // WebRTC counts the node's WebRTC direct paths: PeerConnections kept warm, data channels
 // open, and how mesh attempts that asked for WebRTC went.
 type WebRTC struct {
+	Accepting     bool   `json:"accepting"`      // the node answers peers' set-ups (--webrtc or --webrtc-accept)
 	Open          int    `json:"open"`           // connected PeerConnections, either direction
 	Streams       int    `json:"streams"`        // data channels open
 	WarmHits      uint64 `json:"warm_hits"`      // channels opened on a PeerConnection already up

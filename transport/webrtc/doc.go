@@ -2,14 +2,23 @@
 // authenticated libp2p stream: /meshinfer/webrtc-signal/1.0.0; and to a client with no
 // libp2p host, set up over signaling a third party relays (see Relayed signaling).
 //
+// A Transport answers set-ups only with Config.Accept: then it registers SignalID on the
+// host and AcceptRelayed serves relayed set-ups. Without it, a peer's set-up fails as soon
+// as the protocol is negotiated (not supported), AcceptRelayed fails with ErrNotAccepting,
+// and no peer can make the node create a PeerConnection, gather candidates or send ICE
+// checks; the Transport still offers (OpenStream).
+//
 // A Transport keeps a small pool of connected PeerConnections, used in both directions:
 // OpenStream reuses one to the peer (warm: a new data channel, whose first bytes leave
 // with its open message, so no round trip is spent before them) or sets one up (cold:
 // signaling, ICE, DTLS and SCTP within Config.ConnectTimeout). At most Config.MaxWarm
-// PeerConnections are kept (at most two per peer: one each way when both set up at once);
-// beyond that the least recently used is closed, idle ones before those with open
-// streams. One with no open stream for Config.IdleClose is closed by a sweep, and one whose
-// ICE or DTLS fails or disconnects is dropped at once.
+// PeerConnections are kept, and at most max(1, min(2, MaxWarm/4)) per peer (two at the
+// default MaxWarm of 8: one each way when both set up at once; one in a pool under 8):
+// a peer's share, so that one that sets up again and again only replaces its own, and
+// takes at most a quarter of the pool. Beyond either bound the least recently used is
+// closed, idle ones before those with open streams (the peer's own first). One with no
+// open stream for Config.IdleClose is closed by a sweep, and one whose ICE or DTLS fails
+// or disconnects is dropped at once.
 //
 // A Stream is a byte stream on its own data channel, like a libp2p stream: the user frames
 // messages. Its remote peer is the peer of the libp2p stream the PeerConnection was
@@ -30,9 +39,11 @@
 // The offerer sends the offer at once (trickle ICE: it does not wait for gathering), then
 // each local candidate as it is gathered, then end. The answerer reads the offer, replies
 // with the answer, then its candidates and end likewise. Each side's first message is its
-// description (offer, answer); a side sends at most MaxCandidates candidates and nothing
-// after end. Anything else (an unknown type, a frame over its bound, text that is not
-// UTF-8, an SDP pion refuses) is a violation: the reader resets the stream.
+// description (offer, answer); a side sends at most MaxCandidates candidates, those
+// embedded in its description (SDP a=candidate lines) and those it trickles together,
+// and nothing after end. Anything else (an unknown type, a frame over its bound, text that
+// is not UTF-8, an SDP pion refuses, a candidate past the cap) is a violation: the reader
+// resets the stream, and the error it returns or logs wraps ErrSignaling.
 //
 // The whole exchange, and the ICE, DTLS and SCTP set-up that follows, has
 // Config.ConnectTimeout, enforced as a deadline on the signaling stream. The side that
@@ -40,10 +51,38 @@
 // ICE and DTLS connected) closes the signaling stream; the other side ignores the end of
 // the stream once it has the description. A side that fails resets the stream.
 //
-// The answerer handles at most MaxIncomingSetups set-ups at once and one per remote peer;
-// an excess signaling stream is reset before any PeerConnection is made. An offerer makes
+// The answerer handles at most MaxIncomingSetups set-ups at once (16), and a peer's share
+// of them is one: a peer that floods signaling streams holds one slot and the rest of its
+// streams are reset at once, before any PeerConnection is made, so that another peer
+// still sets up. (Relayed set-ups have their own share per relaying peer; see Relayed
+// signaling.) It takes MaxIncomingSetups peer identities to fill them. An offerer makes
 // at most one set-up per remote peer at a time: a second OpenStream to the same peer waits
 // for the first's.
+//
+// # Remote candidates
+//
+// A remote candidate makes this node send packets to its address (ICE checks: STUN
+// binding requests, carrying the ICE credentials of the signaling; then DTLS and SCTP to
+// the pair that answered). So a peer's candidates are capped (MaxCandidates, counting
+// every candidate line, refused ones included) and filtered, trickled or embedded alike:
+// this side's descriptions never embed candidates (it trickles), but a remote's may, and
+// pion adds embedded ones to the ICE agent as it applies the description, so the
+// description is stripped of refused lines first. A refused candidate is dropped, not a
+// violation; the others may do. Refused:
+//
+//   - a line pion cannot parse as a candidate (garbage), and port 0;
+//   - an address that is not an IP literal: mDNS names (.local; DefaultSettingEngine
+//     disables mDNS, and a remote's names are refused even with a SettingEngine that
+//     enables it) and any other host name, which would mean a DNS lookup the peer chose;
+//   - unspecified (0.0.0.0, ::) and 0.0.0.0/8 addresses;
+//   - multicast (224.0.0.0/4, ff00::/8, link-local multicast included), the IPv4
+//     broadcast address and the rest of the reserved 240.0.0.0/4;
+//   - link-local unicast (169.254.0.0/16, home of cloud metadata services, and fe80::/10).
+//
+// An IPv4-mapped IPv6 address is judged as the IPv4 one. Loopback and private addresses
+// (10/8, 172.16/12, 192.168/16, fc00::/7) are kept: two nodes on one machine and LANs use
+// them. What a peer can still steer is bounded: at most MaxCandidates addresses per
+// set-up, checked with STUN only, within ConnectTimeout.
 //
 // # Relayed signaling
 //
@@ -78,7 +117,11 @@
 // its side too (at most drainTimeout), so that what was written before Close arrives;
 // on a stream still open it closes at once. Transport.Close closes the node's relayed
 // PeerConnections too. While being set up, a relayed exchange takes one of the
-// MaxIncomingSetups slots; beyond them AcceptRelayed fails at once with ErrBusy.
+// MaxIncomingSetups slots; beyond them AcceptRelayed fails at once with ErrBusy. The
+// relayed side has no peer ID of the client, so the share is per relaying peer, the
+// coordinator that AcceptRelayed's caller names: at most a quarter of the slots (4) at
+// once, so that a coordinator relaying many clients, or one that floods, leaves three
+// quarters to others. Beyond its share AcceptRelayed fails at once with ErrBusy too.
 //
 // # Data channel wire format
 //

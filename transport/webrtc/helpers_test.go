@@ -46,7 +46,7 @@ func newTransport(t testing.TB, h host.Host, cfg Config) *Transport {
 	return tr
 }
 
-// pair is two Transports on two connected loopback hosts.
+// pair is two Transports on two connected loopback hosts, both accepting set-ups.
 type pair struct {
 	a, b   *Transport
 	ha, hb host.Host
@@ -56,6 +56,7 @@ func newPair(t testing.TB, ca, cb Config) pair {
 	t.Helper()
 	ha, hb := newHost(t), newHost(t)
 	connect(t, ha, hb)
+	ca.Accept, cb.Accept = true, true
 	return pair{a: newTransport(t, ha, ca), b: newTransport(t, hb, cb), ha: ha, hb: hb}
 }
 
@@ -65,6 +66,13 @@ func loopbackEngine() *Config {
 	se := DefaultSettingEngine()
 	se.SetInterfaceFilter(func(name string) bool { return name == "lo" })
 	return &Config{SettingEngine: se}
+}
+
+// accepting is loopbackEngine's Config with Accept on: a Transport that answers set-ups.
+func accepting() Config {
+	cfg := *loopbackEngine()
+	cfg.Accept = true
+	return cfg
 }
 
 func waitFor(t testing.TB, what string, cond func() bool) {

@@ -24,7 +24,7 @@ func TestICEBlockedTimesOut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cb := *loopbackEngine()
+	cb := accepting()
 	cb.ConnectTimeout = timeout
 	b, err := New(hb, cb)
 	if err != nil {

@@ -58,6 +58,13 @@ func evictions(cs []connView, keep, maxTotal, maxPerPeer int) []int {
 	return out
 }
 
+// warmShare is the most PeerConnections one peer may hold in a pool of maxWarm:
+// maxConnsPerPeer, and at most a quarter of the pool (but one), so that a peer that sets
+// up again and again only ever replaces its own.
+func warmShare(maxWarm int) int {
+	return max(1, min(maxConnsPerPeer, maxWarm/4))
+}
+
 // idleExpired reports whether c has had no open stream for idle at now.
 func idleExpired(c connView, now time.Time, idle time.Duration) bool {
 	return c.streams == 0 && now.Sub(c.lastUsed) >= idle

@@ -35,6 +35,16 @@ func TestEvictions(t *testing.T) {
 	}
 }
 
+// A peer's share of the pool: two (one each way) in a pool of 8 or more, one in a smaller
+// one, so that it never holds more than a quarter of a pool of 4 or more.
+func TestWarmShare(t *testing.T) {
+	for maxWarm, want := range map[int]int{1: 1, 2: 1, 4: 1, 7: 1, 8: 2, 16: 2, 64: 2} {
+		if got := warmShare(maxWarm); got != want {
+			t.Errorf("warmShare(%d) = %d, want %d", maxWarm, got, want)
+		}
+	}
+}
+
 func TestIdleExpired(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	for _, tc := range []struct {
@@ -122,7 +132,7 @@ func TestMaxWarmEvicts(t *testing.T) {
 	cfg := *loopbackEngine()
 	cfg.MaxWarm = 1
 	a := newTransport(t, ha, cfg)
-	b, c := newTransport(t, hb, *loopbackEngine()), newTransport(t, hc, *loopbackEngine())
+	b, c := newTransport(t, hb, accepting()), newTransport(t, hc, accepting())
 	b.SetStreamHandler(echo)
 	c.SetStreamHandler(echo)
 	for _, to := range []peer.ID{hb.ID(), hc.ID()} {

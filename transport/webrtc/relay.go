@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/pion/webrtc/v4"
 )
 
@@ -41,8 +42,8 @@ type RelayConfig struct {
 // relayWhat names a relayed set-up in errors; it has no peer ID to name.
 const relayWhat = "relayed webrtc set-up"
 
-// AcceptRelayed answers an offer relayed over sig on a one-shot PeerConnection for a client
-// that is not a libp2p peer, and returns the first data channel the client opens on it, as a
+// AcceptRelayed answers an offer relayed over sig by the peer via (the coordinator) on a
+// one-shot PeerConnection for a client that is not a libp2p peer, and returns the first data channel the client opens on it, as a
 // Stream. The PeerConnection is not in the warm pool (not counted in MaxWarm, never reused for
 // OpenStream, not given to the stream handler); release closes it (call it when done with the
 // stream; idempotent). On success sig is left open with no deadline, positioned after the
@@ -50,25 +51,27 @@ const relayWhat = "relayed webrtc set-up"
 // result frame); on failure sig is reset. The whole set-up is bounded by ConnectTimeout;
 // errors wrap ErrSetupTimeout / ErrSignaling like OpenStream's.
 //
-// The set-up counts against MaxIncomingSetups with those signalled over SignalID; beyond
-// it AcceptRelayed fails at once with ErrSignaling and ErrBusy. It fails with ErrClosed
-// once the Transport is closed, and with ctx's error (wrapped) when ctx ends first.
+// The set-up counts against MaxIncomingSetups with those signalled over SignalID, and
+// against via's share of them (maxRelayedPerRelay): beyond either AcceptRelayed fails at
+// once with ErrSignaling and ErrBusy. Without Config.Accept it fails at once with
+// ErrSignaling and ErrNotAccepting. It fails with ErrClosed once the Transport is closed,
+// and with ctx's error (wrapped) when ctx ends first.
 //
 // release lets a stream that was closed or reset finish first: it waits until the client
 // has closed its side too (at most drainTimeout), so that the bytes written before Close
 // reach the client. On a stream still open it closes the PeerConnection at once (the
 // stream fails with ErrReset). Further streams the client opens on the PeerConnection are
 // reset. Close closes it too.
-func (t *Transport) AcceptRelayed(ctx context.Context, sig SignalStream) (s Stream, release func(), err error) {
-	if err := t.admitRelayed(); err != nil {
+func (t *Transport) AcceptRelayed(ctx context.Context, via peer.ID, sig SignalStream) (s Stream, release func(), err error) {
+	if err := t.admitRelayed(via); err != nil {
 		sig.Reset()
-		if errors.Is(err, ErrBusy) {
+		if errors.Is(err, ErrBusy) || errors.Is(err, ErrNotAccepting) {
 			return nil, nil, fmt.Errorf("%s: %w: %w", relayWhat, ErrSignaling, err)
 		}
 		return nil, nil, err
 	}
 	defer t.wg.Done()
-	defer t.unadmitRelayed()
+	defer t.unadmitRelayed(via)
 
 	deadline := time.Now().Add(t.cfg.ConnectTimeout)
 	sctx, cancel := context.WithDeadline(ctx, deadline)
@@ -121,24 +124,30 @@ func (t *Transport) acceptRelayed(ctx context.Context, sig SignalStream, deadlin
 	return c, <-c.relayFirst, true, nil
 }
 
-// admitRelayed reserves a slot for a relayed set-up and counts it in wg.
-func (t *Transport) admitRelayed() error {
+// admitRelayed reserves a slot for a set-up relayed by via and counts it in wg.
+func (t *Transport) admitRelayed(via peer.ID) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed {
+	switch {
+	case t.closed:
 		return ErrClosed
-	}
-	if len(t.incoming)+t.relaySetups >= MaxIncomingSetups {
+	case !t.cfg.Accept:
+		return ErrNotAccepting
+	case len(t.incoming)+t.relaySetups >= MaxIncomingSetups || t.relaying[via] >= maxRelayedPerRelay:
 		return ErrBusy
 	}
 	t.relaySetups++
+	t.relaying[via]++
 	t.wg.Add(1)
 	return nil
 }
 
-func (t *Transport) unadmitRelayed() {
+func (t *Transport) unadmitRelayed(via peer.ID) {
 	t.mu.Lock()
 	t.relaySetups--
+	if t.relaying[via]--; t.relaying[via] == 0 {
+		delete(t.relaying, via)
+	}
 	t.mu.Unlock()
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
 	"github.com/multiformats/go-varint"
 	"github.com/pion/webrtc/v4"
@@ -95,7 +97,7 @@ func newRelayedPair(t testing.TB, p *Transport, ha, hb host.Host) relayedPair {
 	dialed := dialAsync(client, loopbackRelayConfig())
 	r := relayedPair{client: client, server: recv(t, server)}
 	var err error
-	r.ps, r.prel, err = p.AcceptRelayed(context.Background(), r.server)
+	r.ps, r.prel, err = p.AcceptRelayed(context.Background(), ha.ID(), r.server)
 	if err != nil {
 		t.Fatal("accept:", err)
 	}
@@ -129,7 +131,7 @@ func newRelayedPair(t testing.TB, p *Transport, ha, hb host.Host) relayedPair {
 func TestRelayedEcho(t *testing.T) {
 	ha, hb := newHost(t), newHost(t)
 	connect(t, ha, hb)
-	p := newTransport(t, hb, *loopbackEngine())
+	p := newTransport(t, hb, accepting())
 	r := newRelayedPair(t, p, ha, hb)
 
 	if st := p.Stats(); st.RelayedAccepted != 1 || st.Relayed != 1 || st.Open != 0 || st.Accepted != 0 || st.SetupFailures != 0 {
@@ -168,7 +170,7 @@ func TestRelayedICEBlocked(t *testing.T) {
 	ha, hb := newHost(t), newHost(t)
 	connect(t, ha, hb)
 	const timeout = time.Second
-	cfg := *loopbackEngine()
+	cfg := accepting()
 	cfg.ConnectTimeout = timeout
 	p := newTransport(t, hb, cfg)
 	blocked := DefaultSettingEngine()
@@ -176,7 +178,7 @@ func TestRelayedICEBlocked(t *testing.T) {
 
 	client, server := relayPipe(t, ha, hb)
 	dialed := dialAsync(client, RelayConfig{SettingEngine: blocked, ConnectTimeout: timeout})
-	_, _, aerr := p.AcceptRelayed(context.Background(), recv(t, server))
+	_, _, aerr := p.AcceptRelayed(context.Background(), ha.ID(), recv(t, server))
 	d := recv(t, dialed)
 	if !errors.Is(d.err, ErrSetupTimeout) {
 		t.Fatalf("dial: %v, want ErrSetupTimeout", d.err)
@@ -197,7 +199,7 @@ func TestRelayedICEBlocked(t *testing.T) {
 func TestRelayedViolationsReset(t *testing.T) {
 	ha, hb := newHost(t), newHost(t)
 	connect(t, ha, hb)
-	p := newTransport(t, hb, *loopbackEngine())
+	p := newTransport(t, hb, accepting())
 	garbage := frame.Append(nil, encodeSignal(0x09, "hello"))
 	for _, tc := range []struct {
 		name    string
@@ -218,7 +220,7 @@ func TestRelayedViolationsReset(t *testing.T) {
 			if _, err := client.Write(tc.send); err != nil {
 				t.Fatal(err)
 			}
-			_, _, err := p.AcceptRelayed(context.Background(), recv(t, server))
+			_, _, err := p.AcceptRelayed(context.Background(), ha.ID(), recv(t, server))
 			if !errors.Is(err, ErrSignaling) {
 				t.Fatalf("accept: %v, want ErrSignaling", err)
 			}
@@ -260,7 +262,7 @@ func testOffer(t testing.TB) string {
 func TestCloseWithRelayedStream(t *testing.T) {
 	ha, hb := newHost(t), newHost(t)
 	connect(t, ha, hb)
-	p := newTransport(t, hb, *loopbackEngine())
+	p := newTransport(t, hb, accepting())
 	r := newRelayedPair(t, p, ha, hb)
 	if _, err := r.cs.Write([]byte("hello")); err != nil {
 		t.Fatal(err)
@@ -299,7 +301,7 @@ func TestCloseWithRelayedStream(t *testing.T) {
 
 	client, server := relayPipe(t, ha, hb)
 	client.Write(frame.Append(nil, encodeSignal(sigOffer, "v=0")))
-	if _, _, err := p.AcceptRelayed(context.Background(), recv(t, server)); !errors.Is(err, ErrClosed) {
+	if _, _, err := p.AcceptRelayed(context.Background(), ha.ID(), recv(t, server)); !errors.Is(err, ErrClosed) {
 		t.Fatalf("accept after Close: %v, want ErrClosed", err)
 	}
 }
@@ -365,35 +367,31 @@ func FuzzSignalReader(f *testing.F) {
 	})
 }
 
-// Relayed set-ups share MaxIncomingSetups: with that many stalled inside their offer, one
-// more fails at once with ErrBusy; cancelling the caller's context ends the stalled ones
-// with its error.
+// Relayed set-ups share MaxIncomingSetups: with that many stalled inside their offer (by
+// enough relaying peers, each at its share), one more, relayed by yet another peer, fails
+// at once with ErrBusy; cancelling the caller's context ends the stalled ones with its
+// error.
 func TestRelayedBusyAndCancel(t *testing.T) {
 	ha, hb := newHost(t), newHost(t)
 	connect(t, ha, hb)
-	p := newTransport(t, hb, *loopbackEngine())
+	cfg := accepting()
+	cfg.ConnectTimeout = time.Minute // the stalled set-ups outlast the test
+	p := newTransport(t, hb, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	stalled := make(chan error, MaxIncomingSetups)
-	for range MaxIncomingSetups {
-		client, server := relayPipe(t, ha, hb)
-		if _, err := client.Write(varint.ToUvarint(100)); err != nil { // half a frame
-			t.Fatal(err)
-		}
-		sig := recv(t, server)
+	for i := range MaxIncomingSetups {
+		via := peer.ID(fmt.Sprint("relay ", i/maxRelayedPerRelay))
+		sig := stalledRelay(t, ha, hb)
 		go func() { // ends when cancel resets sig
-			_, _, err := p.AcceptRelayed(ctx, sig)
+			_, _, err := p.AcceptRelayed(ctx, via, sig)
 			stalled <- err
 		}()
+		recv(t, sig.reading)
 	}
-	waitFor(t, "every slot taken", func() bool {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return p.relaySetups == MaxIncomingSetups
-	})
 	client, server := relayPipe(t, ha, hb)
 	client.Write(frame.Append(nil, encodeSignal(sigOffer, testOffer(t))))
-	if _, _, err := p.AcceptRelayed(ctx, recv(t, server)); !errors.Is(err, ErrBusy) || !errors.Is(err, ErrSignaling) {
+	if _, _, err := p.AcceptRelayed(ctx, "another relay", recv(t, server)); !errors.Is(err, ErrBusy) || !errors.Is(err, ErrSignaling) {
 		t.Fatalf("accept over the limit: %v, want ErrBusy", err)
 	}
 	cancel()

@@ -120,7 +120,7 @@ func (t *Transport) handleSignal(st network.Stream) {
 	r := frame.NewReader(st, maxSignalFrame)
 	offer, err := readOffer(r)
 	if err != nil {
-		log.Debugw("bad webrtc offer", "peer", from, "err", err)
+		log.Debugw("bad webrtc offer", "peer", from, "err", fmt.Errorf("%w: %w", ErrSignaling, err))
 		st.Reset()
 		return
 	}
@@ -150,7 +150,7 @@ func (t *Transport) handleSignal(st network.Stream) {
 
 // admit reserves a slot for an incoming set-up from p and counts it in wg. It fails with
 // ErrClosed, or ErrBusy when MaxIncomingSetups set-ups (relayed ones included) or one
-// from p are under way.
+// from p are under way: a peer's share of the slots is one.
 func (t *Transport) admit(p peer.ID) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -171,37 +171,49 @@ func (t *Transport) unadmit(p peer.ID) {
 	t.mu.Unlock()
 }
 
+// offerMsg is a checked offer: its SDP, less the candidates this node refuses, and how
+// many candidate lines it had (they count against MaxCandidates).
+type offerMsg struct {
+	desc       webrtc.SessionDescription
+	candidates int
+}
+
 // readOffer reads and checks the first message of an incoming exchange, before any
 // PeerConnection is made for it.
-func readOffer(r frameSource) (webrtc.SessionDescription, error) {
+func readOffer(r frameSource) (offerMsg, error) {
 	body, err := r.Next()
 	if err != nil {
-		return webrtc.SessionDescription{}, err
+		return offerMsg{}, err
 	}
 	m, err := decodeSignal(body)
 	if err != nil {
-		return webrtc.SessionDescription{}, err
+		return offerMsg{}, err
 	}
 	if m.typ != sigOffer {
-		return webrtc.SessionDescription{}, fmt.Errorf("%w: first message of type %#x, want an offer", errSignalMessage, m.typ)
+		return offerMsg{}, fmt.Errorf("%w: first message of type %#x, want an offer", errSignalMessage, m.typ)
 	}
-	desc := webrtc.SessionDescription{Type: webrtc.SDPTypeOffer, SDP: m.text}
+	sdp, n, err := sanitizeSDP(m.text, MaxCandidates)
+	if err != nil {
+		return offerMsg{}, fmt.Errorf("offer: %w", err)
+	}
+	desc := webrtc.SessionDescription{Type: webrtc.SDPTypeOffer, SDP: sdp}
 	if _, err := desc.Unmarshal(); err != nil {
-		return webrtc.SessionDescription{}, fmt.Errorf("%w: offer: %w", errSignalMessage, err)
+		return offerMsg{}, fmt.Errorf("%w: offer: %w", errSignalMessage, err)
 	}
-	return desc, nil
+	return offerMsg{desc: desc, candidates: n}, nil
 }
 
 // answer runs the answerer's side of the exchange on st, the offer already read from r.
 // The set-up is done when ICE and DTLS connect; relayed, when the client's first data
 // channel has arrived (see negotiation).
-func (t *Transport) answer(ctx context.Context, c *peerConn, st SignalStream, r frameSource, offer webrtc.SessionDescription, relayed bool) error {
+func (t *Transport) answer(ctx context.Context, c *peerConn, st SignalStream, r frameSource, offer offerMsg, relayed bool) error {
 	n := newNegotiation(c.pc, st, r, false, relayed)
+	n.got = offer.candidates
 	ready := c.connected
 	if relayed {
 		ready = c.relayReady
 	}
-	err := c.pc.SetRemoteDescription(offer)
+	err := c.pc.SetRemoteDescription(offer.desc)
 	if err != nil {
 		err = fmt.Errorf("%w: offer: %w", ErrSignaling, err)
 	}
@@ -244,7 +256,7 @@ type negotiation struct {
 	stop       chan struct{}             // closed by finish: the reader stops
 	readerDone chan struct{}
 
-	sent, got                  int // candidates
+	sent, got                  int // candidates; got counts the remote's embedded ones too
 	sentEnd, gotEnd, gotAnswer bool
 	writeErr                   error // the first failed write: nothing more is sent
 }
@@ -390,7 +402,12 @@ func (n *negotiation) apply(m sigMsg) error {
 	switch {
 	case m.typ == sigAnswer && n.offerer && !n.gotAnswer:
 		n.gotAnswer = true
-		if err := n.pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: m.text}); err != nil {
+		sdp, embedded, err := sanitizeSDP(m.text, MaxCandidates-n.got)
+		if err != nil {
+			return fmt.Errorf("answer: %w", err)
+		}
+		n.got += embedded
+		if err := n.pc.SetRemoteDescription(webrtc.SessionDescription{Type: webrtc.SDPTypeAnswer, SDP: sdp}); err != nil {
 			return fmt.Errorf("answer: %w", err)
 		}
 		return nil
@@ -398,8 +415,12 @@ func (n *negotiation) apply(m sigMsg) error {
 		if n.got++; n.got > MaxCandidates {
 			return fmt.Errorf("%w: over %d candidates", errSignalMessage, MaxCandidates)
 		}
-		// A candidate pion cannot use (an mDNS name, a family we do not gather) is
-		// skipped, not fatal: the others may do.
+		// A candidate refused by the address rules (checkCandidate), or one pion cannot
+		// use (a family we do not gather), is skipped, not fatal: the others may do.
+		if err := checkCandidate(m.text); err != nil {
+			log.Debugw("dropped a remote candidate", "err", err)
+			return nil
+		}
 		if err := n.pc.AddICECandidate(webrtc.ICECandidateInit{Candidate: m.text}); err != nil {
 			log.Debugw("skipped remote candidate", "err", err)
 		}

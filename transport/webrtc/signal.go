@@ -22,12 +22,15 @@ const (
 	MaxSDP = 16 << 10
 	// MaxCandidate bounds one candidate line, in bytes; a real one is 60 to 200.
 	MaxCandidate = 1 << 10
-	// MaxCandidates bounds the candidates one side sends: one host candidate per interface
-	// address and network type plus reflexive and relay ones; 32 covers a multi-homed host
-	// with IPv4 and IPv6, and bounds the ICE checks a peer can make us run.
+	// MaxCandidates bounds the candidates one side sends, trickled and embedded in its
+	// description together: one host candidate per interface address and network type plus
+	// reflexive and relay ones; 32 covers a multi-homed host with IPv4 and IPv6, and bounds
+	// the ICE checks a peer can make us run (the addresses it can make us send to).
 	MaxCandidates = 32
 	// MaxIncomingSetups bounds the set-ups this node answers at once: each holds a
 	// PeerConnection (UDP sockets, a DTLS certificate, goroutines) for up to ConnectTimeout.
+	// One peer holds at most one of them over SignalID, and a relaying peer at most
+	// maxRelayedPerRelay relayed ones.
 	MaxIncomingSetups = 16
 	// maxSignalFrame is the largest signaling frame: a description and its type byte.
 	maxSignalFrame = 1 + MaxSDP

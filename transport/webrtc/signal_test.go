@@ -83,7 +83,7 @@ func FuzzDecodeSignal(f *testing.F) {
 func TestSignalingViolationsReset(t *testing.T) {
 	ha, hb := newHost(t), newHost(t)
 	connect(t, ha, hb)
-	b := newTransport(t, hb, *loopbackEngine())
+	b := newTransport(t, hb, accepting())
 	hugeLen := varint.ToUvarint(1 << 20)
 	for _, tc := range []struct {
 		name string
@@ -122,7 +122,7 @@ func TestSignalingViolationsReset(t *testing.T) {
 func TestSignalingOneSetupPerPeer(t *testing.T) {
 	ha, hb := newHost(t), newHost(t)
 	connect(t, ha, hb)
-	cfg := *loopbackEngine()
+	cfg := accepting()
 	cfg.ConnectTimeout = time.Second
 	b := newTransport(t, hb, cfg)
 

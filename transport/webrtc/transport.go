@@ -41,9 +41,17 @@ const (
 	// holds a goroutine and buffers (up to maxMessage read, sendHighWater queued).
 	maxStreams = 256
 	// maxConnsPerPeer bounds the PeerConnections kept to one peer: two when both peers set
-	// up at once. It also stops one peer from taking the whole pool by setting up again and
-	// again.
+	// up at once; a third would never be used (OpenStream picks the most recently used).
+	// The bound is lower on a small pool (warmShare): one peer must not take the whole
+	// pool by setting up again and again.
 	maxConnsPerPeer = 2
+	// maxRelayedPerRelay bounds the relayed set-ups one relaying peer (a coordinator) has
+	// under way at once (4): a quarter of MaxIncomingSetups, so that a flooding
+	// coordinator leaves the other three quarters to other coordinators and to peers
+	// signalling over SignalID. A coordinator relays many clients' tasks, hence more than
+	// a libp2p peer's one; a set-up lasts about seven round trips, so four at a time
+	// still sets up dozens a second.
+	maxRelayedPerRelay = MaxIncomingSetups / 4
 	// maxSweepInterval bounds the idle sweep's period; it runs 4 times per IdleClose, so a
 	// PeerConnection is closed at most a quarter of IdleClose late.
 	maxSweepInterval = 30 * time.Second
@@ -61,9 +69,15 @@ var ErrSetupTimeout = errors.New("webrtc set-up timed out")
 var ErrSignaling = errors.New("webrtc signaling failed")
 
 // ErrBusy is returned (wrapped, with ErrSignaling) by AcceptRelayed when
-// MaxIncomingSetups set-ups are already under way; a libp2p offerer sees the same refusal
-// as a reset signaling stream. The client may try another peer.
+// MaxIncomingSetups set-ups are already under way, or the relaying peer's share of them;
+// a libp2p offerer sees the same refusal as a reset signaling stream. The client may try
+// another peer.
 var ErrBusy = errors.New("too many webrtc set-ups in progress")
+
+// ErrNotAccepting is returned (wrapped, with ErrSignaling) by AcceptRelayed on a
+// Transport whose Config.Accept is off. A libp2p offerer sees the same refusal as a peer
+// that does not support SignalID.
+var ErrNotAccepting = errors.New("webrtc set-ups not accepted here")
 
 // ErrTooManyStreams refuses a data channel beyond maxIncomingPerConn on its PeerConnection,
 // beyond maxStreams in all, or past the peer's limits in the host's resource manager.
@@ -75,6 +89,12 @@ var ErrClosed = errors.New("webrtc transport closed")
 // Config configures a Transport. The zero value is usable: each zero field takes its
 // default.
 type Config struct {
+	// Accept makes the Transport answer set-ups that peers offer: it registers SignalID on
+	// the host and AcceptRelayed serves relayed ones. Off (the default), peers cannot make
+	// this node set up a PeerConnection: it only offers (OpenStream), and the remote may
+	// still open streams on a PeerConnection this node set up, which go to the stream
+	// handler as any others.
+	Accept bool
 	// ICEServers are the STUN and TURN servers ICE may use. None are needed on a LAN or on
 	// loopback (default none: host candidates only).
 	ICEServers []webrtc.ICEServer
@@ -179,6 +199,7 @@ type Transport struct {
 	pending     map[peer.ID]*setup     // outgoing set-ups in progress
 	incoming    map[peer.ID]struct{}   // incoming set-ups in progress over SignalID
 	relaySetups int                    // AcceptRelayed set-ups in progress
+	relaying    map[peer.ID]int        // AcceptRelayed set-ups in progress, by relaying peer
 	streams     int                    // streams not yet ended, over every PeerConnection
 }
 
@@ -188,7 +209,8 @@ type setup struct {
 	err  error         // its outcome, written before done is closed
 }
 
-// New returns a Transport on h and registers the signaling handler on h. Close removes it.
+// New returns a Transport on h. With Config.Accept it registers the signaling handler on
+// h; Close removes it.
 func New(h host.Host, cfg Config) (*Transport, error) {
 	t, err := assemble(h, cfg)
 	if err != nil {
@@ -196,7 +218,9 @@ func New(h host.Host, cfg Config) (*Transport, error) {
 	}
 	t.wg.Add(1)
 	go t.sweepLoop() // ends when Close cancels ctx
-	h.SetStreamHandler(SignalID, t.handleSignal)
+	if t.cfg.Accept {
+		h.SetStreamHandler(SignalID, t.handleSignal)
+	}
 	return t, nil
 }
 
@@ -220,7 +244,7 @@ func assemble(h host.Host, cfg Config) (*Transport, error) {
 	return &Transport{
 		h: h, cfg: cfg, api: webrtc.NewAPI(webrtc.WithSettingEngine(se)),
 		ctx: ctx, cancel: cancel,
-		relayed: make(map[*peerConn]struct{}),
+		relayed: make(map[*peerConn]struct{}), relaying: make(map[peer.ID]int),
 		pending: make(map[peer.ID]*setup), incoming: make(map[peer.ID]struct{}),
 	}, nil
 }
@@ -351,7 +375,7 @@ func (t *Transport) addLocked(c *peerConn) bool {
 	for i, pc := range t.conns {
 		views[i] = pc.viewLocked()
 	}
-	out := evictions(views, len(t.conns)-1, t.cfg.MaxWarm, maxConnsPerPeer)
+	out := evictions(views, len(t.conns)-1, t.cfg.MaxWarm, warmShare(t.cfg.MaxWarm))
 	victims := make([]*peerConn, len(out))
 	for i, j := range out {
 		victims[i] = t.conns[j]
@@ -467,7 +491,7 @@ func (t *Transport) Close() error {
 	}
 	t.mu.Unlock()
 
-	if t.h != nil {
+	if t.h != nil && t.cfg.Accept {
 		t.h.RemoveStreamHandler(SignalID)
 	}
 	t.cancel()

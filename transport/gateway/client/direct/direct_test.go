@@ -58,7 +58,7 @@ func startNode(t *testing.T, cfg node.Config) *node.Node {
 }
 
 // mesh is a coordinator that serves no model, with one API key, and two peers serving
-// model that joined through it.
+// model that joined through it and accept WebRTC set-ups (direct tasks).
 type mesh struct {
 	coord *node.Node
 	peers []*node.Node
@@ -69,11 +69,24 @@ type mesh struct {
 
 func startMesh(t *testing.T, verify float64) *mesh {
 	t.Helper()
-	return startMeshWrapped(t, verify, nil)
+	return startMeshWith(t, verify, nil, true)
 }
 
 // startMeshWrapped is startMesh with the peers' backends wrapped by wrap (nil: as they are).
 func startMeshWrapped(t *testing.T, verify float64, wrap func(inference.Backend) inference.Backend) *mesh {
+	t.Helper()
+	return startMeshWith(t, verify, wrap, true)
+}
+
+// startMeshAccepting is startMesh with peers that accept WebRTC set-ups or not.
+func startMeshAccepting(t *testing.T, verify float64, accept bool) *mesh {
+	t.Helper()
+	return startMeshWith(t, verify, nil, accept)
+}
+
+// startMeshWith starts the coordinator and two serving peers, their backends wrapped by
+// wrap (nil: as they are), accepting WebRTC set-ups or not.
+func startMeshWith(t *testing.T, verify float64, wrap func(inference.Backend) inference.Backend, accept bool) *mesh {
 	t.Helper()
 	m := &mesh{dir: t.TempDir()}
 	ks, err := gateway.OpenKeys(m.dir)
@@ -90,7 +103,7 @@ func startMeshWrapped(t *testing.T, verify float64, wrap func(inference.Backend)
 		VoterMinKnown: time.Nanosecond, VoterMinScore: reputation.ExcludeBelow})
 	for i := range 2 {
 		m.dirs = append(m.dirs, t.TempDir())
-		m.peers = append(m.peers, startNode(t, node.Config{Models: []string{model}, WrapBackend: wrap,
+		m.peers = append(m.peers, startNode(t, node.Config{Models: []string{model}, WrapBackend: wrap, WebRTCAccept: accept,
 			ListenAddrs: []string{fmt.Sprintf("/ip4/127.0.0.%d/tcp/0", 2+i)},
 			DataDir:     m.dirs[len(m.dirs)-1], Bootstrap: []peer.AddrInfo{m.coord.AddrInfo()}}))
 	}
@@ -304,5 +317,24 @@ func TestDirectNoChannel(t *testing.T) {
 	}
 	if st := m.coord.Status().Routing; st.Direct != 0 {
 		t.Fatalf("coordinator counted %d direct tasks", st.Direct)
+	}
+}
+
+// Peers that do not accept WebRTC set-ups (no --webrtc or --webrtc-accept) take no direct
+// task: the coordinator cannot open one on them, and the client gets the coordinator's
+// error, not a channel; no direct task is counted.
+func TestDirectPeersNotAccepting(t *testing.T) {
+	m := startMeshAccepting(t, node.VerifyOff, false)
+	_, err := direct.Chat(context.Background(), "http://"+m.coord.APIAddr(), m.key, chatBody(1, 4), direct.Options{})
+	if inference.CodeOf(err) != inference.CodeUnavailable {
+		t.Fatalf("direct task on peers not accepting: %v, want unavailable", err)
+	}
+	if st := m.coord.Status().Routing; st.Direct != 0 {
+		t.Fatalf("coordinator counted %d direct tasks", st.Direct)
+	}
+	for i, p := range m.peers {
+		if w := p.Status().WebRTC; w.Accepting || w.Relayed != 0 {
+			t.Fatalf("peer %d's webrtc status %+v: want not accepting, nothing relayed", i, w)
+		}
 	}
 }
