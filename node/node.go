@@ -306,6 +306,12 @@ func (n *Node) start() error {
 			Voters:   dispatch.Voters{MinKnown: cfg.VoterMinKnown, MinScore: cfg.VoterMinScore, LoopbackHosts: cfg.Loopback},
 			PeerAddr: n.peerAddr,
 			Self:     h.ID(), Dialer: n.dialer, Now: cfg.Now, Seed: randomSeed(),
+			// A serving peer registers the direct-task protocol only when it accepts WebRTC
+			// set-ups; identify tells which do.
+			AcceptsDirect: func(p peer.ID) bool {
+				ps, err := h.Peerstore().SupportsProtocols(p, infer.DirectID)
+				return err == nil && len(ps) > 0
+			},
 		}
 		if coordinator {
 			dcfg.Meter = n.tasks

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -200,7 +201,20 @@ func (d *Executor) directTarget(ctx context.Context, req *inference.Request) (ro
 	// accepting: verification asks them whether the model is deterministic (verify.go).
 	snap.Local.Accepting = false
 	snap.Cloud = route.Cloud{}
-	dec := d.decide(req, snap, now)
+	// Only peers that take direct tasks may serve one; the others stay in snap, where a
+	// verification (over libp2p) may pick them.
+	pick := snap
+	if d.cfg.AcceptsDirect != nil {
+		only := *snap
+		only.Peers = slices.DeleteFunc(slices.Clone(snap.Peers), func(p route.Peer) bool { return !d.cfg.AcceptsDirect(p.Entry.Peer) })
+		if len(only.Peers) == 0 && len(snap.Peers) > 0 {
+			d.stats.none.Add(1)
+			return route.Target{}, nil, inference.Errorf(inference.CodeUnavailable,
+				"no peer of mesh %q takes direct tasks (serving nodes enable them with --webrtc-accept or --webrtc); ask without direct", d.cfg.Mesh)
+		}
+		pick = &only
+	}
+	dec := d.decide(req, pick, now)
 	d.countPenalized(dec)
 	for _, t := range dec.Attempts {
 		if t.Tier == inference.TierMesh {

@@ -87,6 +87,9 @@ type Config struct {
 	Meter Meter
 	// Dialer opens direct-task streams to peers (direct.go); nil: no direct tasks.
 	Dialer StreamOpener
+	// AcceptsDirect reports whether a peer takes direct tasks (it answers WebRTC set-ups:
+	// its owner enabled them); nil: every peer does. Direct tasks go only to those.
+	AcceptsDirect func(peer.ID) bool
 	// Now is the clock; nil: time.Now. Durations are measured on it too.
 	Now func() time.Time
 	// Seed seeds the executor's random source (weighted draws, exploration, sampling).

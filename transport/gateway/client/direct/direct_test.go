@@ -69,24 +69,40 @@ type mesh struct {
 
 func startMesh(t *testing.T, verify float64) *mesh {
 	t.Helper()
-	return startMeshWith(t, verify, nil, true)
+	return startMeshWith(t, verify, nil, 2)
 }
 
 // startMeshWrapped is startMesh with the peers' backends wrapped by wrap (nil: as they are).
 func startMeshWrapped(t *testing.T, verify float64, wrap func(inference.Backend) inference.Backend) *mesh {
 	t.Helper()
-	return startMeshWith(t, verify, wrap, true)
+	return startMeshWith(t, verify, wrap, 2)
 }
 
-// startMeshAccepting is startMesh with peers that accept WebRTC set-ups or not.
-func startMeshAccepting(t *testing.T, verify float64, accept bool) *mesh {
+// TestDirectTasksGoToAcceptingPeers: with one of two serving peers taking direct tasks,
+// every direct task goes to it.
+func TestDirectTasksGoToAcceptingPeers(t *testing.T) {
+	m := startMeshAccepting(t, node.VerifyOff, 1)
+	for i := range 6 {
+		res, err := direct.Chat(context.Background(), "http://"+m.coord.APIAddr(), m.key, chatBody(int64(i), 4), direct.Options{})
+		if err != nil {
+			t.Fatalf("direct task %d: %v", i, err)
+		}
+		if want := "peer:" + m.peers[0].ID().String(); res.Peer != want || res.Usage.CompletionTokens != 4 {
+			t.Fatalf("direct task %d served by %s with %d tokens, want %s (the accepting peer) with 4", i, res.Peer, res.Usage.CompletionTokens, want)
+		}
+	}
+}
+
+// startMeshAccepting is startMesh with only the first accepting peers taking WebRTC
+// set-ups (direct tasks).
+func startMeshAccepting(t *testing.T, verify float64, accepting int) *mesh {
 	t.Helper()
-	return startMeshWith(t, verify, nil, accept)
+	return startMeshWith(t, verify, nil, accepting)
 }
 
 // startMeshWith starts the coordinator and two serving peers, their backends wrapped by
-// wrap (nil: as they are), accepting WebRTC set-ups or not.
-func startMeshWith(t *testing.T, verify float64, wrap func(inference.Backend) inference.Backend, accept bool) *mesh {
+// wrap (nil: as they are), the first accepting of them taking WebRTC set-ups.
+func startMeshWith(t *testing.T, verify float64, wrap func(inference.Backend) inference.Backend, accepting int) *mesh {
 	t.Helper()
 	m := &mesh{dir: t.TempDir()}
 	ks, err := gateway.OpenKeys(m.dir)
@@ -103,7 +119,7 @@ func startMeshWith(t *testing.T, verify float64, wrap func(inference.Backend) in
 		VoterMinKnown: time.Nanosecond, VoterMinScore: reputation.ExcludeBelow})
 	for i := range 2 {
 		m.dirs = append(m.dirs, t.TempDir())
-		m.peers = append(m.peers, startNode(t, node.Config{Models: []string{model}, WrapBackend: wrap, WebRTCAccept: accept,
+		m.peers = append(m.peers, startNode(t, node.Config{Models: []string{model}, WrapBackend: wrap, WebRTCAccept: i < accepting,
 			ListenAddrs: []string{fmt.Sprintf("/ip4/127.0.0.%d/tcp/0", 2+i)},
 			DataDir:     m.dirs[len(m.dirs)-1], Bootstrap: []peer.AddrInfo{m.coord.AddrInfo()}}))
 	}
@@ -324,10 +340,10 @@ func TestDirectNoChannel(t *testing.T) {
 // task: the coordinator cannot open one on them, and the client gets the coordinator's
 // error, not a channel; no direct task is counted.
 func TestDirectPeersNotAccepting(t *testing.T) {
-	m := startMeshAccepting(t, node.VerifyOff, false)
+	m := startMeshAccepting(t, node.VerifyOff, 0)
 	_, err := direct.Chat(context.Background(), "http://"+m.coord.APIAddr(), m.key, chatBody(1, 4), direct.Options{})
-	if inference.CodeOf(err) != inference.CodeUnavailable {
-		t.Fatalf("direct task on peers not accepting: %v, want unavailable", err)
+	if inference.CodeOf(err) != inference.CodeUnavailable || !strings.Contains(err.Error(), "--webrtc-accept") {
+		t.Fatalf("direct task on peers not accepting: %v, want unavailable naming --webrtc-accept", err)
 	}
 	if st := m.coord.Status().Routing; st.Direct != 0 {
 		t.Fatalf("coordinator counted %d direct tasks", st.Direct)
