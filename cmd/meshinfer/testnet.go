@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/node"
+	"github.com/meshinfer/meshinfer/reputation"
 	"github.com/meshinfer/meshinfer/testnet"
 )
 
@@ -73,11 +75,22 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 
 	fmt.Fprintf(stdout, "starting %d nodes on loopback...\n", *nodes)
 	start := time.Now()
-	tn, err := testnet.New(testnet.Options{
+	opts := testnet.Options{
 		Nodes: *nodes, Mesh: *mesh, ConsoleBase: *consoleBase, APIBase: *apiBase, Heartbeat: *heartbeat,
 		Version: version, Seed: *seed, Cloud: *cloud, CloudLatency: *cloudLatency, ColdStart: *coldStart,
 		Sensors: *scenario != scenarioNone, Faults: fl, WebRTC: *useWebRTC,
-	})
+	}
+	if fl.Liars > 0 {
+		// Verification voters must be established peers on hosts apart (10 minutes known,
+		// score 60, another /24). A demo cannot wait that long: its nodes vote as soon as
+		// they are connected, each on a loopback address of its own (Linux routes all of
+		// 127.0.0.0/8 to loopback; elsewhere voters would share a host and never vote).
+		opts.DistinctHosts = runtime.GOOS == "linux"
+		opts.Configure = func(_ int, cfg *node.Config) {
+			cfg.VoterMinKnown, cfg.VoterMinScore = time.Nanosecond, reputation.ExcludeBelow
+		}
+	}
+	tn, err := testnet.New(opts)
 	if err != nil {
 		return fmt.Errorf("%w\nif a port is taken, pick others with --console-base and --api-base", err)
 	}
@@ -89,6 +102,10 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	printNodes(stdout, tn)
 	if fl.Liars > 0 {
 		fmt.Fprintf(stdout, "faults: the last %d node(s) lie (alter every token); sampled verification penalizes them, watch 'meshinfer status'\n", fl.Liars)
+		fmt.Fprintln(stdout, "        (in this testnet verifiers vote once connected; a real mesh waits until they are established: 10 min, score 60, hosts apart)")
+		if !opts.DistinctHosts {
+			fmt.Fprintln(stdout, "        (not on Linux: the nodes share one loopback host, so no peer may vote and liars go unverified)")
+		}
 	}
 	if fl.Flaky > 0 {
 		fmt.Fprintf(stdout, "faults: %d node(s) before those drop all their connections every %v; cut streams resume elsewhere\n", fl.Flaky, testnet.FlakyPeriod)
