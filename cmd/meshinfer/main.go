@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strings"
 
 	golog "github.com/ipfs/go-log/v2"
 	"github.com/libp2p/go-libp2p/gologshim"
@@ -20,28 +22,48 @@ import (
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
-const usage = `meshinfer: a peer-to-peer inference mesh node
+// command is one subcommand: its name, its line in the usage, and what runs it.
+type command struct {
+	name, summary string
+	run           func(args []string, stdout, stderr io.Writer) error
+}
 
-Usage:
-  meshinfer <command> [flags]
+// commands are every subcommand, in the order the usage lists them: the one table that
+// both dispatches and documents, so the usage cannot miss a command.
+var commands = []command{
+	{"node", "run a node: join the mesh, announce this machine's capabilities, serve the console", runNode},
+	{"testnet", "run N nodes in this process on loopback and show them find each other", runTestnet},
+	{"status", "show a running node's status (reads its console)", runStatus},
+	{"chat", "send a prompt to a node's OpenAI-compatible API and stream the answer", runChat},
+	{"id", "print this node's peer ID (creates the identity on first use)", runID},
+	{"consent", "show, give or withdraw the owner's consent to run and contribute work", runConsent},
+	{"receipts", "list, total and verify the signed receipts of tasks served for other peers", runReceipts},
+	{"keys", "create, list and revoke a coordinator's API keys for thin clients", runKeys},
+	{"usage", "total what each API key used through a coordinator", runUsage},
+	{"version", "print the version", runVersion},
+	{"help", "show this help, or a command's ('meshinfer help node')", nil}, // run dispatches it
+}
 
-Commands:
-  node      run a node: join the mesh, announce this machine's capabilities, serve the console
-  testnet   run N nodes in this process on loopback and show them find each other
-  status    show a running node's status (reads its console)
-  chat      send a prompt to a node's OpenAI-compatible API and stream the answer
-  id        print this node's peer ID (creates the identity on first use)
-  consent   show, give or withdraw the owner's consent to run and contribute work
-  receipts  list, total and verify the signed receipts of tasks served for other peers
-  keys      create, list and revoke a coordinator's API keys for thin clients
-  usage     total what each API key used through a coordinator
-  version   print the version
-
+// usage is the top-level help, listing every command.
+func usage() string {
+	var b strings.Builder
+	b.WriteString("meshinfer: a peer-to-peer inference mesh node\n\nUsage:\n  meshinfer <command> [flags]\n\nCommands:\n")
+	for _, c := range commands {
+		fmt.Fprintf(&b, "  %-9s %s\n", c.name, c.summary)
+	}
+	b.WriteString(`
 Run 'meshinfer <command> --help' for the flags of a command.
 
 Logging: GOLOG_LOG_LEVEL sets levels for meshinfer and go-libp2p alike, for example
   GOLOG_LOG_LEVEL=info  or  GOLOG_LOG_LEVEL="error,mesh/announce=debug"
-`
+`)
+	return b.String()
+}
+
+func runVersion(_ []string, stdout, _ io.Writer) error {
+	fmt.Fprintln(stdout, "meshinfer", version)
+	return nil
+}
 
 func main() {
 	setupLogging()
@@ -53,37 +75,29 @@ var errUsage = errors.New("usage")
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(stderr, usage())
 		return 2
 	}
-	var err error
-	switch cmd, rest := args[0], args[1:]; cmd {
-	case "node":
-		err = runNode(rest, stdout, stderr)
-	case "testnet":
-		err = runTestnet(rest, stdout, stderr)
-	case "status":
-		err = runStatus(rest, stdout, stderr)
-	case "id":
-		err = runID(rest, stdout, stderr)
-	case "consent":
-		err = runConsent(rest, stdout, stderr)
-	case "chat":
-		err = runChat(rest, stdout, stderr)
-	case "receipts":
-		err = runReceipts(rest, stdout, stderr)
-	case "keys":
-		err = runKeys(rest, stdout, stderr)
-	case "usage":
-		err = runUsage(rest, stdout, stderr)
-	case "version", "--version", "-version":
-		fmt.Fprintln(stdout, "meshinfer", version)
-	case "help", "--help", "-help", "-h":
-		fmt.Fprint(stdout, usage)
-	default:
-		fmt.Fprintf(stderr, "meshinfer: unknown command %q\n\n%s", cmd, usage)
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "--version", "-version":
+		cmd = "version"
+	case "--help", "-help", "-h":
+		cmd = "help"
+	}
+	if cmd == "help" {
+		if len(rest) == 0 {
+			fmt.Fprint(stdout, usage())
+			return 0
+		}
+		cmd, rest = rest[0], []string{"--help"} // meshinfer help node = meshinfer node --help
+	}
+	i := slices.IndexFunc(commands, func(c command) bool { return c.name == cmd && c.run != nil })
+	if i < 0 {
+		fmt.Fprintf(stderr, "meshinfer: unknown command %q\n\n%s", cmd, usage())
 		return 2
 	}
+	err := commands[i].run(rest, stdout, stderr)
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -87,16 +88,31 @@ var subcommands = [][]string{
 	{"keys", "create"}, {"keys", "list"}, {"keys", "revoke"}, {"usage"},
 }
 
-// The top-level usage names every command.
+// The top-level usage names every command the dispatcher runs, and the help tests below
+// cover every one of them; "meshinfer help CMD" is "meshinfer CMD --help".
 func TestHelpListsEveryCommand(t *testing.T) {
 	code, stdout, stderr := runCmd(t, "--help")
 	if code != 0 || stderr != "" {
 		t.Fatalf("--help: exit code %d, stderr %q", code, stderr)
 	}
-	for _, cmd := range append(subcommands, []string{"keys"}, []string{"version"}) {
-		if !strings.Contains(stdout, "\n  "+cmd[0]+" ") {
-			t.Errorf("--help does not list %q:\n%s", cmd[0], stdout)
+	for _, c := range commands {
+		if !strings.Contains(stdout, "\n  "+c.name+" ") {
+			t.Errorf("--help does not list %q:\n%s", c.name, stdout)
 		}
+		tested := c.name == "help" || c.name == "version" ||
+			slices.ContainsFunc(subcommands, func(sub []string) bool { return sub[0] == c.name })
+		if !tested {
+			t.Errorf("command %q has no help test: add it to subcommands", c.name)
+		}
+	}
+	for _, c := range []string{"node", "keys", "usage"} {
+		code, stdout, stderr := runCmd(t, "help", c)
+		if code != 0 || stderr != "" || !strings.Contains(stdout, "Usage: meshinfer "+c) {
+			t.Errorf("help %s: exit code %d\nstdout:\n%s\nstderr:\n%s", c, code, stdout, stderr)
+		}
+	}
+	if code, _, stderr := runCmd(t, "help", "bogus"); code != 2 || !strings.Contains(stderr, `unknown command "bogus"`) {
+		t.Errorf("help bogus: exit code %d, stderr %q", code, stderr)
 	}
 }
 
