@@ -65,7 +65,7 @@ func (n *Node) startWebRTC() error {
 	t, err := webrtc.New(n.dialer, webrtc.Config{
 		Accept:     n.cfg.WebRTCAccept,
 		ICEServers: servers, ConnectTimeout: n.cfg.WebRTCConnectTimeout,
-		SettingEngine: n.cfg.WebRTCSettingEngine, Now: n.cfg.Now,
+		SettingEngine: n.cfg.WebRTCSettingEngine, Now: n.cfg.Now, Observer: n.rep,
 	})
 	if err != nil {
 		return fmt.Errorf("webrtc: %w", err)

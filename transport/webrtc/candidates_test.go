@@ -111,7 +111,10 @@ func TestSanitizeSDP(t *testing.T) {
 func TestOfferWithEmbeddedCandidatesOverTheCap(t *testing.T) {
 	ha, hb := newHost(t), newHost(t)
 	connect(t, ha, hb)
-	b := newTransport(t, hb, accepting())
+	var seen observed
+	cfg := accepting()
+	cfg.Observer = &seen
+	b := newTransport(t, hb, cfg)
 	offer := testOffer(t)
 	fit := 0 // how many candidate lines fit in MaxSDP
 	for len(withCandidates(offer, candidateLines(fit+1)...)) <= MaxSDP {
@@ -132,8 +135,14 @@ func TestOfferWithEmbeddedCandidatesOverTheCap(t *testing.T) {
 			if err := frame.Write(st, encodeSignal(sigOffer, sdp)); err != nil {
 				t.Fatal(err)
 			}
+			before := len(seen.events())
 			if body, err := frame.NewReader(st, maxSignalFrame).Next(); err == nil || errors.Is(err, io.EOF) || isTimeout(err) {
 				t.Fatalf("read %q, %v; want the stream reset before any answer", body, err)
+			}
+			// The offering peer's violation is in its score.
+			waitFor(t, "the violation recorded", func() bool { return len(seen.events()) > before })
+			if got := seen.events()[before]; !strings.HasPrefix(got, ha.ID().String()+" ") {
+				t.Fatalf("recorded %q, want a violation of the offering peer %s", got, ha.ID())
 			}
 			client, server := relayPipe(t, ha, hb)
 			client.SetDeadline(time.Now().Add(10 * time.Second))

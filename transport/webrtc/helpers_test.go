@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"io"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,6 +13,8 @@ import (
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"go.uber.org/goleak"
+
+	"github.com/meshinfer/meshinfer/reputation"
 )
 
 // TestMain checks that no goroutine outlives the tests. It needs no ignores for pion:
@@ -124,4 +128,22 @@ func roundTrip(t testing.TB, s Stream, data []byte) []byte {
 		t.Fatalf("write: %v", err)
 	}
 	return got
+}
+
+// observed is an Observer that keeps what it is told, as "peer event".
+type observed struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (o *observed) Observe(p string, e reputation.Event, _ time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.got = append(o.got, p+" "+e.String())
+}
+
+func (o *observed) events() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.got)
 }

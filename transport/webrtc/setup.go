@@ -44,6 +44,7 @@ func (t *Transport) dial(ctx context.Context, p peer.ID) (*peerConn, *stream, er
 	}
 	s, err := t.offer(sctx, c, st, false)
 	if err != nil {
+		t.violated(p, err)
 		c.close(err)
 		return nil, nil, t.setupErr(ctx, deadline, what, err)
 	}
@@ -121,6 +122,7 @@ func (t *Transport) handleSignal(st network.Stream) {
 	offer, err := readOffer(r)
 	if err != nil {
 		log.Debugw("bad webrtc offer", "peer", from, "err", fmt.Errorf("%w: %w", ErrSignaling, err))
+		t.violated(from, err)
 		st.Reset()
 		return
 	}
@@ -131,6 +133,7 @@ func (t *Transport) handleSignal(st network.Stream) {
 		return
 	}
 	if err := t.answer(ctx, c, st, r, offer, false); err != nil {
+		t.violated(from, err)
 		c.close(err)
 		if t.ctx.Err() == nil {
 			t.setupFailures.Add(1)

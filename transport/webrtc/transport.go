@@ -12,6 +12,9 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/pion/ice/v4"
 	"github.com/pion/webrtc/v4"
+
+	"github.com/meshinfer/meshinfer/internal/frame"
+	"github.com/meshinfer/meshinfer/reputation"
 )
 
 // Defaults of Config.
@@ -112,6 +115,29 @@ type Config struct {
 	SettingEngine *webrtc.SettingEngine
 	// Now is the clock of idle accounting (time.Now).
 	Now func() time.Time
+	// Observer, when set, records a peer whose signaling breaks the protocol (a malformed
+	// or oversized message, too many candidates) in its score.
+	Observer Observer
+}
+
+// Observer records a peer's protocol violations in its score; reputation.Store is one.
+type Observer interface {
+	Observe(peer string, e reputation.Event, now time.Time)
+}
+
+// violated records err against p when it is the peer's protocol violation: a signaling
+// message that does not parse or breaks its bounds. Network failures and timeouts say
+// nothing about integrity and are not recorded.
+func (t *Transport) violated(p peer.ID, err error) {
+	if t.cfg.Observer == nil || p == "" {
+		return
+	}
+	switch {
+	case errors.Is(err, frame.ErrTooLarge), errors.Is(err, frame.ErrMalformed):
+		t.cfg.Observer.Observe(p.String(), reputation.MalformedFrame, t.cfg.Now())
+	case errors.Is(err, errSignalMessage):
+		t.cfg.Observer.Observe(p.String(), reputation.ProtocolViolation, t.cfg.Now())
+	}
 }
 
 func (c *Config) validate() error {
