@@ -1,0 +1,61 @@
+package inference
+
+import "context"
+
+// Sharded inference: a model too big for one node runs as a pipeline of stages, each
+// holding a contiguous range of the model's layers. The node that took the request (the
+// head) turns the prompt into hidden states, sends them through the stages in order, and
+// samples each next token from what comes back; the stages compute only their layers.
+//
+// This file is the contract between the pieces: a backend that can hold a layer range
+// (StageBackend), the shape of a model as routing and placement need it (ModelShape), and
+// the head's side of a generation (Head). The wire protocol that carries hidden states
+// between nodes is transport/stage; the placement plan is mesh/route.
+
+// ModelShape is what placing a model needs to know of it. Sizes are in bytes as loaded.
+type ModelShape struct {
+	// Layers is the number of transformer layers (blocks), numbered 0..Layers-1.
+	Layers int `json:"layers"`
+	// Width is the hidden state's size per position (d_model): a stage's input and output
+	// for n positions are n × Width float32 values.
+	Width int `json:"width"`
+	// Params is the parameter count of the whole model.
+	Params int64 `json:"params"`
+	// WeightBytes is the memory of the whole model's weights once loaded.
+	WeightBytes int64 `json:"weight_bytes"`
+	// LayerBytes is the memory of one layer's weights (every layer is the same size).
+	LayerBytes int64 `json:"layer_bytes"`
+	// HeadBytes is the memory the head needs: embeddings, final norm, output projection.
+	HeadBytes int64 `json:"head_bytes"`
+	// KVBytesPerToken is the KV cache of one position across all layers; a stage holding k
+	// of Layers layers needs k/Layers of it.
+	KVBytesPerToken int64 `json:"kv_bytes_per_token"`
+	// Context is the context window in positions.
+	Context int `json:"context"`
+}
+
+// StageBackend runs layer ranges of the models it knows, for pipeline stages.
+type StageBackend interface {
+	// Shape returns model's shape, or a model_not_found *Error.
+	Shape(model string) (ModelShape, error)
+	// OpenStage reserves a session of model's layers [lo, hi) (0 <= lo < hi <= Layers) for
+	// up to maxPositions positions, loading those layers (and only those) if they are not
+	// yet. It fails with an *Error: model_not_found, invalid_request for a bad range, or
+	// overloaded when it cannot hold the session.
+	OpenStage(ctx context.Context, model string, lo, hi, maxPositions int) (StageSession, error)
+}
+
+// StageSession is one generation's part on one stage: its layers' KV cache.
+type StageSession interface {
+	// Forward runs n positions of hidden states through the session's layers, appending
+	// them to its KV cache after the positions already run, and returns the n output
+	// hidden states. hidden and the result are n × Width float32, row-major. Past
+	// maxPositions it fails with context_overflow.
+	Forward(ctx context.Context, hidden []float32, n int) ([]float32, error)
+	// Close frees the session's KV cache. It is idempotent.
+	Close() error
+}
+
+// Layers is the function a Head calls to run every layer on n positions of hidden states,
+// in order, through whatever stages hold them; it returns the last layer's output.
+type Layers func(ctx context.Context, hidden []float32, n int) ([]float32, error)
