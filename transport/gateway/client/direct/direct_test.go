@@ -264,9 +264,12 @@ func TestDirectHangUpIsMetered(t *testing.T) {
 		gateway.ReadEvents(filepath.Join(m.dir, gateway.UsageFile), func(e gateway.MeterEvent) { events = append(events, e) })
 		return len(events) > 0
 	})
+	// The peer counts a token once the channel's Write returned; the write that carried the
+	// last token may still have been returning when the hang-up reached the peer, so the
+	// bill is what was delivered or one token less, never more.
 	e := events[0]
-	if len(events) != 1 || e.TokensOut != received || e.TokensIn != prompt || e.Outcome != "client_disconnected" || e.Receipt != "" {
-		t.Fatalf("meter events %+v: want one client_disconnected with %d tokens in and %d out", events, prompt, received)
+	if len(events) != 1 || e.TokensOut > received || e.TokensOut < received-1 || e.TokensIn != prompt || e.Outcome != "client_disconnected" || e.Receipt != "" {
+		t.Fatalf("meter events %+v: want one client_disconnected with %d tokens in and %d (or %d) out", events, prompt, received, received-1)
 	}
 	// The serving peer's log: the task, with the tokens it sent.
 	var served []receipts.Receipt
@@ -282,7 +285,7 @@ func TestDirectHangUpIsMetered(t *testing.T) {
 		}
 		return len(served) > 0
 	})
-	if r := served[0]; len(served) != 1 || r.TokensOut != received || r.Outcome != "client_disconnected" || r.Requester != m.coord.ID().String() {
+	if r := served[0]; len(served) != 1 || r.TokensOut != e.TokensOut || r.Outcome != "client_disconnected" || r.Requester != m.coord.ID().String() {
 		t.Fatalf("serving peer's receipts %+v: want one client_disconnected for the coordinator with %d tokens out", served, received)
 	}
 }
