@@ -42,6 +42,7 @@ type validator struct {
 	admit func(author, via peer.ID) bool
 
 	accepted, rejected, ignored atomic.Uint64
+	old                         oldShapeLog // warns about peers still on the caps/1 shape
 
 	mu   sync.Mutex
 	high map[peer.ID]mark
@@ -84,6 +85,9 @@ func (v *validator) check(msg *pubsub.Message) pubsub.ValidationResult {
 			return pubsub.ValidationIgnore
 		}
 		log.Debugw("announcement rejected", "peer", msg.ReceivedFrom, "err", err)
+		if errors.Is(err, caps.ErrOldShape) {
+			v.old.note(msg.GetFrom(), msg.ReceivedFrom, err, now)
+		}
 		return pubsub.ValidationReject
 	}
 	author := msg.GetFrom()
