@@ -508,12 +508,14 @@ func (n *Node) APIAddr() string {
 	return n.api.Addr()
 }
 
-// vectorSource fills the unsigned parts of the vector: hardware from the probe, models and
-// load from the backend and the peer inference server.
+// vectorSource fills the unsigned parts of the vector: hardware from the probe (a foreground
+// desktop), the battery floor from the participation policy, models and load from the
+// backend and the peer inference server.
 type vectorSource struct{ n *Node }
 
 func (s vectorSource) Vector(now time.Time) caps.Vector {
-	hw := s.n.probe.Probe(now)
+	v := s.n.probe.Probe(now).Vector()
+	v.Battery.Floor = s.n.part.batteryFloor()
 	models := []caps.Model{}
 	load := caps.Load{Accepting: s.n.backend != nil && s.n.part.accepting()}
 	if s.n.backend != nil {
@@ -532,17 +534,6 @@ func (s vectorSource) Vector(now time.Time) caps.Vector {
 		st := s.n.infer.Stats()
 		load.InFlight, load.Capacity = int(st.InFlight), st.Capacity
 	}
-	return caps.Vector{
-		Runtime:  caps.RuntimeDesktop,
-		CPU:      hw.CPU,
-		GPU:      hw.GPU,
-		NPU:      hw.NPU,
-		RAM:      hw.RAM,
-		Battery:  hw.Battery,
-		Thermal:  hw.Thermal,
-		AppState: caps.AppStateActive,
-		Net:      caps.Net{Metered: hw.Metered},
-		Models:   models,
-		Load:     load,
-	}
+	v.Models, v.Load = models, load
+	return v
 }

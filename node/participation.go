@@ -103,13 +103,12 @@ func (g *partGate) refreshConsent() {
 // contributing is the consent to serve peers, as of now.
 func (g *partGate) contributingLocked() bool { return g.haveConsent && g.consent.Contribute }
 
-// observe applies the conditions of one heartbeat; it re-announces when the node starts or
-// stops accepting.
+// observe applies the conditions of one heartbeat, read from the vector the hardware gives
+// (as a phone's or browser's would be); it re-announces when the node starts or stops
+// accepting.
 func (g *partGate) observe(hw probe.Hardware, now time.Time) participation.State {
-	c := participation.Conditions{
-		BatteryPresent: hw.Battery.Present, BatteryLevel: hw.Battery.Level, Charging: hw.Battery.Charging,
-		Thermal: hw.Thermal, Metered: hw.Metered, SensorsOK: hw.SensorsOK,
-	}
+	v := hw.Vector()
+	c := participation.ConditionsOf(&v, hw.SensorsOK)
 	g.refreshConsent()
 	g.mu.Lock()
 	was := g.state.Accepting
@@ -127,6 +126,14 @@ func (g *partGate) observe(hw probe.Hardware, now time.Time) participation.State
 
 func (g *partGate) effectiveLocked() participation.Policy {
 	return participation.Effective(g.deployer, g.consent, g.haveConsent)
+}
+
+// batteryFloor is the effective battery floor as a fraction, announced in battery.floor.
+func (g *partGate) batteryFloor() float64 {
+	g.refreshConsent()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return float64(g.effectiveLocked().BatteryMinLevel) / 100
 }
 
 // accepting reports whether the node takes work from peers (its announcement's flag).

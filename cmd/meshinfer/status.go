@@ -175,6 +175,7 @@ var reasonWords = map[string]string{
 	"battery_low":    "battery below the floor",
 	"not_charging":   "not charging",
 	"thermal":        "running hot",
+	"app_background": "app in the background",
 	"metered":        "on a metered network",
 	"rate_limited":   "at its tasks-per-minute limit",
 	"no_consent":     "no consent to contribute",
@@ -218,11 +219,14 @@ func describe(c *caps.Vector) string {
 		fmt.Sprintf("%d× %s", c.CPU.Cores, c.CPU.Arch),
 		fmt.Sprintf("%.1f/%.1f GiB free", float64(c.RAM.FreeMB)/1024, float64(c.RAM.TotalMB)/1024),
 	}
-	for _, g := range c.GPU {
-		parts = append(parts, fmt.Sprintf("gpu %s %s", g.Vendor, g.Model))
+	if c.GPU != nil {
+		parts = append(parts, fmt.Sprintf("gpu %s %s", c.GPU.Vendor, c.GPU.Model))
+	}
+	if n := len(c.GPUs); n > 1 {
+		parts = append(parts, fmt.Sprintf("%d gpus", n))
 	}
 	if c.Battery.Present {
-		b := fmt.Sprintf("battery %d%%", c.Battery.Level)
+		b := fmt.Sprintf("battery %.0f%%", c.Battery.Level*100)
 		if c.Battery.Charging {
 			b += " charging"
 		}

@@ -39,8 +39,8 @@ func baseVector() caps.Vector {
 		CPU:      caps.CPU{Cores: 8, Arch: "amd64"},
 		RAM:      caps.RAM{TotalMB: 16384, FreeMB: 8192},
 		Thermal:  caps.ThermalNominal,
-		AppState: caps.AppStateActive,
-		Net:      caps.Net{Effective: caps.Effective4G},
+		AppState: caps.AppStateForeground,
+		Net:      caps.Net{Type: caps.NetEthernet},
 		Models:   []caps.Model{},
 		Load:     caps.Load{Accepting: true},
 	}
@@ -192,7 +192,7 @@ func TestValidatorRejectsForgeriesWithoutStateChange(t *testing.T) {
 		want string
 	}{"out of bounds", func() []byte {
 		v := baseVector()
-		v.GPU = []caps.GPU{{Vendor: "nvidia", VRAMMB: 10 << 30}}
+		v.GPU = &caps.GPU{Vendor: "nvidia", VRAMMB: 10 << 30}
 		v.Seq, v.IssuedAt, v.Expires = 10, now.UnixMilli(), now.Add(time.Minute).UnixMilli()
 		if err := caps.Sign(r.attKey, &v); err != nil {
 			t.Fatal(err)

@@ -57,8 +57,8 @@ const (
 const subscriptionBuffer = 256
 
 // Source supplies the unsigned parts of this node's vector: hardware, models, load and what
-// it knows of its network (metered, downlink). The Announcer fills peer_id, net.rtt_ms,
-// net.effective, seq, issued_at, expires_at and sig.
+// it knows of its network (type, metered, downlink). The Announcer fills peer_id, net.rtt_ms,
+// seq, issued_at, expires_at and sig.
 type Source interface {
 	Vector(now time.Time) caps.Vector
 }
@@ -320,7 +320,6 @@ func (a *Announcer) publish(ctx context.Context) error {
 	now := a.params.Now()
 	v := a.src.Vector(now)
 	v.Net.RTTMS = math.Float64frombits(a.rttMS.Load())
-	v.Net.Effective = caps.EffectiveType(v.Net.RTTMS, v.Net.DownlinkMbps)
 	v.IssuedAt = now.UnixMilli()
 	v.Expires = now.Add(ttlHeartbeats * a.params.Heartbeat).UnixMilli()
 	a.mu.Lock()

@@ -1,8 +1,17 @@
 // Package announce publishes this node's signed capability vector on the mesh's GossipSub
 // topic and turns the vectors of other nodes into registry entries.
 //
-// Topic: /meshinfer/<mesh>/caps/1 (see Topic); sync protocol: /meshinfer/<mesh>/caps-sync/1.0.0. Each message is one caps.Vector in its wire
-// form, signed with the node's ed25519 identity.
+// Topic: /meshinfer/<mesh>/caps/2 (see Topic); sync protocol: /meshinfer/<mesh>/caps-sync/2.0.0.
+// Each message is an ordinary signed GossipSub message whose data is one caps.Vector in its
+// wire form (JSON), signed with the node's ed25519 identity: any GossipSub implementation
+// (js-libp2p included) can join the topic and read the vectors.
+//
+// The version is the vector's shape: caps/2 is the design's (runtime, gpu object, battery
+// fractions, net.type, app_state foreground/background-task/background). Nodes of caps/1 are
+// on another topic and do not see these vectors, nor these nodes theirs. A vector in the
+// caps/1 shape that does reach this topic is rejected like any malformed one, and the validator
+// logs a warning naming its author, at most once per peer every oldShapeLogEvery, saying that
+// the peer must upgrade.
 //
 // When this node publishes:
 //   - at start, and again when a peer joins the topic while none of this node's
@@ -15,7 +24,8 @@
 //
 // What the topic validator does with an incoming message (in this order):
 //
-//	> MaxEncodedSize bytes, malformed JSON, out-of-bound values   Reject
+//	> MaxEncodedSize bytes, malformed JSON, out-of-bound values,  Reject
+//	the caps/1 shape (also logged, see above)
 //	bad, missing or foreign-key signature                          Reject
 //	signed author of the pubsub message ≠ vector's peer_id         Reject (A announcing B)
 //	expired, or issued more than 5 min ahead (clock_skew)          Ignore (may be a slow relay)
@@ -52,4 +62,4 @@
 package announce
 
 // Topic returns the GossipSub topic for capability vectors of the named mesh.
-func Topic(mesh string) string { return "/meshinfer/" + mesh + "/caps/1" }
+func Topic(mesh string) string { return "/meshinfer/" + mesh + "/caps/2" }

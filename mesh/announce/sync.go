@@ -41,7 +41,7 @@ import (
 // frame or more than syncMaxBytes has its stream reset and the rest of its answer discarded;
 // once its budget is spent, the client stops reading.
 func SyncProtocol(mesh string) protocol.ID {
-	return protocol.ID("/meshinfer/" + mesh + "/caps-sync/1.0.0")
+	return protocol.ID("/meshinfer/" + mesh + "/caps-sync/2.0.0")
 }
 
 const (

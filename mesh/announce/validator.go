@@ -46,6 +46,7 @@ type validator struct {
 	observe func(p peer.ID, e reputation.Event)
 
 	accepted, rejected, ignored atomic.Uint64
+	old                         oldShapeLog // warns about peers still on the caps/1 shape
 
 	mu   sync.Mutex
 	high map[peer.ID]mark
@@ -89,6 +90,11 @@ func (v *validator) check(msg *pubsub.Message) pubsub.ValidationResult {
 	case errors.Is(err, caps.ErrExpired) || errors.Is(err, caps.ErrClockSkew):
 		log.Debugw("announcement ignored", "peer", msg.ReceivedFrom, "err", err)
 		return pubsub.ValidationIgnore
+	case errors.Is(err, caps.ErrOldShape):
+		// An older version, not misbehaviour: refused with a warning, no penalty.
+		log.Debugw("announcement rejected", "peer", msg.ReceivedFrom, "err", err)
+		v.old.note(author, msg.ReceivedFrom, err, now)
+		return pubsub.ValidationReject
 	case errors.Is(err, caps.ErrBadSignature):
 		return v.reject(msg, author, reputation.ForgedAnnouncement, err)
 	case err != nil:

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -18,7 +19,7 @@ const (
 	MaxCores = 4096
 	// MaxRAMMB is the most RAM a node may claim, in MiB (64 TiB).
 	MaxRAMMB = 64 << 20
-	// MaxGPUs is the most accelerators one node may list.
+	// MaxGPUs is the most accelerators one node may list in gpus.
 	MaxGPUs = 16
 	// MaxVRAMMB is the most memory one accelerator may claim, in MiB (1 TiB).
 	MaxVRAMMB = 1 << 20
@@ -26,7 +27,7 @@ const (
 	MaxModels = 64
 	// MaxISA is the most ISA extensions listed.
 	MaxISA = 64
-	// MaxString is the longest free-text field (model names, CPU model), in bytes.
+	// MaxString is the longest free-text field (model names, CPU model, vendors), in bytes.
 	MaxString = 128
 	// MaxRTTMS caps the announced RTT, in milliseconds (a minute means "unreachable").
 	MaxRTTMS = 60_000
@@ -54,7 +55,9 @@ func (v *Vector) Validate() error {
 	if v.PeerID == "" {
 		return bad("peer_id missing")
 	}
-	if v.Runtime != RuntimeDesktop {
+	switch v.Runtime {
+	case RuntimeBrowser, RuntimeDesktop, RuntimeIOS, RuntimeAndroid:
+	default:
 		return bad("runtime %q unknown", v.Runtime)
 	}
 	if v.CPU.Cores < 1 || v.CPU.Cores > MaxCores {
@@ -63,33 +66,42 @@ func (v *Vector) Validate() error {
 	if !shortText(v.CPU.Arch) || v.CPU.Arch == "" || !shortText(v.CPU.Model) {
 		return bad("cpu arch or model malformed")
 	}
-	if len(v.CPU.ISA) > MaxISA {
-		return bad("cpu.isa has %d entries, max %d", len(v.CPU.ISA), MaxISA)
+	if len(v.CPU.ISAExt) > MaxISA {
+		return bad("cpu.isa_ext has %d entries, max %d", len(v.CPU.ISAExt), MaxISA)
 	}
-	for _, s := range v.CPU.ISA {
+	for _, s := range v.CPU.ISAExt {
 		if s == "" || !shortText(s) {
-			return bad("cpu.isa entry malformed")
+			return bad("cpu.isa_ext entry malformed")
 		}
 	}
-	if len(v.GPU) > MaxGPUs {
-		return bad("gpu has %d entries, max %d", len(v.GPU), MaxGPUs)
-	}
-	for _, g := range v.GPU {
-		if g.Vendor == "" || !shortText(g.Vendor) || !shortText(g.Model) {
-			return bad("gpu vendor or model malformed")
-		}
-		if g.VRAMMB < 0 || g.VRAMMB > MaxVRAMMB {
-			return bad("gpu.vram_mb %d not in [0, %d]", g.VRAMMB, MaxVRAMMB)
+	if v.GPU != nil {
+		if err := v.GPU.validate(); err != "" {
+			return bad("gpu.%s", err)
 		}
 	}
-	if !shortText(v.NPU.Model) {
-		return bad("npu.model malformed")
+	if len(v.GPUs) > MaxGPUs {
+		return bad("gpus has %d entries, max %d", len(v.GPUs), MaxGPUs)
+	}
+	for _, g := range v.GPUs {
+		if err := g.validate(); err != "" {
+			return bad("gpus[].%s", err)
+		}
+	}
+	if len(v.GPUs) > 0 && (v.GPU == nil || !slices.Contains(v.GPUs, *v.GPU)) {
+		return bad("gpu is not one of gpus")
+	}
+	if !shortText(v.NPU.Vendor) || !v.NPU.Present && v.NPU.Vendor != "" {
+		return bad("npu.vendor %q malformed or without an npu", v.NPU.Vendor)
 	}
 	if v.RAM.TotalMB < 1 || v.RAM.TotalMB > MaxRAMMB || v.RAM.FreeMB < 0 || v.RAM.FreeMB > v.RAM.TotalMB {
 		return bad("ram total %d free %d inconsistent", v.RAM.TotalMB, v.RAM.FreeMB)
 	}
-	if v.Battery.Level < 0 || v.Battery.Level > 100 || (!v.Battery.Present && (v.Battery.Level != 0 || v.Battery.Charging)) {
-		return bad("battery level %d present %v inconsistent", v.Battery.Level, v.Battery.Present)
+	b := v.Battery
+	if !finiteIn(b.Level, 0, 1) || !finiteIn(b.Floor, 0, 1) {
+		return bad("battery level %v floor %v not fractions in [0, 1]", b.Level, b.Floor)
+	}
+	if !b.Present && (b.Level != 0 || b.Charging) {
+		return bad("battery level %v charging %v without a battery", b.Level, b.Charging)
 	}
 	switch v.Thermal {
 	case ThermalNominal, ThermalFair, ThermalSerious, ThermalCritical:
@@ -97,17 +109,20 @@ func (v *Vector) Validate() error {
 		return bad("thermal %q unknown", v.Thermal)
 	}
 	switch v.AppState {
-	case AppStateActive, AppStateIdle:
+	case AppStateForeground, AppStateBackgroundTask, AppStateBackground:
 	default:
 		return bad("app_state %q unknown", v.AppState)
 	}
+	if v.Runtime == RuntimeDesktop && v.AppState != AppStateForeground {
+		return bad("app_state %q on a desktop, which is always %q", v.AppState, AppStateForeground)
+	}
+	switch v.Net.Type {
+	case NetBluetooth, NetCellular, NetEthernet, NetMixed, NetNone, NetOther, NetUnknown, NetWiFi, NetWiMAX:
+	default:
+		return bad("net.type %q unknown", v.Net.Type)
+	}
 	if !finiteIn(v.Net.RTTMS, 0, MaxRTTMS) || !finiteIn(v.Net.DownlinkMbps, 0, MaxDownlinkMbps) {
 		return bad("net rtt_ms %v downlink_mbps %v out of range", v.Net.RTTMS, v.Net.DownlinkMbps)
-	}
-	switch v.Net.Effective {
-	case EffectiveSlow2G, Effective2G, Effective3G, Effective4G:
-	default:
-		return bad("net.effective %q unknown", v.Net.Effective)
 	}
 	if len(v.Models) > MaxModels {
 		return bad("models has %d entries, max %d", len(v.Models), MaxModels)
@@ -136,12 +151,16 @@ func (v *Vector) Validate() error {
 	return nil
 }
 
-// App states: whether the owner is using the machine. Desktops report active unless the
-// participation policy knows better.
-const (
-	AppStateActive = "active"
-	AppStateIdle   = "idle"
-)
+// validate checks one GPU entry and says what is wrong, or "".
+func (g *GPU) validate() string {
+	if g.Vendor == "" || !shortText(g.Vendor) || !shortText(g.Model) {
+		return "vendor or model malformed"
+	}
+	if g.VRAMMB < 0 || g.VRAMMB > MaxVRAMMB {
+		return fmt.Sprintf("vram_mb %d not in [0, %d]", g.VRAMMB, MaxVRAMMB)
+	}
+	return ""
+}
 
 // Model states.
 const (

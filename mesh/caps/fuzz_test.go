@@ -21,6 +21,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte(strings.Repeat("[", 10_000)))
 	f.Add(pad(valid, MaxEncodedSize))
 	f.Add(bytes.ToUpper(valid))
+	f.Add([]byte(caps1Wire))
+	f.Add(marshal(f, signedVector(f, seededKey(f, 7), func(v *Vector) { *v = *mobileVector(testNow()) })))
 	for _, fg := range forgeries(f, newForgeryKeys(f, false)) {
 		if len(fg.data) <= MaxEncodedSize+1 {
 			f.Add(fg.data)
@@ -80,12 +82,15 @@ func FuzzDecode(f *testing.F) {
 	})
 }
 
-// normalized returns a shallow copy of v with an empty ISA list set to nil: isa is
-// omitempty, so [] and an absent list encode (and are signed) identically.
+// normalized returns a shallow copy of v with empty isa_ext and gpus lists set to nil: both
+// are omitempty, so [] and an absent list encode (and are signed) identically.
 func normalized(v *Vector) *Vector {
 	n := *v
-	if len(n.CPU.ISA) == 0 {
-		n.CPU.ISA = nil
+	if len(n.CPU.ISAExt) == 0 {
+		n.CPU.ISAExt = nil
+	}
+	if len(n.GPUs) == 0 {
+		n.GPUs = nil
 	}
 	return &n
 }
@@ -98,10 +103,10 @@ func fuzzBases(tb testing.TB) []*Vector {
 		signedVector(tb, key, nil),
 		signedVector(tb, key, func(v *Vector) {
 			v.CPU = CPU{Cores: 1, Arch: "arm64"}
-			v.GPU, v.Models = nil, []Model{}
+			v.GPU, v.GPUs, v.Models = nil, nil, []Model{}
 			v.NPU = NPU{}
 			v.Battery = Battery{}
-			v.Net = Net{Effective: Effective3G, Metered: true}
+			v.Net = Net{Type: NetUnknown, Metered: true}
 			v.Load = Load{}
 			v.Seq = 18446744073709551615
 		}),
@@ -110,6 +115,7 @@ func fuzzBases(tb testing.TB) []*Vector {
 			v.CPU.Model = "Apple M3 Max — 16 cœurs"
 			v.Net.RTTMS = 0.000123
 		}),
+		signedVector(tb, key, func(v *Vector) { *v = *mobileVector(testNow()) }),
 	}
 }
 
@@ -149,6 +155,8 @@ func FuzzVerifySignature(f *testing.F) {
 		f.Add(b, at(`"runtime":"`, 11), byte(0x80), uint16(0), byte(0))     // invalid UTF-8
 		f.Add(b, at(`,"runtime"`, 0), byte(','^' '), uint16(0), byte(0))    // comma to space
 		f.Add(b, at(`"accepting":`, 13), byte('t'^'f'), uint16(0), byte(0)) // true to fue
+		f.Add(b, at(`"level":0.`, 9), byte('4'^'5'), uint16(0), byte(0))    // battery level digit
+		f.Add(b, at(`"gpu":{`, 6), byte('{'^'['), uint16(0), byte(0))       // gpu object to list
 	}
 	now := testNow()
 	f.Fuzz(func(t *testing.T, which uint8, off1 uint16, x1 byte, off2 uint16, x2 byte) {

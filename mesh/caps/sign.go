@@ -15,8 +15,9 @@ import (
 )
 
 // Domain separates capability signatures from every other use of a node's identity key: a
-// signature made for another purpose (a libp2p record, a receipt) never verifies as a vector.
-const Domain = "meshinfer/capability-vector/v1\n"
+// signature made for another purpose (a libp2p record, a receipt, a caps/1 vector) never
+// verifies as a vector.
+const Domain = "meshinfer/capability-vector/v2\n"
 
 // sigPrefix names the signature scheme inside the sig field.
 const sigPrefix = "ed25519:"
@@ -29,6 +30,9 @@ var (
 	ErrBadSignature = errors.New("capability signature invalid")
 	ErrExpired      = errors.New("capability vector expired")
 	ErrClockSkew    = errors.New("capability vector issued in the future (clock_skew)")
+	// ErrOldShape comes with ErrMalformed or ErrOutOfBounds when the refused vector has the
+	// shape of caps/1 (see oldShapeMarks): its sender runs an older meshinfer.
+	ErrOldShape = errors.New("capability vector in the old caps/1 shape")
 )
 
 // Canonical returns the bytes a signature covers: Domain followed by the JSON encoding of v
@@ -79,7 +83,8 @@ func Encode(v *Vector) ([]byte, error) {
 }
 
 // Decode parses a wire vector strictly: at most MaxEncodedSize bytes, one JSON object, no
-// unknown fields, values within bounds. It does not check the signature.
+// unknown fields, values within bounds. It does not check the signature. A refused vector in
+// the caps/1 shape gets an error that also wraps ErrOldShape and names what gave it away.
 func Decode(data []byte) (*Vector, error) {
 	if len(data) > MaxEncodedSize {
 		return nil, fmt.Errorf("%w: %d bytes, max %d", ErrTooLarge, len(data), MaxEncodedSize)
@@ -88,13 +93,13 @@ func Decode(data []byte) (*Vector, error) {
 	dec.DisallowUnknownFields()
 	var v Vector
 	if err := dec.Decode(&v); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
+		return nil, oldShape(data, fmt.Errorf("%w: %w", ErrMalformed, err))
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%w: trailing data after the object", ErrMalformed)
 	}
 	if err := v.Validate(); err != nil {
-		return nil, err
+		return nil, oldShape(data, err)
 	}
 	// The wire form may be more compact than our encoding of it (encoding/json escapes <, >,
 	// & and U+2028 as six bytes each), and everything accepted must be re-encodable: a

@@ -61,23 +61,30 @@ var fieldChanges = []struct {
 	{"load: in_flight", func(v *Vector) { v.Load.InFlight = 0 }},
 	{"load: queue", func(v *Vector) { v.Load.Queue = 7 }},
 	{"load: accepting", func(v *Vector) { v.Load.Accepting = false }},
-	{"battery: level", func(v *Vector) { v.Battery.Level = 100 }},
+	{"battery: level", func(v *Vector) { v.Battery.Level = 1 }},
 	{"battery: charging", func(v *Vector) { v.Battery.Charging = false }},
+	{"battery: floor", func(v *Vector) { v.Battery.Floor = 0.05 }},
 	{"seq", func(v *Vector) { v.Seq = 2 }},
 	{"expires_at extended", func(v *Vector) { v.Expires += 60_000 }},
 	{"issued_at", func(v *Vector) { v.IssuedAt-- }},
 	{"thermal", func(v *Vector) { v.Thermal = ThermalSerious }},
-	{"gpu: vram", func(v *Vector) { v.GPU[0].VRAMMB = 81_920 }},
-	{"gpu: vendor", func(v *Vector) { v.GPU[0].Vendor = "amd" }},
-	{"gpu: stale", func(v *Vector) { v.GPU[0].Stale = true }},
-	{"gpu: second added", func(v *Vector) { v.GPU = append(v.GPU, v.GPU[0]) }},
+	{"gpu: vram", func(v *Vector) { editGPU(v, func(g *GPU) { g.VRAMMB = 81_920 }) }},
+	{"gpu: vendor", func(v *Vector) { editGPU(v, func(g *GPU) { g.Vendor = "amd" }) }},
+	{"gpu: stale", func(v *Vector) { editGPU(v, func(g *GPU) { g.Stale = true }) }},
+	{"gpu: webgpu", func(v *Vector) { editGPU(v, func(g *GPU) { g.WebGPU = true }) }},
+	{"gpu: another of gpus", func(v *Vector) { g := v.GPUs[0]; v.GPU = &g }},
+	{"gpus: second copy added", func(v *Vector) { v.GPUs = append(v.GPUs, *v.GPU) }},
+	{"gpus: list dropped", func(v *Vector) { v.GPUs = nil }},
 	{"cpu: cores", func(v *Vector) { v.CPU.Cores = 128 }},
-	{"cpu: isa", func(v *Vector) { v.CPU.ISA = append(v.CPU.ISA, "amx") }},
+	{"cpu: isa_ext", func(v *Vector) { v.CPU.ISAExt = append(v.CPU.ISAExt, "amx") }},
 	{"npu: present", func(v *Vector) { v.NPU = NPU{} }},
+	{"npu: vendor", func(v *Vector) { v.NPU.Vendor = "intel" }},
 	{"ram: free", func(v *Vector) { v.RAM.FreeMB = v.RAM.TotalMB }},
+	{"net: type", func(v *Vector) { v.Net.Type = NetEthernet }},
 	{"net: rtt", func(v *Vector) { v.Net.RTTMS = 1 }},
 	{"net: metered", func(v *Vector) { v.Net.Metered = true }},
-	{"app_state", func(v *Vector) { v.AppState = AppStateIdle }},
+	{"runtime", func(v *Vector) { v.Runtime = RuntimeBrowser }},
+	{"runtime and app_state", func(v *Vector) { v.Runtime, v.AppState = RuntimeAndroid, AppStateBackground }},
 }
 
 // forgeries builds the forgery matrix. Every case but the named ones starts from a vector
@@ -104,8 +111,9 @@ func forgeries(tb testing.TB, k forgeryKeys) []forgery {
 
 	// A valid signature made under another domain tag.
 	for _, d := range []string{
-		"meshinfer/capability-vector/v2\n",
-		"meshinfer/capability-vector/v1", // no trailing newline
+		"meshinfer/capability-vector/v1\n", // the caps/1 domain
+		"meshinfer/capability-vector/v3\n",
+		"meshinfer/capability-vector/v2", // no trailing newline
 		"meshinfer/receipt/v1\n",
 		"libp2p-peer-record",
 		"", // no domain at all: the bare JSON
@@ -255,10 +263,10 @@ func forgeries(tb testing.TB, k forgeryKeys) []forgery {
 			[]byte(`"models":null`), million, 1), ErrTooLarge)
 	}
 	add("size: in bounds but over MaxEncodedSize", marshal(tb, signed(func(v *Vector) {
-		v.CPU.ISA = make([]string, MaxISA)
+		v.CPU.ISAExt = make([]string, MaxISA)
 		v.Models = make([]Model, MaxModels)
 		for i := range MaxModels {
-			v.CPU.ISA[i] = fmt.Sprintf("%0128d", i)
+			v.CPU.ISAExt[i] = fmt.Sprintf("%0128d", i)
 			v.Models[i] = Model{Name: fmt.Sprintf("%0128d", i), State: ModelWarm}
 		}
 	})), ErrTooLarge)
@@ -292,7 +300,9 @@ func forgeries(tb testing.TB, k forgeryKeys) []forgery {
 		"cores in exponent form":  strings.Replace(string(valid), `"cores":16`, `"cores":1.6e1`, 1),
 		"rtt 1e400":               strings.Replace(string(valid), `"rtt_ms":23.5`, `"rtt_ms":1e400`, 1),
 		"rtt NaN literal":         strings.Replace(string(valid), `"rtt_ms":23.5`, `"rtt_ms":NaN`, 1),
-		"gpu as object":           strings.Replace(string(valid), `"gpu":[`, `"gpu":{"0":`, 1),
+		"gpu as list":             strings.Replace(string(valid), `"gpu":{`, `"gpu":[{`, 1),
+		"gpus as object":          strings.Replace(string(valid), `"gpus":[`, `"gpus":{"0":`, 1),
+		"battery level as string": strings.Replace(string(valid), `"level":0.87`, `"level":"0.87"`, 1),
 		"10000 [":                 strings.Repeat("[", 10_000),
 		"8000 nested arrays":      strings.Repeat("[", 8000) + strings.Repeat("]", 8000),
 		"nested objects":          strings.Repeat(`{"a":`, 2000) + "1" + strings.Repeat("}", 2000),
@@ -568,11 +578,11 @@ func TestVerifiedVectorCanBeEncoded(t *testing.T) {
 				v.Models[i] = Model{Name: name(i), State: ModelWarm}
 			}
 			// Fill the ISA list as far as the wire form stays within MaxEncodedSize.
-			v.CPU.ISA = nil
-			for len(v.CPU.ISA) < MaxISA {
-				v.CPU.ISA = append(v.CPU.ISA, name(len(v.CPU.ISA)))
+			v.CPU.ISAExt = nil
+			for len(v.CPU.ISAExt) < MaxISA {
+				v.CPU.ISAExt = append(v.CPU.ISAExt, name(len(v.CPU.ISAExt)))
 				if len(wire(v))+200 > MaxEncodedSize { // room for peer_id and sig
-					v.CPU.ISA = v.CPU.ISA[:len(v.CPU.ISA)-1]
+					v.CPU.ISAExt = v.CPU.ISAExt[:len(v.CPU.ISAExt)-1]
 					break
 				}
 			}

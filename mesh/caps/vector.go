@@ -2,18 +2,24 @@ package caps
 
 import "slices"
 
-// Vector is a node's capability vector as announced on the mesh. Field order is part of the
-// signed encoding: append new fields at the end of a struct and bump Domain when changing it.
+// Vector is a node's capability vector as announced on the mesh (topic caps/2). Field order
+// is part of the signed encoding: append new fields at the end of a struct and bump Domain
+// when changing it.
 type Vector struct {
-	PeerID   string  `json:"peer_id"`
-	Runtime  string  `json:"runtime"`
-	CPU      CPU     `json:"cpu"`
-	GPU      []GPU   `json:"gpu"`
+	PeerID  string `json:"peer_id"`
+	Runtime string `json:"runtime"` // RuntimeBrowser, RuntimeDesktop, RuntimeIOS, RuntimeAndroid
+	CPU     CPU    `json:"cpu"`
+	// GPU is the accelerator a model would run on (a native node picks the one with the most
+	// VRAM); nil, encoded null, when the node has none or cannot tell.
+	GPU *GPU `json:"gpu"`
+	// GPUs lists every GPU of the node, GPU among them. Runtimes that see one adapter at most
+	// (browsers, phones) leave it out.
+	GPUs     []GPU   `json:"gpus,omitempty"`
 	NPU      NPU     `json:"npu"`
 	RAM      RAM     `json:"ram"`
 	Battery  Battery `json:"battery"`
-	Thermal  string  `json:"thermal"`
-	AppState string  `json:"app_state"`
+	Thermal  string  `json:"thermal"`   // ThermalNominal, ThermalFair, ThermalSerious, ThermalCritical
+	AppState string  `json:"app_state"` // AppStateForeground, AppStateBackgroundTask, AppStateBackground
 	Net      Net     `json:"net"`
 	Models   []Model `json:"models"`
 	Load     Load    `json:"load"`
@@ -25,24 +31,28 @@ type Vector struct {
 
 // CPU describes the processor.
 type CPU struct {
-	Cores int      `json:"cores"`           // logical cores online
-	Arch  string   `json:"arch"`            // GOARCH-style name: amd64, arm64, ...
-	Model string   `json:"model,omitempty"` // model name as the kernel reports it
-	ISA   []string `json:"isa,omitempty"`   // notable extensions: avx2, avx512f, neon, ...
+	Cores int    `json:"cores"`           // logical cores online
+	Arch  string `json:"arch"`            // GOARCH-style name: amd64, arm64, wasm, ...
+	Model string `json:"model,omitempty"` // model name as the system reports it
+	// ISAExt lists the notable instruction-set extensions: avx2, avx512f, neon, ...
+	ISAExt []string `json:"isa_ext,omitempty"`
 }
 
 // GPU describes one accelerator as the system exposes it.
 type GPU struct {
-	Vendor string `json:"vendor"`            // nvidia, amd, intel, apple, other
-	Model  string `json:"model,omitempty"`   // marketing or PCI name when known
-	VRAMMB int64  `json:"vram_mb,omitempty"` // dedicated memory in MiB; 0 when unknown
-	Stale  bool   `json:"stale,omitempty"`   // data comes from a cache older than its refresh period
+	Vendor string `json:"vendor"`  // nvidia, amd, intel, apple, qualcomm, arm, other
+	Model  string `json:"model"`   // marketing or PCI name; "" when unknown
+	VRAMMB int64  `json:"vram_mb"` // dedicated memory in MiB; 0 when unknown or shared
+	// WebGPU is true when the node's runtime reaches this GPU through WebGPU (a browser, or
+	// an app embedding it); native meshinfer nodes send false.
+	WebGPU bool `json:"webgpu"`
+	Stale  bool `json:"stale,omitempty"` // data comes from a cache older than its refresh period
 }
 
-// NPU tells whether a neural accelerator is present.
+// NPU tells whether a neural accelerator is present, and whose.
 type NPU struct {
 	Present bool   `json:"present"`
-	Model   string `json:"model,omitempty"`
+	Vendor  string `json:"vendor"` // intel, amd, apple, qualcomm, ...; "" when unknown or absent
 }
 
 // RAM is system memory in MiB.
@@ -51,18 +61,21 @@ type RAM struct {
 	FreeMB  int64 `json:"free_mb"` // MemAvailable, not MemFree: what a new task could use
 }
 
-// Battery is the power source state. Level is a percentage, meaningful only when Present.
+// Battery is the power source state. Level and Floor are fractions of a full charge (0-1).
 type Battery struct {
-	Present  bool `json:"present"`
-	Level    int  `json:"level"`
-	Charging bool `json:"charging"`
+	Present  bool    `json:"present"`
+	Level    float64 `json:"level"` // 0 when not Present
+	Charging bool    `json:"charging"`
+	// Floor is the level under which the node stops taking work from the mesh (its
+	// participation policy's battery floor), so peers can tell how long it will serve.
+	Floor float64 `json:"floor"`
 }
 
 // Net is the node's view of its network.
 type Net struct {
+	Type         string  `json:"type"`          // one of the NetType constants
 	RTTMS        float64 `json:"rtt_ms"`        // median libp2p ping RTT to connected peers; 0 when none
 	DownlinkMbps float64 `json:"downlink_mbps"` // estimate; 0 when unknown
-	Effective    string  `json:"effective"`     // slow-2g, 2g, 3g, 4g: the browsers' classification
 	Metered      bool    `json:"metered"`
 }
 
@@ -84,7 +97,30 @@ type Load struct {
 	Accepting bool `json:"accepting"`
 }
 
-// Thermal states, in increasing severity (the names Apple's ProcessInfo uses).
+// Runtimes: what kind of program announces the vector.
+const (
+	RuntimeBrowser = "browser" // a web page (js-libp2p)
+	RuntimeDesktop = "desktop" // a native meshinfer process
+	RuntimeIOS     = "ios"
+	RuntimeAndroid = "android"
+)
+
+// App states: whether the operating system lets the node run. A desktop node is always
+// foreground.
+const (
+	// AppStateForeground: the app (or page, or process) runs without restriction.
+	AppStateForeground = "foreground"
+	// AppStateBackgroundTask: in the background with a task the OS granted (iOS
+	// BGProcessingTask, an Android foreground service or WorkManager job): it may run, for
+	// a while.
+	AppStateBackgroundTask = "background-task"
+	// AppStateBackground: in the background without a granted task; the OS may suspend it
+	// at any moment.
+	AppStateBackground = "background"
+)
+
+// Thermal states, in increasing severity (the names Apple's ProcessInfo and the browsers'
+// Compute Pressure API use).
 const (
 	ThermalNominal  = "nominal"
 	ThermalFair     = "fair"
@@ -92,16 +128,18 @@ const (
 	ThermalCritical = "critical"
 )
 
-// Effective connection types, as the Network Information API names them.
+// Connection types, as the Network Information API's NetworkInformation.type names them.
 const (
-	EffectiveSlow2G = "slow-2g"
-	Effective2G     = "2g"
-	Effective3G     = "3g"
-	Effective4G     = "4g"
+	NetBluetooth = "bluetooth"
+	NetCellular  = "cellular"
+	NetEthernet  = "ethernet"
+	NetMixed     = "mixed"
+	NetNone      = "none"
+	NetOther     = "other"
+	NetUnknown   = "unknown"
+	NetWiFi      = "wifi"
+	NetWiMAX     = "wimax"
 )
-
-// RuntimeDesktop is the runtime of a native meshinfer process.
-const RuntimeDesktop = "desktop"
 
 // Clone returns a deep copy, so a snapshot handed out can never be changed through the copy.
 func (v *Vector) Clone() *Vector {
@@ -109,28 +147,14 @@ func (v *Vector) Clone() *Vector {
 		return nil
 	}
 	c := *v
-	// slices.Clone keeps nil as nil and empty as empty: "gpu":[] and "gpu":null encode
+	if v.GPU != nil {
+		g := *v.GPU
+		c.GPU = &g
+	}
+	// slices.Clone keeps nil as nil and empty as empty: "models":[] and "models":null encode
 	// differently, and the signature covers the encoding.
-	c.CPU.ISA = slices.Clone(v.CPU.ISA)
-	c.GPU = slices.Clone(v.GPU)
+	c.CPU.ISAExt = slices.Clone(v.CPU.ISAExt)
+	c.GPUs = slices.Clone(v.GPUs)
 	c.Models = slices.Clone(v.Models)
 	return &c
-}
-
-// EffectiveType classifies a connection from its round-trip time and downlink the way browsers
-// do (WICG Network Information API table): slow-2g at RTT ≥ 2000 ms or < 0.05 Mbps, 2g at
-// ≥ 1400 ms or < 0.07 Mbps, 3g at ≥ 270 ms or < 0.7 Mbps, otherwise 4g. An unknown downlink (0)
-// is judged on RTT alone.
-func EffectiveType(rttMS, downlinkMbps float64) string {
-	known := downlinkMbps > 0
-	switch {
-	case rttMS >= 2000 || known && downlinkMbps < 0.05:
-		return EffectiveSlow2G
-	case rttMS >= 1400 || known && downlinkMbps < 0.07:
-		return Effective2G
-	case rttMS >= 270 || known && downlinkMbps < 0.7:
-		return Effective3G
-	default:
-		return Effective4G
-	}
 }

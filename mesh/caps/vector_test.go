@@ -47,23 +47,25 @@ func seededKey(tb testing.TB, seed byte) crypto.PrivKey {
 }
 
 // validVector returns an unsigned vector that passes Validate once it has a peer ID: a
-// laptop-class desktop node with one GPU, two models, issued at now for testTTL.
+// laptop-class desktop node with two GPUs, an NPU, two models, issued at now for testTTL.
 func validVector(now time.Time) *Vector {
+	dgpu := GPU{Vendor: "nvidia", Model: "NVIDIA GeForce RTX 4070 Laptop GPU", VRAMMB: 8188}
 	return &Vector{
 		Runtime: RuntimeDesktop,
 		CPU: CPU{
-			Cores: 16,
-			Arch:  "amd64",
-			Model: "AMD Ryzen 9 7940HS w/ Radeon 780M Graphics",
-			ISA:   []string{"avx2", "avx512f", "fma"},
+			Cores:  16,
+			Arch:   "amd64",
+			Model:  "AMD Ryzen 9 7940HS w/ Radeon 780M Graphics",
+			ISAExt: []string{"avx2", "avx512f", "fma"},
 		},
-		GPU:      []GPU{{Vendor: "nvidia", Model: "NVIDIA GeForce RTX 4070 Laptop GPU", VRAMMB: 8188}},
-		NPU:      NPU{Present: true, Model: "AMD XDNA"},
+		GPU:      &dgpu,
+		GPUs:     []GPU{{Vendor: "amd", Model: "AMD Radeon 780M", VRAMMB: 512}, dgpu},
+		NPU:      NPU{Present: true, Vendor: "amd"},
 		RAM:      RAM{TotalMB: 31_416, FreeMB: 18_230},
-		Battery:  Battery{Present: true, Level: 87, Charging: true},
+		Battery:  Battery{Present: true, Level: 0.87, Charging: true, Floor: 0.3},
 		Thermal:  ThermalNominal,
-		AppState: AppStateActive,
-		Net:      Net{RTTMS: 23.5, DownlinkMbps: 94.2, Effective: Effective4G},
+		AppState: AppStateForeground,
+		Net:      Net{Type: NetWiFi, RTTMS: 23.5, DownlinkMbps: 94.2},
 		Models: []Model{
 			{Name: "llama-3.1-8b-instruct-q4_k_m", State: ModelWarm},
 			{Name: "qwen2.5-7b-instruct-q4_k_m", State: ModelCold},
@@ -73,6 +75,38 @@ func validVector(now time.Time) *Vector {
 		IssuedAt: now.UnixMilli(),
 		Expires:  now.Add(testTTL).UnixMilli(),
 	}
+}
+
+// mobileVector returns an unsigned vector of an Android phone doing a granted background
+// task: battery at 42 % and charging, on a metered cellular network, no GPU list.
+func mobileVector(now time.Time) *Vector {
+	return &Vector{
+		Runtime:  RuntimeAndroid,
+		CPU:      CPU{Cores: 8, Arch: "arm64", Model: "Qualcomm Snapdragon 8 Gen 2", ISAExt: []string{"asimd", "asimddp", "i8mm"}},
+		GPU:      &GPU{Vendor: "qualcomm", Model: "Adreno 740"},
+		NPU:      NPU{Present: true, Vendor: "qualcomm"},
+		RAM:      RAM{TotalMB: 11_811, FreeMB: 4_096},
+		Battery:  Battery{Present: true, Level: 0.42, Charging: true, Floor: 0.3},
+		Thermal:  ThermalFair,
+		AppState: AppStateBackgroundTask,
+		Net:      Net{Type: NetCellular, RTTMS: 68, DownlinkMbps: 12.5, Metered: true},
+		Models:   []Model{{Name: "qwen2.5-0.5b-instruct-q4_k_m", State: ModelWarm}},
+		Load:     Load{Capacity: 1, Accepting: true},
+		Seq:      1,
+		IssuedAt: now.UnixMilli(),
+		Expires:  now.Add(testTTL).UnixMilli(),
+	}
+}
+
+// editGPU applies f to the primary GPU and to its entry in gpus, so that the vector stays
+// consistent (gpu is one of gpus) and only f's change differs.
+func editGPU(v *Vector, f func(*GPU)) {
+	for i := range v.GPUs {
+		if v.GPUs[i] == *v.GPU {
+			f(&v.GPUs[i])
+		}
+	}
+	f(v.GPU)
 }
 
 // signedVector returns validVector(testNow()) changed by mut (when not nil) and then signed
@@ -229,9 +263,10 @@ func TestSignRefusesUnencodableVector(t *testing.T) {
 	}
 }
 
-// TestCanonicalKnownAnswer pins the signed encoding: field order, names, omitempty, HTML
-// escaping, the domain tag and the signature format. A change here breaks every deployed
-// verifier (and any non-Go signer); it must come with a new Domain.
+// TestCanonicalKnownAnswer pins the signed encoding of caps/2: field names (the design's
+// contract), field order, omitempty, HTML escaping, the domain tag and the signature format. A
+// change here breaks every deployed verifier (and any non-Go signer); it must come with a new
+// Domain and topic version.
 func TestCanonicalKnownAnswer(t *testing.T) {
 	key := seededKey(t, 1)
 	v := validVector(testNow())
@@ -241,15 +276,17 @@ func TestCanonicalKnownAnswer(t *testing.T) {
 	}
 	const wantPeer = "12D3KooWK99VoVxNE7XzyBwXEzW7xhK7Gpv85r9F3V3fyKSUKPH5"
 	const wantBody = `{"peer_id":"` + wantPeer + `","runtime":"desktop",` +
-		`"cpu":{"cores":16,"arch":"amd64","model":"AMD Ryzen 9 7940HS w/ Radeon 780M Graphics","isa":["avx2","avx512f","fma"]},` +
-		`"gpu":[{"vendor":"nvidia","model":"NVIDIA GeForce RTX 4070 Laptop GPU","vram_mb":8188}],` +
-		`"npu":{"present":true,"model":"AMD XDNA"},"ram":{"total_mb":31416,"free_mb":18230},` +
-		`"battery":{"present":true,"level":87,"charging":true},"thermal":"nominal","app_state":"active",` +
-		`"net":{"rtt_ms":23.5,"downlink_mbps":94.2,"effective":"4g","metered":false},` +
+		`"cpu":{"cores":16,"arch":"amd64","model":"AMD Ryzen 9 7940HS w/ Radeon 780M Graphics","isa_ext":["avx2","avx512f","fma"]},` +
+		`"gpu":{"vendor":"nvidia","model":"NVIDIA GeForce RTX 4070 Laptop GPU","vram_mb":8188,"webgpu":false},` +
+		`"gpus":[{"vendor":"amd","model":"AMD Radeon 780M","vram_mb":512,"webgpu":false},` +
+		`{"vendor":"nvidia","model":"NVIDIA GeForce RTX 4070 Laptop GPU","vram_mb":8188,"webgpu":false}],` +
+		`"npu":{"present":true,"vendor":"amd"},"ram":{"total_mb":31416,"free_mb":18230},` +
+		`"battery":{"present":true,"level":0.87,"charging":true,"floor":0.3},"thermal":"nominal","app_state":"foreground",` +
+		`"net":{"type":"wifi","rtt_ms":23.5,"downlink_mbps":94.2,"metered":false},` +
 		`"models":[{"name":"llama-3.1-8b-instruct-q4_k_m","state":"warm"},{"name":"qwen2.5-7b-instruct-q4_k_m","state":"cold"},` +
 		`{"name":"a\u003cb\u003e\u0026c","state":"cold"}],` +
 		`"load":{"in_flight":1,"queue":0,"accepting":true},"seq":1,"issued_at":1800000000000,"expires_at":1800000045000}`
-	const wantSig = "ed25519:pwNLlpaMRgpzTUDUuUXcxbkG6SGM/ea4EfJQMAak/IKMp2ArQNKrrge6iO1/cFLHyN566gbG3MplAld7KMFhDw=="
+	const wantSig = "ed25519:EI7SD6yUcBvZPMiiseaoasf8lFYoVccmJ4B9HF52yEiOZQFb2VP9nU2/KHyDUXUhn3Dq5Sk4ihWARG4/LTkRBA=="
 	if v.PeerID != wantPeer {
 		t.Fatalf("peer_id %q, want %q", v.PeerID, wantPeer)
 	}
@@ -297,11 +334,12 @@ func TestCloneDeepCopy(t *testing.T) {
 	if !reflect.DeepEqual(c, v) {
 		t.Fatalf("Clone =\n%+v\nwant\n%+v", c, v)
 	}
-	c.CPU.ISA[0] = "sse2"
-	c.CPU.ISA = append(c.CPU.ISA, "amx")
-	c.GPU[0].VRAMMB = 1
-	c.GPU[0].Model = "changed"
-	c.GPU = append(c.GPU, GPU{Vendor: "amd"})
+	c.CPU.ISAExt[0] = "sse2"
+	c.CPU.ISAExt = append(c.CPU.ISAExt, "amx")
+	c.GPU.VRAMMB = 1
+	c.GPU.Model = "changed"
+	c.GPUs[0].VRAMMB = 1
+	c.GPUs = append(c.GPUs, GPU{Vendor: "amd"})
 	c.Models[0].Name = "changed"
 	c.Models[1].State = ModelWarm
 	c.Models = append(c.Models, Model{Name: "extra", State: ModelWarm})
@@ -311,10 +349,11 @@ func TestCloneDeepCopy(t *testing.T) {
 	}
 	// And the other way round: the clone must not see later changes of the original.
 	c = v.Clone()
-	v.CPU.ISA[0] = "neon"
-	v.GPU[0].Vendor = "apple"
+	v.CPU.ISAExt[0] = "neon"
+	v.GPU.Vendor = "apple"
+	v.GPUs[0].Vendor = "apple"
 	v.Models[0].State = ModelCold
-	if c.CPU.ISA[0] != "avx2" || c.GPU[0].Vendor != "nvidia" || c.Models[0].State != ModelWarm {
+	if c.CPU.ISAExt[0] != "avx2" || c.GPU.Vendor != "nvidia" || c.GPUs[0].Vendor != "amd" || c.Models[0].State != ModelWarm {
 		t.Fatalf("mutating the original changed the clone: %+v", c)
 	}
 	var nilVec *Vector
@@ -331,11 +370,11 @@ func TestClonePreservesSignedEncoding(t *testing.T) {
 		name string
 		mut  func(*Vector)
 	}{
-		{"no gpu as []", func(v *Vector) { v.GPU = []GPU{} }},
+		{"no gpu (null)", func(v *Vector) { v.GPU, v.GPUs = nil, nil }},
+		{"no gpus list as []", func(v *Vector) { v.GPUs = []GPU{} }},
 		{"no models as []", func(v *Vector) { v.Models = []Model{} }},
-		{"no gpu as null", func(v *Vector) { v.GPU = nil }},
 		{"no models as null", func(v *Vector) { v.Models = nil }},
-		{"empty isa", func(v *Vector) { v.CPU.ISA = []string{} }},
+		{"empty isa_ext", func(v *Vector) { v.CPU.ISAExt = []string{} }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -355,44 +394,6 @@ func TestClonePreservesSignedEncoding(t *testing.T) {
 	}
 }
 
-func TestEffectiveType(t *testing.T) {
-	cases := []struct {
-		rtt, down float64
-		want      string
-	}{
-		// RTT thresholds, downlink unknown (0): judged on RTT alone.
-		{0, 0, Effective4G},
-		{269.999, 0, Effective4G},
-		{270, 0, Effective3G},
-		{1399.999, 0, Effective3G},
-		{1400, 0, Effective2G},
-		{1999.999, 0, Effective2G},
-		{2000, 0, EffectiveSlow2G},
-		{60_000, 0, EffectiveSlow2G},
-		// Downlink thresholds, fast RTT.
-		{10, 0.0499, EffectiveSlow2G},
-		{10, 0.05, Effective2G},
-		{10, 0.0699, Effective2G},
-		{10, 0.07, Effective3G},
-		{10, 0.6999, Effective3G},
-		{10, 0.7, Effective4G},
-		{10, 1000, Effective4G},
-		{0, 0.01, EffectiveSlow2G},
-		// The worse of the two wins.
-		{2000, 1000, EffectiveSlow2G},
-		{1400, 1000, Effective2G},
-		{270, 1000, Effective3G},
-		{100, 0.06, Effective2G},
-		{1500, 0.5, Effective2G},
-		{300, 0.01, EffectiveSlow2G},
-	}
-	for _, tc := range cases {
-		if got := EffectiveType(tc.rtt, tc.down); got != tc.want {
-			t.Errorf("EffectiveType(%v ms, %v Mbps) = %q, want %q", tc.rtt, tc.down, got, tc.want)
-		}
-	}
-}
-
 // boundsCase is a change that takes a valid vector outside the documented bounds.
 type boundsCase struct {
 	name string
@@ -409,40 +410,65 @@ func outOfBounds() []boundsCase {
 		}
 		return ms
 	}
+	other := func(v *Vector) *GPU { return &v.GPUs[0] } // the integrated GPU, not the primary
 	return []boundsCase{
 		{"peer_id empty", func(v *Vector) { v.PeerID = "" }},
 		{"runtime unknown", func(v *Vector) { v.Runtime = "mainframe" }},
 		{"runtime empty", func(v *Vector) { v.Runtime = "" }},
+		{"runtime upper case", func(v *Vector) { v.Runtime = "Desktop" }},
+		{"runtime an OS name", func(v *Vector) { v.Runtime = "linux" }},
 		{"cores 0", func(v *Vector) { v.CPU.Cores = 0 }},
 		{"cores negative", func(v *Vector) { v.CPU.Cores = -8 }},
 		{"cores over max", func(v *Vector) { v.CPU.Cores = MaxCores + 1 }},
 		{"cpu arch empty", func(v *Vector) { v.CPU.Arch = "" }},
 		{"cpu model too long", func(v *Vector) { v.CPU.Model = strings.Repeat("x", MaxString+1) }},
 		{"cpu model control char", func(v *Vector) { v.CPU.Model = "ryzen\x00" }},
-		{"isa over max", func(v *Vector) { v.CPU.ISA = make([]string, MaxISA+1); fill(v.CPU.ISA, "sse") }},
-		{"isa entry empty", func(v *Vector) { v.CPU.ISA = []string{"avx2", ""} }},
-		{"gpu count over max", func(v *Vector) { v.GPU = make([]GPU, MaxGPUs+1); fill(v.GPU, GPU{Vendor: "nvidia"}) }},
-		{"gpu vendor empty", func(v *Vector) { v.GPU[0].Vendor = "" }},
-		{"gpu vram 10 PB", func(v *Vector) { v.GPU[0].VRAMMB = 10 << 30 }},
-		{"gpu vram over 1 TiB", func(v *Vector) { v.GPU[0].VRAMMB = MaxVRAMMB + 1 }},
-		{"gpu vram negative", func(v *Vector) { v.GPU[0].VRAMMB = -1 }},
-		{"npu model delete char", func(v *Vector) { v.NPU.Model = "xdna\x7f" }},
+		{"isa_ext over max", func(v *Vector) { v.CPU.ISAExt = make([]string, MaxISA+1); fill(v.CPU.ISAExt, "sse") }},
+		{"isa_ext entry empty", func(v *Vector) { v.CPU.ISAExt = []string{"avx2", ""} }},
+		{"isa_ext entry too long", func(v *Vector) { v.CPU.ISAExt = []string{strings.Repeat("a", MaxString+1)} }},
+		{"gpu vendor empty", func(v *Vector) { editGPU(v, func(g *GPU) { g.Vendor = "" }) }},
+		{"gpu model too long", func(v *Vector) { editGPU(v, func(g *GPU) { g.Model = strings.Repeat("g", MaxString+1) }) }},
+		{"gpu vram 10 PB", func(v *Vector) { editGPU(v, func(g *GPU) { g.VRAMMB = 10 << 30 }) }},
+		{"gpu vram over 1 TiB", func(v *Vector) { editGPU(v, func(g *GPU) { g.VRAMMB = MaxVRAMMB + 1 }) }},
+		{"gpu vram negative", func(v *Vector) { editGPU(v, func(g *GPU) { g.VRAMMB = -1 }) }},
+		{"gpu vram out of bounds without gpus", func(v *Vector) { v.GPUs = nil; v.GPU.VRAMMB = MaxVRAMMB + 1 }},
+		{"gpu null with gpus listed", func(v *Vector) { v.GPU = nil }},
+		{"gpu not one of gpus", func(v *Vector) { v.GPU = &GPU{Vendor: "nvidia", Model: "NVIDIA H100", VRAMMB: 81_559} }},
+		{"gpus count over max", func(v *Vector) { v.GPUs = make([]GPU, MaxGPUs+1); fill(v.GPUs, *v.GPU) }},
+		{"gpus entry vendor empty", func(v *Vector) { other(v).Vendor = "" }},
+		{"gpus entry vram negative", func(v *Vector) { other(v).VRAMMB = -1 }},
+		{"gpus entry model control char", func(v *Vector) { other(v).Model = "radeon\n" }},
+		{"npu vendor too long", func(v *Vector) { v.NPU.Vendor = strings.Repeat("n", MaxString+1) }},
+		{"npu vendor delete char", func(v *Vector) { v.NPU.Vendor = "amd\x7f" }},
+		{"npu vendor without npu", func(v *Vector) { v.NPU = NPU{Vendor: "intel"} }},
 		{"ram total 0", func(v *Vector) { v.RAM = RAM{TotalMB: 0, FreeMB: 0} }},
 		{"ram total over 64 TiB", func(v *Vector) { v.RAM = RAM{TotalMB: MaxRAMMB + 1, FreeMB: 1} }},
 		{"ram free over total", func(v *Vector) { v.RAM.FreeMB = v.RAM.TotalMB + 1 }},
 		{"ram free negative", func(v *Vector) { v.RAM.FreeMB = -1 }},
-		{"battery level 101", func(v *Vector) { v.Battery.Level = 101 }},
-		{"battery level negative", func(v *Vector) { v.Battery.Level = -1 }},
-		{"battery level without battery", func(v *Vector) { v.Battery = Battery{Level: 50} }},
+		{"battery level over 1", func(v *Vector) { v.Battery.Level = 1.01 }},
+		{"battery level in percent", func(v *Vector) { v.Battery.Level = 87 }},
+		{"battery level negative", func(v *Vector) { v.Battery.Level = -0.01 }},
+		{"battery floor over 1", func(v *Vector) { v.Battery.Floor = 1.5 }},
+		{"battery floor in percent", func(v *Vector) { v.Battery.Floor = 30 }},
+		{"battery floor negative", func(v *Vector) { v.Battery.Floor = -0.1 }},
+		{"battery level without battery", func(v *Vector) { v.Battery = Battery{Level: 0.5} }},
 		{"battery charging without battery", func(v *Vector) { v.Battery = Battery{Charging: true} }},
 		{"thermal unknown", func(v *Vector) { v.Thermal = "hot" }},
 		{"thermal empty", func(v *Vector) { v.Thermal = "" }},
 		{"app_state unknown", func(v *Vector) { v.AppState = "gaming" }},
+		{"app_state empty", func(v *Vector) { v.AppState = "" }},
+		{"app_state caps/1 active", func(v *Vector) { v.AppState = "active" }},
+		{"app_state caps/1 idle", func(v *Vector) { v.AppState = "idle" }},
+		{"app_state background on a desktop", func(v *Vector) { v.AppState = AppStateBackground }},
+		{"app_state background-task on a desktop", func(v *Vector) { v.AppState = AppStateBackgroundTask }},
+		{"net.type unknown", func(v *Vector) { v.Net.Type = "5g" }},
+		{"net.type empty", func(v *Vector) { v.Net.Type = "" }},
+		{"net.type an effective type", func(v *Vector) { v.Net.Type = "4g" }},
+		{"net.type spelled Wi-Fi", func(v *Vector) { v.Net.Type = "Wi-Fi" }},
 		{"rtt negative", func(v *Vector) { v.Net.RTTMS = -1 }},
 		{"rtt over a minute", func(v *Vector) { v.Net.RTTMS = MaxRTTMS + 0.5 }},
 		{"downlink negative (negative throughput)", func(v *Vector) { v.Net.DownlinkMbps = -0.5 }},
 		{"downlink over 1 Tbit/s", func(v *Vector) { v.Net.DownlinkMbps = MaxDownlinkMbps * 2 }},
-		{"effective unknown", func(v *Vector) { v.Net.Effective = "5g" }},
 		{"65 models", func(v *Vector) { v.Models = models(MaxModels + 1) }},
 		{"duplicate model names", func(v *Vector) { v.Models[1].Name = v.Models[0].Name }},
 		{"model name empty", func(v *Vector) { v.Models[0].Name = "" }},
@@ -451,6 +477,7 @@ func outOfBounds() []boundsCase {
 		{"model name replacement char", func(v *Vector) { v.Models[0].Name = "llama\ufffd" }},
 		{"model state unknown", func(v *Vector) { v.Models[0].State = "hot" }},
 		{"in_flight negative", func(v *Vector) { v.Load.InFlight = -1 }},
+		{"capacity negative", func(v *Vector) { v.Load.Capacity = -1 }},
 		{"queue over max", func(v *Vector) { v.Load.Queue = MaxLoad + 1 }},
 		{"seq 0", func(v *Vector) { v.Seq = 0 }},
 		{"ttl over MaxTTL", func(v *Vector) { v.Expires = v.IssuedAt + MaxTTL.Milliseconds() + 1 }},
@@ -483,6 +510,8 @@ func TestValidate(t *testing.T) {
 		boundsCase{"rtt +Inf", func(v *Vector) { v.Net.RTTMS = math.Inf(1) }},
 		boundsCase{"downlink NaN", func(v *Vector) { v.Net.DownlinkMbps = math.NaN() }},
 		boundsCase{"downlink -Inf", func(v *Vector) { v.Net.DownlinkMbps = math.Inf(-1) }},
+		boundsCase{"battery level NaN", func(v *Vector) { v.Battery.Level = math.NaN() }},
+		boundsCase{"battery floor +Inf", func(v *Vector) { v.Battery.Floor = math.Inf(1) }},
 	)
 	for _, tc := range bad {
 		t.Run("reject/"+tc.name, func(t *testing.T) {
@@ -496,25 +525,37 @@ func TestValidate(t *testing.T) {
 	good := []boundsCase{
 		{"cores 1", func(v *Vector) { v.CPU.Cores = 1 }},
 		{"cores max", func(v *Vector) { v.CPU.Cores = MaxCores }},
-		{"no isa", func(v *Vector) { v.CPU.ISA = nil }},
-		{"isa max", func(v *Vector) { v.CPU.ISA = make([]string, MaxISA); fill(v.CPU.ISA, "sse") }},
+		{"no isa_ext", func(v *Vector) { v.CPU.ISAExt = nil }},
+		{"isa_ext max", func(v *Vector) { v.CPU.ISAExt = make([]string, MaxISA); fill(v.CPU.ISAExt, "sse") }},
 		{"cpu model max length", func(v *Vector) { v.CPU.Model = strings.Repeat("x", MaxString) }},
 		{"cpu model non-ascii", func(v *Vector) { v.CPU.Model = "Apple M3 Max — 16 cœurs" }},
-		{"no gpu", func(v *Vector) { v.GPU = nil }},
-		{"gpu max", func(v *Vector) { v.GPU = make([]GPU, MaxGPUs); fill(v.GPU, GPU{Vendor: "amd"}) }},
-		{"gpu vram unknown", func(v *Vector) { v.GPU[0].VRAMMB = 0 }},
-		{"gpu vram max", func(v *Vector) { v.GPU[0].VRAMMB = MaxVRAMMB }},
+		{"cpu model unknown", func(v *Vector) { v.CPU.Model = "" }},
+		{"no gpu", func(v *Vector) { v.GPU, v.GPUs = nil, nil }},
+		{"gpu without a gpus list", func(v *Vector) { v.GPUs = nil }},
+		{"gpus max", func(v *Vector) { v.GPUs = make([]GPU, MaxGPUs); fill(v.GPUs, *v.GPU) }},
+		{"gpu vram unknown", func(v *Vector) { editGPU(v, func(g *GPU) { g.VRAMMB = 0 }) }},
+		{"gpu vram max", func(v *Vector) { editGPU(v, func(g *GPU) { g.VRAMMB = MaxVRAMMB }) }},
+		{"gpu model unknown", func(v *Vector) { editGPU(v, func(g *GPU) { g.Model = "" }) }},
+		{"gpu through webgpu", func(v *Vector) { editGPU(v, func(g *GPU) { g.WebGPU = true }) }},
+		{"gpu stale", func(v *Vector) { editGPU(v, func(g *GPU) { g.Stale = true }) }},
+		{"no npu", func(v *Vector) { v.NPU = NPU{} }},
+		{"npu of unknown vendor", func(v *Vector) { v.NPU = NPU{Present: true} }},
 		{"ram max", func(v *Vector) { v.RAM = RAM{TotalMB: MaxRAMMB, FreeMB: MaxRAMMB} }},
 		{"ram 1 MiB none free", func(v *Vector) { v.RAM = RAM{TotalMB: 1, FreeMB: 0} }},
 		{"no battery", func(v *Vector) { v.Battery = Battery{} }},
+		{"no battery, floor said", func(v *Vector) { v.Battery = Battery{Floor: 0.3} }},
 		{"battery empty", func(v *Vector) { v.Battery = Battery{Present: true, Level: 0} }},
-		{"battery full", func(v *Vector) { v.Battery = Battery{Present: true, Level: 100} }},
+		{"battery full", func(v *Vector) { v.Battery = Battery{Present: true, Level: 1, Charging: true} }},
+		{"battery floor 0", func(v *Vector) { v.Battery.Floor = 0 }},
+		{"battery floor 1", func(v *Vector) { v.Battery.Floor = 1 }},
+		{"battery level 1 %", func(v *Vector) { v.Battery.Level = 0.01 }},
+		{"thermal fair", func(v *Vector) { v.Thermal = ThermalFair }},
+		{"thermal serious", func(v *Vector) { v.Thermal = ThermalSerious }},
 		{"thermal critical", func(v *Vector) { v.Thermal = ThermalCritical }},
-		{"app idle", func(v *Vector) { v.AppState = AppStateIdle }},
 		{"rtt max", func(v *Vector) { v.Net.RTTMS = MaxRTTMS }},
 		{"rtt and downlink unknown", func(v *Vector) { v.Net.RTTMS, v.Net.DownlinkMbps = 0, 0 }},
 		{"downlink max", func(v *Vector) { v.Net.DownlinkMbps = MaxDownlinkMbps }},
-		{"effective slow-2g", func(v *Vector) { v.Net.Effective = EffectiveSlow2G }},
+		{"metered", func(v *Vector) { v.Net.Metered = true }},
 		{"no models", func(v *Vector) { v.Models = nil }},
 		{"64 models", func(v *Vector) {
 			v.Models = make([]Model, MaxModels)
@@ -522,10 +563,18 @@ func TestValidate(t *testing.T) {
 				v.Models[i] = Model{Name: strings.Repeat("m", i+1), State: ModelWarm}
 			}
 		}},
-		{"load max", func(v *Vector) { v.Load = Load{InFlight: MaxLoad, Queue: MaxLoad} }},
+		{"load max", func(v *Vector) { v.Load = Load{InFlight: MaxLoad, Capacity: MaxLoad, Queue: MaxLoad} }},
 		{"ttl 1 ms", func(v *Vector) { v.Expires = v.IssuedAt + 1 }},
 		{"ttl MaxTTL", func(v *Vector) { v.Expires = v.IssuedAt + MaxTTL.Milliseconds() }},
 		{"seq max", func(v *Vector) { v.Seq = math.MaxUint64 }},
+	}
+	for _, rt := range []string{RuntimeBrowser, RuntimeIOS, RuntimeAndroid} {
+		for _, st := range []string{AppStateForeground, AppStateBackgroundTask, AppStateBackground} {
+			good = append(good, boundsCase{"runtime " + rt + " in " + st, func(v *Vector) { v.Runtime, v.AppState = rt, st }})
+		}
+	}
+	for _, typ := range []string{NetBluetooth, NetCellular, NetEthernet, NetMixed, NetNone, NetOther, NetUnknown, NetWiFi, NetWiMAX} {
+		good = append(good, boundsCase{"net.type " + typ, func(v *Vector) { v.Net.Type = typ }})
 	}
 	for _, tc := range good {
 		t.Run("accept/"+tc.name, func(t *testing.T) {

@@ -2,8 +2,8 @@
 // consent, the deployer's profile, the live device conditions, hysteresis and a rate limit.
 // It is policy as plain functions. It starts no goroutines, keeps no package state and reads
 // no clock: every call that needs the time takes now. Apart from the consent and overrides
-// files it does no I/O. It imports the standard library, mesh/caps (for the thermal state
-// names) and internal/atomicfile (the consent file's replacement), nothing else. The node owns the heartbeat loop, the sensors and the lock: every
+// files it does no I/O. It imports the standard library, mesh/caps (for the thermal and app
+// state names, and ConditionsOf) and internal/atomicfile (the consent file's replacement), nothing else. The node owns the heartbeat loop, the sensors and the lock: every
 // heartbeat it reads the Conditions, calls Governor.Observe and announces State.Accepting;
 // when a peer's task arrives it asks the Governor and a RateLimiter.
 //
@@ -94,6 +94,7 @@
 //	| battery_low    | a battery is present and its level is below battery_min_level               |
 //	| not_charging   | require_charging, and a battery is present and not charging                 |
 //	| thermal        | the thermal state is above thermal_max_state, or is not a known state       |
+//	| app_background | the app state is background (or is not a known state), whatever the policy |
 //	| metered        | pause_on_metered, and the network is metered                                |
 //	| rate_limited   | (admission only) max_tasks_per_min tasks were admitted in the last 60 s     |
 //
@@ -103,6 +104,16 @@
 // every policy: the probe reports nominal for a machine without thermal zones, so anything
 // else means the reading went wrong. A policy whose thermal_max_state is unknown allows no
 // state at all.
+//
+// The app state is a phone's or a browser's: foreground and background-task (a background
+// task the OS granted: iOS BGProcessingTask, an Android foreground service) may work;
+// background pauses under every profile, because the OS may suspend the app at any moment and
+// a task taken then would be cut off. A desktop is always foreground. Like thermal, an
+// unknown app state breaches.
+//
+// ConditionsOf reads the conditions from a capability vector, so a phone's or a browser's
+// thermal state, app state, battery and metered flag feed Breaches exactly as a desktop's
+// do; the node builds its own conditions the same way, from the vector its probe gives.
 //
 // # What a pause covers
 //

@@ -184,7 +184,7 @@ var traceKinds = map[string]func(t testing.TB, r *rand.Rand, n int) []step{
 		for i := range out {
 			c := healthy()
 			if r.IntN(8) == 0 {
-				switch r.IntN(4) {
+				switch r.IntN(5) {
 				case 0:
 					c.BatteryLevel = 10
 				case 1:
@@ -193,6 +193,8 @@ var traceKinds = map[string]func(t testing.TB, r *rand.Rand, n int) []step{
 					c.Metered = true
 				case 3:
 					c.Charging = false
+				case 4:
+					c.AppState = caps.AppStateBackground
 				}
 			}
 			out[i] = step{dt: jitter(r), p: p, c: c, consented: true}

@@ -13,7 +13,8 @@ var t0 = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // healthy are conditions that breach no profile: a laptop, charging, cool, unmetered.
 func healthy() Conditions {
-	return Conditions{BatteryPresent: true, BatteryLevel: 80, Charging: true, Thermal: caps.ThermalNominal, SensorsOK: true}
+	return Conditions{BatteryPresent: true, BatteryLevel: 80, Charging: true, Thermal: caps.ThermalNominal,
+		AppState: caps.AppStateForeground, SensorsOK: true}
 }
 
 func mustProfile(t testing.TB, name string) Policy {

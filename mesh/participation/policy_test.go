@@ -206,9 +206,10 @@ func randConditions(r *rand.Rand) Conditions {
 	if r.IntN(20) == 0 {
 		th = "" // an unknown reading
 	}
+	app := []string{caps.AppStateForeground, caps.AppStateBackgroundTask, caps.AppStateBackground, ""}[r.IntN(4)]
 	return Conditions{
 		BatteryPresent: r.IntN(4) != 0, BatteryLevel: r.IntN(101), Charging: randBool(r),
-		Thermal: th, Metered: randBool(r), SensorsOK: r.IntN(10) != 0,
+		Thermal: th, AppState: app, Metered: randBool(r), SensorsOK: r.IntN(10) != 0,
 	}
 }
 

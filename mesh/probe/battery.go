@@ -24,11 +24,13 @@ const (
 //
 // Every supply of type "Battery" counts unless its scope is "Device" or its present attribute
 // is 0. Level is the mean of their levels, each from capacity (clamped to 0-100), else
-// energy_now/energy_full or charge_now/charge_full, else 0: a battery whose level cannot be read
+// energy_now/energy_full or charge_now/charge_full, else 0, as a fraction of a full charge
+// (the mean of the whole percentages, divided by 100): a battery whose level cannot be read
 // is reported empty rather than full, so that policy errs on the side of sparing it. Charging is
 // true when a battery's status is "Charging" or "Full", or when it is "Not charging" (held by a
 // charge threshold) while a Mains or USB supply is online. With no battery the machine is a
-// desktop on mains: Present false, Level 0, Charging false.
+// desktop on mains: Present false, Level 0, Charging false. Floor is left 0: it is the
+// participation policy's, not the hardware's.
 func readBattery(root string) caps.Battery {
 	dir := under(root, "/sys/class/power_supply")
 	ents, err := os.ReadDir(dir)
@@ -70,7 +72,7 @@ func readBattery(root string) caps.Battery {
 	}
 	return caps.Battery{
 		Present:  true,
-		Level:    (levels + n/2) / n,
+		Level:    float64((levels+n/2)/n) / batteryFullPercent,
 		Charging: charging || notCharging && external,
 	}
 }

@@ -34,14 +34,14 @@ func TestReadBattery(t *testing.T) {
 		files map[string]string
 		want  caps.Battery
 	}{
-		{"discharging at 42", merge(ac("0"), bat("BAT0", "42", "Discharging")), caps.Battery{Present: true, Level: 42}},
-		{"charging", merge(ac("1"), bat("BAT0", "80", "Charging")), caps.Battery{Present: true, Level: 80, Charging: true}},
-		{"full", merge(ac("1"), bat("BAT0", "100", "Full")), caps.Battery{Present: true, Level: 100, Charging: true}},
-		{"not charging on mains (charge threshold)", merge(ac("1"), bat("BAT0", "60", "Not charging")), caps.Battery{Present: true, Level: 60, Charging: true}},
+		{"discharging at 42", merge(ac("0"), bat("BAT0", "42", "Discharging")), caps.Battery{Present: true, Level: 0.42}},
+		{"charging", merge(ac("1"), bat("BAT0", "80", "Charging")), caps.Battery{Present: true, Level: 0.8, Charging: true}},
+		{"full", merge(ac("1"), bat("BAT0", "100", "Full")), caps.Battery{Present: true, Level: 1, Charging: true}},
+		{"not charging on mains (charge threshold)", merge(ac("1"), bat("BAT0", "60", "Not charging")), caps.Battery{Present: true, Level: 0.6, Charging: true}},
 		{"not charging on usb-c", merge(bat("BAT0", "60", "Not charging"), map[string]string{
 			ps + "ucsi-source-psy-USBC000:001/type": "USB", ps + "ucsi-source-psy-USBC000:001/online": "1"}),
-			caps.Battery{Present: true, Level: 60, Charging: true}},
-		{"not charging off mains", merge(ac("0"), bat("BAT0", "60", "Not charging")), caps.Battery{Present: true, Level: 60}},
+			caps.Battery{Present: true, Level: 0.6, Charging: true}},
+		{"not charging off mains", merge(ac("0"), bat("BAT0", "60", "Not charging")), caps.Battery{Present: true, Level: 0.6}},
 		{"desktop on mains", ac("1"), caps.Battery{}},
 		{"no power supply class", nil, caps.Battery{}},
 		{"hid battery with scope Device is ignored", merge(ac("1"), map[string]string{
@@ -55,17 +55,17 @@ func TestReadBattery(t *testing.T) {
 			ps + "hidpp_battery_0/scope":    "Device",
 			ps + "hidpp_battery_0/capacity": "100",
 			ps + "hidpp_battery_0/status":   "Charging",
-		}), caps.Battery{Present: true, Level: 30}},
+		}), caps.Battery{Present: true, Level: 0.3}},
 		{"removed battery bay", merge(ac("1"), bat("BAT1", "0", "Unknown"), map[string]string{ps + "BAT1/present": "0"}), caps.Battery{}},
-		{"two batteries average", merge(bat("BAT0", "40", "Discharging"), bat("BAT1", "81", "Discharging")), caps.Battery{Present: true, Level: 61}},
-		{"capacity above 100 clamped", bat("BAT0", "150", "Discharging"), caps.Battery{Present: true, Level: 100}},
+		{"two batteries average", merge(bat("BAT0", "40", "Discharging"), bat("BAT1", "81", "Discharging")), caps.Battery{Present: true, Level: 0.61}},
+		{"capacity above 100 clamped", bat("BAT0", "150", "Discharging"), caps.Battery{Present: true, Level: 1}},
 		{"negative capacity clamped", bat("BAT0", "-3", "Discharging"), caps.Battery{Present: true, Level: 0}},
 		{"energy fallback", map[string]string{
 			ps + "BAT0/type": "Battery", ps + "BAT0/energy_now": "25000000", ps + "BAT0/energy_full": "50000000",
-			ps + "BAT0/status": "Discharging"}, caps.Battery{Present: true, Level: 50}},
+			ps + "BAT0/status": "Discharging"}, caps.Battery{Present: true, Level: 0.5}},
 		{"charge fallback", map[string]string{
 			ps + "BAT0/type": "Battery", ps + "BAT0/charge_now": "750", ps + "BAT0/charge_full": "1000"},
-			caps.Battery{Present: true, Level: 75}},
+			caps.Battery{Present: true, Level: 0.75}},
 		{"unreadable level reads empty", map[string]string{
 			ps + "BAT0/type": "Battery", ps + "BAT0/capacity": "lots", ps + "BAT0/status": "Charging"},
 			caps.Battery{Present: true, Level: 0, Charging: true}},

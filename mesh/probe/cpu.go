@@ -29,7 +29,7 @@ func readCPU(root string) caps.CPU {
 	c := caps.CPU{Arch: runtime.GOARCH}
 	f, err := os.Open(under(root, "/proc/cpuinfo"))
 	if err == nil {
-		c.Cores, c.Model, c.ISA = parseCPUInfo(io.LimitReader(f, maxCPUInfoBytes))
+		c.Cores, c.Model, c.ISAExt = parseCPUInfo(io.LimitReader(f, maxCPUInfoBytes))
 		f.Close()
 	}
 	// A missing file, or one without a single "processor" line, says nothing about the core

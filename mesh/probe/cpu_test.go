@@ -100,7 +100,7 @@ func TestFilterISACap(t *testing.T) {
 func TestReadCPU(t *testing.T) {
 	root := newTree(t, map[string]string{"proc/cpuinfo": cpuinfoX86})
 	c := readCPU(root)
-	if c.Cores != 2 || c.Arch != runtime.GOARCH || c.Model != "Intel(R) Xeon(R) Platinum 8480+" || len(c.ISA) != 14 {
+	if c.Cores != 2 || c.Arch != runtime.GOARCH || c.Model != "Intel(R) Xeon(R) Platinum 8480+" || len(c.ISAExt) != 14 {
 		t.Fatalf("readCPU = %+v", c)
 	}
 

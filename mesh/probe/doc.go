@@ -1,5 +1,6 @@
 // Package probe reads the hardware part of a node's capability vector (caps.CPU, caps.GPU,
-// caps.NPU, caps.RAM, caps.Battery and the thermal state) from Linux procfs and sysfs.
+// caps.NPU, caps.RAM, caps.Battery, the thermal state and the kind of network link) from Linux
+// procfs and sysfs. Hardware.Vector lays it out as a desktop node's caps/2 vector.
 //
 // # Sources
 //
@@ -8,16 +9,20 @@
 //
 //   - CPU: /proc/cpuinfo. Cores is the number of "processor" lines (runtime.NumCPU when the file
 //     is absent or lists none), Arch is runtime.GOARCH, Model comes from "model name" (x86), else
-//     "Model" or "Hardware" (ARM), ISA is the first "flags" (x86) or "Features" (ARM) line
+//     "Model" or "Hardware" (ARM), ISAExt is the first "flags" (x86) or "Features" (ARM) line
 //     filtered to the notable extensions of notableISA, in that list's order.
 //   - RAM: /proc/meminfo MemTotal and MemAvailable (MemFree on kernels without MemAvailable).
 //   - Battery: /sys/class/power_supply/*: type, scope, present, capacity (or energy_* /
-//     charge_*), status, online.
+//     charge_*), status, online. The level is announced as a fraction (0-1).
 //   - Thermal: /sys/class/thermal/thermal_zone*: temp and the "hot" and "critical" trip points.
 //   - GPU: /sys/bus/pci/devices/*: class, vendor, and the amdgpu attributes mem_info_vram_total
 //     and product_name; for NVIDIA devices the output of
 //     "nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits".
-//   - NPU: any entry in /sys/class/accel or /dev/accel (the kernel's compute accelerator class).
+//   - NPU: any entry in /sys/class/accel or /dev/accel (the kernel's compute accelerator class);
+//     the vendor from the driver of the first one.
+//   - Network: the interface of the default route in /proc/net/route, classified by its
+//     /sys/class/net/<dev> uevent DEVTYPE, wireless directory, type and name (cellular, wifi,
+//     bluetooth, ethernet, other; unknown without a default route). Cellular is metered.
 //
 // # Invariants
 //

@@ -4,37 +4,72 @@ import (
 	"bufio"
 	"bytes"
 	"os"
+	"path/filepath"
 	"strings"
+
+	"github.com/meshinfer/meshinfer/mesh/caps"
 )
 
-// Metered-link detection. Linux exposes no "metered" attribute: NetworkManager keeps that per
-// connection. The probe infers it from the interface that carries the default route: a
-// cellular modem (DEVTYPE=wwan in its uevent, or a name of the kernel's cellular and
-// point-to-point drivers) is metered; Ethernet and Wi-Fi are not (a phone hotspot seen over
-// Wi-Fi is not detected: the owner's pause_on_metered cannot see it, and the README says so).
+// Link detection. Linux exposes no "metered" attribute: NetworkManager keeps that per
+// connection. The probe classifies the interface that carries the default route, and takes a
+// cellular link as metered: a cellular modem (DEVTYPE=wwan in its uevent, or a name of the
+// kernel's cellular and point-to-point drivers, or USB tethering) is metered; Ethernet and
+// Wi-Fi are not (a phone hotspot seen over Wi-Fi is not detected: the owner's pause_on_metered
+// cannot see it, and the README says so).
 var meteredPrefixes = []string{"wwan", "ppp", "rmnet", "wwp", "usb"}
 
-// readMetered reports whether the default route leaves through a metered (cellular) link.
-func readMetered(root string) bool {
+// arphrdEther is the sysfs "type" of Ethernet-framed interfaces (ARPHRD_ETHER).
+const arphrdEther = 1
+
+// readNetType classifies the link of the default route as a caps.Net* type: cellular (see
+// meteredPrefixes), wifi (DEVTYPE=wlan, a wireless directory, or a wl* name), bluetooth
+// (DEVTYPE=bluetooth or a bnep* name), ethernet (an eth* or en* name, or an Ethernet-framed
+// interface without a DEVTYPE), other (bridges, VPN tunnels, ...), or unknown when there is
+// no default route.
+func readNetType(root string) string {
 	dev := defaultRouteDevice(root)
 	if dev == "" || strings.ContainsAny(dev, "/.") {
-		return false
+		return caps.NetUnknown
 	}
 	for _, p := range meteredPrefixes {
 		if strings.HasPrefix(dev, p) {
-			return true
+			return caps.NetCellular
 		}
 	}
-	b, err := readFile(under(root, "/sys/class/net/"+dev+"/uevent"))
-	if err != nil {
-		return false
-	}
-	for line := range bytes.Lines(b) {
-		if string(bytes.TrimSpace(line)) == "DEVTYPE=wwan" {
-			return true
+	sys := under(root, "/sys/class/net/"+dev)
+	var devtype string
+	if b, err := readFile(filepath.Join(sys, "uevent")); err == nil {
+		for line := range bytes.Lines(b) {
+			if v, ok := bytes.CutPrefix(bytes.TrimSpace(line), []byte("DEVTYPE=")); ok {
+				devtype = string(v)
+			}
 		}
 	}
-	return false
+	switch devtype {
+	case "wwan":
+		return caps.NetCellular
+	case "wlan":
+		return caps.NetWiFi
+	case "bluetooth":
+		return caps.NetBluetooth
+	}
+	if fi, err := os.Stat(filepath.Join(sys, "wireless")); err == nil && fi.IsDir() {
+		return caps.NetWiFi
+	}
+	switch {
+	case strings.HasPrefix(dev, "wl"):
+		return caps.NetWiFi
+	case strings.HasPrefix(dev, "bnep"):
+		return caps.NetBluetooth
+	case devtype != "":
+		return caps.NetOther
+	case strings.HasPrefix(dev, "eth"), strings.HasPrefix(dev, "en"):
+		return caps.NetEthernet
+	}
+	if typ, ok := readInt(filepath.Join(sys, "type")); ok && typ == arphrdEther {
+		return caps.NetEthernet
+	}
+	return caps.NetOther
 }
 
 // defaultRouteDevice is the interface of the IPv4 default route with the lowest metric in

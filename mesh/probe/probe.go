@@ -33,8 +33,10 @@ type Hardware struct {
 	RAM     caps.RAM
 	Battery caps.Battery
 	Thermal string // one of caps.ThermalNominal, ThermalFair, ThermalSerious, ThermalCritical
-	// Metered is true when the default route leaves through a cellular link (see
-	// readMetered).
+	// NetType is the kind of link the default route leaves through, one of the caps.Net*
+	// types (see readNetType).
+	NetType string
+	// Metered is true when that link is cellular.
 	Metered bool
 	// SensorsOK is false when procfs or sysfs cannot be read at all: then nothing above is
 	// known, and callers that enforce limits must assume the worst.
@@ -149,7 +151,8 @@ func New(opts ...Option) (*Prober, error) {
 func (p *Prober) Probe(now time.Time) Hardware {
 	p.cpuOnce.Do(func() { p.cpu = readCPU(p.root) })
 	cpu := p.cpu
-	cpu.ISA = append([]string(nil), p.cpu.ISA...)
+	cpu.ISAExt = append([]string(nil), p.cpu.ISAExt...)
+	netType := readNetType(p.root)
 	return Hardware{
 		CPU:       cpu,
 		GPU:       p.gpus(now),
@@ -157,9 +160,39 @@ func (p *Prober) Probe(now time.Time) Hardware {
 		RAM:       readMemory(p.root),
 		Battery:   readBattery(p.root),
 		Thermal:   readThermal(p.root),
-		Metered:   readMetered(p.root),
+		NetType:   netType,
+		Metered:   netType == caps.NetCellular,
 		SensorsOK: sensorsAnswer(p.root),
 	}
+}
+
+// Vector returns the hardware part of a desktop node's capability vector: runtime desktop,
+// app_state foreground, cpu, gpu (the GPU with the most VRAM, the first of those on a tie)
+// with every GPU in gpus, npu, ram, battery (floor 0: the participation policy's to say),
+// thermal, and net's type and metered flag. The caller fills the rest.
+func (h Hardware) Vector() caps.Vector {
+	v := caps.Vector{
+		Runtime:  caps.RuntimeDesktop,
+		CPU:      h.CPU,
+		GPUs:     h.GPU,
+		NPU:      h.NPU,
+		RAM:      h.RAM,
+		Battery:  h.Battery,
+		Thermal:  h.Thermal,
+		AppState: caps.AppStateForeground,
+		Net:      caps.Net{Type: h.NetType, Metered: h.Metered},
+	}
+	best := -1
+	for i, g := range h.GPU {
+		if best < 0 || g.VRAMMB > h.GPU[best].VRAMMB {
+			best = i
+		}
+	}
+	if best >= 0 {
+		g := h.GPU[best] // a copy: gpu never aliases an entry of gpus
+		v.GPU = &g
+	}
+	return v
 }
 
 // Refresh asks the background loop to re-probe the GPUs now instead of at its next period

@@ -11,23 +11,11 @@ import (
 	"github.com/meshinfer/meshinfer/mesh/caps"
 )
 
-// vectorOf wraps h in a vector whose other fields are valid, so Validate judges h alone.
+// vectorOf is h.Vector() with the fields the announcer fills, so Validate judges h alone.
 func vectorOf(h Hardware) *caps.Vector {
-	return &caps.Vector{
-		PeerID:   "12D3KooWprobe",
-		Runtime:  caps.RuntimeDesktop,
-		CPU:      h.CPU,
-		GPU:      h.GPU,
-		NPU:      h.NPU,
-		RAM:      h.RAM,
-		Battery:  h.Battery,
-		Thermal:  h.Thermal,
-		AppState: caps.AppStateActive,
-		Net:      caps.Net{Effective: caps.Effective4G},
-		Seq:      1,
-		IssuedAt: 1,
-		Expires:  2,
-	}
+	v := h.Vector()
+	v.PeerID, v.Seq, v.IssuedAt, v.Expires = "12D3KooWprobe", 1, 1, 2
+	return &v
 }
 
 func TestNewRejectsBadOptions(t *testing.T) {
@@ -64,7 +52,7 @@ func TestProbeFakeTree(t *testing.T) {
 	st := waitGPU(t, p, refreshed(1))
 	h := p.Probe(st.at)
 
-	if h.CPU.Cores != 2 || h.CPU.Arch != runtime.GOARCH || h.CPU.Model != "Intel(R) Xeon(R) Platinum 8480+" || len(h.CPU.ISA) != 14 {
+	if h.CPU.Cores != 2 || h.CPU.Arch != runtime.GOARCH || h.CPU.Model != "Intel(R) Xeon(R) Platinum 8480+" || len(h.CPU.ISAExt) != 14 {
 		t.Fatalf("cpu = %+v", h.CPU)
 	}
 	wantGPUs(t, h.GPU, gpuIntel, gpu4090, gpuAMD, gpuOther)
@@ -74,7 +62,7 @@ func TestProbeFakeTree(t *testing.T) {
 	if h.RAM != (caps.RAM{TotalMB: 15936, FreeMB: 7968}) {
 		t.Fatalf("ram = %+v", h.RAM)
 	}
-	if h.Battery != (caps.Battery{Present: true, Level: 42}) {
+	if h.Battery != (caps.Battery{Present: true, Level: 0.42}) {
 		t.Fatalf("battery = %+v", h.Battery)
 	}
 	if h.Thermal != caps.ThermalFair {
@@ -85,10 +73,10 @@ func TestProbeFakeTree(t *testing.T) {
 	}
 
 	// Probe hands out copies.
-	h.CPU.ISA[0] = "mutated"
+	h.CPU.ISAExt[0] = "mutated"
 	h.GPU[0].Model = "mutated"
 	again := p.Probe(st.at)
-	if again.CPU.ISA[0] == "mutated" || again.GPU[0].Model == "mutated" {
+	if again.CPU.ISAExt[0] == "mutated" || again.GPU[0].Model == "mutated" {
 		t.Fatal("Probe returned shared slices")
 	}
 }
@@ -202,5 +190,63 @@ func TestCloseKillsRunningCommand(t *testing.T) {
 	p.mu.Unlock()
 	if refreshes != 0 {
 		t.Fatalf("refreshes = %d after Close interrupted the first, want 0", refreshes)
+	}
+}
+
+// TestHardwareVector: the desktop's vector names the GPU with the most VRAM (the first on a
+// tie) as gpu and lists every GPU in gpus; it is a foreground desktop on its link type.
+func TestHardwareVector(t *testing.T) {
+	igpu := caps.GPU{Vendor: "intel", Model: "Iris Xe"}
+	small := caps.GPU{Vendor: "amd", Model: "Radeon 780M", VRAMMB: 512}
+	big := caps.GPU{Vendor: "nvidia", Model: "RTX 4090", VRAMMB: 24_564}
+	twin := caps.GPU{Vendor: "nvidia", Model: "RTX 4090 #2", VRAMMB: 24_564}
+	base := Hardware{
+		CPU:     caps.CPU{Cores: 8, Arch: "amd64", ISAExt: []string{"avx2"}},
+		RAM:     caps.RAM{TotalMB: 16_000, FreeMB: 8_000},
+		Battery: caps.Battery{Present: true, Level: 0.42},
+		Thermal: caps.ThermalFair,
+		NetType: caps.NetCellular, Metered: true,
+	}
+	tests := []struct {
+		name string
+		gpus []caps.GPU
+		want *caps.GPU
+	}{
+		{"no gpu", nil, nil},
+		{"one gpu", []caps.GPU{igpu}, &igpu},
+		{"most vram wins", []caps.GPU{igpu, small, big}, &big},
+		{"most vram wins wherever it is", []caps.GPU{big, igpu, small}, &big},
+		{"first of a tie", []caps.GPU{igpu, big, twin}, &big},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := base
+			h.GPU = tc.gpus
+			v := h.Vector()
+			if (v.GPU == nil) != (tc.want == nil) || v.GPU != nil && *v.GPU != *tc.want {
+				t.Fatalf("gpu = %+v, want %+v", v.GPU, tc.want)
+			}
+			if len(v.GPUs) != len(tc.gpus) {
+				t.Fatalf("gpus = %+v, want %+v", v.GPUs, tc.gpus)
+			}
+			if v.Runtime != caps.RuntimeDesktop || v.AppState != caps.AppStateForeground {
+				t.Fatalf("runtime %q app_state %q, want a foreground desktop", v.Runtime, v.AppState)
+			}
+			if v.Net != (caps.Net{Type: caps.NetCellular, Metered: true}) || v.Battery != base.Battery || v.Thermal != base.Thermal {
+				t.Fatalf("net %+v battery %+v thermal %q: not the hardware's", v.Net, v.Battery, v.Thermal)
+			}
+			if v.GPU != nil {
+				v.GPU.Model = "changed" // the primary is a copy, not an alias into gpus
+				for _, g := range v.GPUs {
+					if g.Model == "changed" {
+						t.Fatalf("gpu aliases an entry of gpus")
+					}
+				}
+				v.GPU.Model = tc.want.Model
+			}
+			if err := vectorOf(h).Validate(); err != nil {
+				t.Fatalf("Validate: %v", err)
+			}
+		})
 	}
 }

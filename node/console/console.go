@@ -140,7 +140,7 @@ type Participation struct {
 	// overrides) and the owner's consent, field by field.
 	Thresholds participation.Policy `json:"thresholds"`
 	// Admission is "accepting" or "paused"; Reasons says why (battery_low, not_charging,
-	// thermal, metered, rate_limited, no_consent, sensors_silent, profile_off).
+	// thermal, app_background, metered, rate_limited, no_consent, sensors_silent, profile_off).
 	Admission string   `json:"admission"`
 	Reasons   []string `json:"reasons"`
 }
