@@ -73,9 +73,9 @@ type taskMeter struct {
 	self string         // this node's peer ID, the countersigner
 }
 
-// Event returns the meter event of one finished request: its key (from the session
-// RequireKey put in ctx), model, where it was served, tokens and time. ok is false when
-// nothing is metered: not a coordinator, or no session (dispatch.Meter).
+// Event returns the meter event of one finished request: its key and device (from the
+// session RequireKey put in ctx), model, where it was served, tokens and time. ok is false
+// when nothing is metered: not a coordinator, or no session (dispatch.Meter).
 func (tm taskMeter) Event(ctx context.Context, model string, at inference.Served, res inference.Result, err error, took time.Duration) (e gateway.MeterEvent, ok bool) {
 	if tm.m == nil {
 		return e, false
@@ -92,7 +92,7 @@ func (tm taskMeter) Event(ctx context.Context, model string, at inference.Served
 		outcome = string(inference.CodeOf(err))
 	}
 	return gateway.MeterEvent{
-		Time: tm.now(), KeyID: s.KeyID, Model: model, Peer: at.Route(),
+		Time: tm.now(), KeyID: s.KeyID, Device: s.DeviceID, Model: model, Peer: at.Route(),
 		TokensIn: res.Usage.PromptTokens, TokensOut: res.Usage.CompletionTokens,
 		DurationMS: took.Milliseconds(), Outcome: outcome,
 	}, true

@@ -10,12 +10,15 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/internal/sse"
+	"github.com/meshinfer/meshinfer/mesh/probe"
+	"github.com/meshinfer/meshinfer/node"
 	"github.com/meshinfer/meshinfer/transport/gateway"
 	"github.com/meshinfer/meshinfer/transport/gateway/client"
 	"github.com/meshinfer/meshinfer/transport/gateway/client/direct"
@@ -32,6 +35,12 @@ REST; a lost connection is resumed without repeating or losing tokens):
 
   meshinfer chat --gateway https://coordinator:9337 --key msk_live_... "hello there"
   MESHINFER_API_KEY=msk_live_... meshinfer chat --gateway https://coordinator:9337 "hi"
+
+Through a gateway, chat names this device to the coordinator, which records it with the
+request's usage: a device id ("dev_" and 32 hex digits) derived from the machine's hardware
+facts hashed with a random salt kept in device.json in --data-dir. It stays the same across
+runs, differs between data dirs, and tells nothing about the hardware. --device sends
+another id, --no-device none.
 
 The built-in synthetic models produce meaningless text: they exist to exercise the mesh
 (real compute, real streaming, deterministic output), not to answer.`
@@ -53,7 +62,9 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 	priority := fs.String("priority", "", "cost, latency or balanced (default: the node's --priority)")
 	gatewayURL := fs.String("gateway", "", "a coordinator's API base URL: chat through its gateway as a thin client, with --key (instead of --api)")
 	key := fs.String("key", "", "API key for --gateway (default $"+apiKeyEnv+")")
-	device := fs.String("device", "", "this device's id for --gateway, e.g. a UUID (optional)")
+	device := fs.String("device", "", "with --gateway: send this device id (e.g. a UUID) instead of the one derived and kept in --data-dir")
+	noDevice := fs.Bool("no-device", false, "with --gateway: send no device id")
+	dataDir := fs.String("data-dir", "", "with --gateway: where this device's id is kept, "+node.DeviceFile+" (default $XDG_DATA_HOME/meshinfer, else ~/.local/share/meshinfer)")
 	allowHTTP := fs.Bool("allow-http", false, "with --gateway: send the API key over plain http:// to another machine (only on a network you trust; https:// needs no flag)")
 	useDirect := fs.Bool("direct", false, "with --gateway: get the tokens over a WebRTC data channel straight from the serving peer; the coordinator only routes and meters")
 	if err := parseFlags(fs, args, stdout); err != nil {
@@ -64,8 +75,16 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "meshinfer chat: give a prompt, e.g. meshinfer chat \"hello\"")
 		return errUsage
 	}
-	if *gatewayURL == "" && (*key != "" || *device != "" || *useDirect || *allowHTTP) {
-		fmt.Fprintln(stderr, "meshinfer chat: --key, --device, --direct and --allow-http go with --gateway URL")
+	if *gatewayURL == "" && (*key != "" || *device != "" || *noDevice || *dataDir != "" || *useDirect || *allowHTTP) {
+		fmt.Fprintln(stderr, "meshinfer chat: --key, --device, --no-device, --data-dir, --direct and --allow-http go with --gateway URL")
+		return errUsage
+	}
+	if *noDevice && (*device != "" || *dataDir != "") {
+		fmt.Fprintln(stderr, "meshinfer chat: --no-device sends no device id: leave out --device and --data-dir")
+		return errUsage
+	}
+	if *device != "" && *dataDir != "" {
+		fmt.Fprintln(stderr, "meshinfer chat: --device sends the id given, not the one kept in --data-dir: give one of them")
 		return errUsage
 	}
 	if *gatewayURL != "" && *key == "" {
@@ -73,6 +92,9 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stderr, "meshinfer chat: --gateway needs an API key: --key KEY or $%s (the coordinator's operator creates one with 'meshinfer keys create')\n", apiKeyEnv)
 			return errUsage
 		}
+	}
+	if *gatewayURL != "" && *device == "" && !*noDevice {
+		*device = derivedDevice(*dataDir, stderr)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -84,7 +106,7 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 	)
 	switch {
 	case *gatewayURL != "" && *useDirect:
-		out, err = chatDirect(ctx, *gatewayURL, *key, *allowHTTP, cr, onText)
+		out, err = chatDirect(ctx, *gatewayURL, *key, *device, *allowHTTP, cr, onText)
 		if errors.Is(err, direct.ErrNoChannel) {
 			fmt.Fprintf(stderr, "meshinfer chat: %v; sending it through the gateway instead\n", err)
 			out, err = chatGateway(ctx, *gatewayURL, *key, *device, *allowHTTP, cr, onText)
@@ -109,21 +131,45 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 	if out.peerLink != "" {
 		tier += " over " + out.peerLink
 	}
+	if *gatewayURL != "" && *device != "" {
+		via += ", device " + *device
+	}
 	fmt.Fprintf(stderr, "[%s, %d tokens, finish %s, served by %s (%s, %d attempt(s))%s]\n",
 		*model, out.tokens, out.finish, out.route, tier, out.attempts, via)
 	return nil
 }
 
+// derivedDevice returns this machine's device id for the data dir dir (default when ""):
+// derived from its hardware facts and the salt kept there, made on first use
+// (node.LoadOrCreateDevice). When it cannot be had, chat says why and sends none: the
+// request does not need one.
+func derivedDevice(dir string, stderr io.Writer) string {
+	dir, err := dataDirOrDefault(dir)
+	var d node.Device
+	if err == nil {
+		d, err = node.LoadOrCreateDevice(dir, probe.ReadDeviceFacts(probe.DefaultRoot))
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "meshinfer chat: sending no device id: %v (--no-device leaves it out without this note)\n", err)
+		return ""
+	}
+	if d.Previous != "" {
+		fmt.Fprintf(stderr, "meshinfer chat: this device's id is now %s, was %s: its hardware differs from when %s was written (or the data dir was copied from another machine)\n",
+			d.ID, d.Previous, filepath.Join(dir, node.DeviceFile))
+	}
+	return d.ID
+}
+
 // chatDirect streams one completion from the serving peer over a WebRTC data channel, set
 // up through a coordinator's gateway (transport/gateway/client/direct).
-func chatDirect(ctx context.Context, base, key string, plainHTTP bool, cr chatRequest, onText func(string)) (chatOutcome, error) {
+func chatDirect(ctx context.Context, base, key, device string, plainHTTP bool, cr chatRequest, onText func(string)) (chatOutcome, error) {
 	body := map[string]any{
 		"model":      cr.model,
 		"messages":   []map[string]string{{"role": "user", "content": cr.prompt}},
 		"max_tokens": cr.maxTokens,
 		"seed":       cr.seed,
 	}
-	res, err := direct.Chat(ctx, base, key, body, direct.Options{PlainHTTP: plainHTTP, OnToken: func(t inference.Token) { onText(t.Text) }})
+	res, err := direct.Chat(ctx, base, key, body, direct.Options{PlainHTTP: plainHTTP, Device: device, OnToken: func(t inference.Token) { onText(t.Text) }})
 	if err != nil {
 		return chatOutcome{}, fmt.Errorf("direct through %s: %w", base, err)
 	}

@@ -1,8 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/json"
+	"maps"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -14,12 +19,18 @@ import (
 	"github.com/meshinfer/meshinfer/node"
 )
 
+// coordinator is a coordinator node the tests chat through.
+type coordinator struct {
+	api, key, dir string // its API's URL, an API key and its data dir
+	node          *node.Node
+}
+
 // startCoordinator starts a coordinator node on loopback that serves synth-tiny, with an API
-// key made by `meshinfer keys create`; it returns its API's URL and the key.
-func startCoordinator(t *testing.T) (api, key string) {
+// key made by `meshinfer keys create`. It is closed when the test ends.
+func startCoordinator(t *testing.T) coordinator {
 	t.Helper()
 	dir := t.TempDir()
-	key, _ = createKeyCmd(t, dir, "laptop")
+	key, _ := createKeyCmd(t, dir, "laptop")
 	id, _, err := crypto.GenerateEd25519Key(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -32,7 +43,7 @@ func startCoordinator(t *testing.T) (api, key string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { n.Close() })
-	return "http://" + n.APIAddr(), key
+	return coordinator{api: "http://" + n.APIAddr(), key: key, dir: dir, node: n}
 }
 
 // chatReference is what `meshinfer chat --max-tokens n --seed s PROMPT` must print: the
@@ -58,7 +69,9 @@ func chatReference(t *testing.T, prompt string, maxTokens int, seed int64) strin
 // chat --gateway streams through a coordinator's gateway with the key from --key or
 // $MESHINFER_API_KEY, and refuses to run without a key or with a bad one.
 func TestChatThroughGateway(t *testing.T) {
-	api, key := startCoordinator(t)
+	t.Setenv("XDG_DATA_HOME", t.TempDir()) // where chat keeps its device id by default
+	c := startCoordinator(t)
+	api, key := c.api, c.key
 	want := chatReference(t, "hello mesh", 12, 3) + "\n"
 
 	code, stdout, stderr := runCmd(t, "chat", "--gateway", api, "--key", key, "--device", "laptop-1",
@@ -86,9 +99,115 @@ func TestChatThroughGateway(t *testing.T) {
 	if code, _, stderr = runCmd(t, "chat", "--gateway", api, "hi"); code != 2 || !strings.Contains(stderr, apiKeyEnv) {
 		t.Fatalf("chat --gateway without a key: exit %d, stderr %q", code, stderr)
 	}
-	if code, _, _ = runCmd(t, "chat", "--key", key, "hi"); code != 2 {
-		t.Fatalf("chat --key without --gateway: exit %d, want 2", code)
+	for _, args := range [][]string{
+		{"chat", "--key", key, "hi"},
+		{"chat", "--data-dir", t.TempDir(), "hi"},
+		{"chat", "--no-device", "hi"},
+		{"chat", "--gateway", api, "--key", key, "--no-device", "--device", "laptop-1", "hi"},
+		{"chat", "--gateway", api, "--key", key, "--data-dir", t.TempDir(), "--device", "laptop-1", "hi"},
+	} {
+		if code, _, stderr = runCmd(t, args...); code != 2 {
+			t.Fatalf("%q: exit %d, want 2\nstderr %q", args, code, stderr)
+		}
 	}
+}
+
+// chatDevice is the device id `meshinfer chat` said it sent, "" if it named none.
+func chatDevice(stderr string) string {
+	_, after, ok := strings.Cut(stderr, ", device ")
+	if !ok {
+		return ""
+	}
+	id, _, _ := strings.Cut(after, "]")
+	return id
+}
+
+// chat --gateway sends the device id kept in --data-dir (made on the first run, the same on
+// the next; a record holding another id is told and updated; a record others can read is
+// not used, with a note), --device another one and --no-device none; the coordinator
+// meters each request under the device it named and `meshinfer usage --by-device` shows
+// them apart. A device id the gateway refuses fails the command with the coordinator's
+// reason.
+func TestChatSendsTheDeviceID(t *testing.T) {
+	c := startCoordinator(t)
+	api, key := c.api, c.key
+	clientDir := filepath.Join(t.TempDir(), "client")
+	chatArgs := func(extra ...string) []string {
+		return append([]string{"chat", "--gateway", api, "--key", key, "--max-tokens", "4"}, append(extra, "hi")...)
+	}
+	var ids []string
+	for i := range 2 {
+		code, _, stderr := runCmd(t, chatArgs("--data-dir", clientDir)...)
+		if code != 0 {
+			t.Fatalf("chat %d: exit %d\n%s", i, code, stderr)
+		}
+		ids = append(ids, chatDevice(stderr))
+	}
+	data, err := os.ReadFile(filepath.Join(clientDir, node.DeviceFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec struct{ ID string }
+	if err := json.Unmarshal(data, &rec); err != nil || !node.ValidDeviceID(rec.ID) || ids[0] != rec.ID || ids[1] != rec.ID {
+		t.Fatalf("chat named devices %q, %s holds %s (%v): want its id both times", ids, node.DeviceFile, data, err)
+	}
+	path := filepath.Join(clientDir, node.DeviceFile)
+	// A record holding another id (the hardware changed since): chat says so and sends
+	// the id of today's hardware, which the record then holds.
+	if err := os.WriteFile(path, bytes.Replace(data, []byte(rec.ID), []byte("dev_00000000000000000000000000000000"), 1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr := runCmd(t, chatArgs("--data-dir", clientDir)...)
+	if code != 0 || chatDevice(stderr) != rec.ID {
+		t.Fatalf("chat with a changed id: exit %d, stderr %q", code, stderr)
+	}
+	wantContains(t, "chat with a changed id", stderr, "id is now "+rec.ID+", was dev_00000000000000000000000000000000")
+	if now, err := os.ReadFile(path); err != nil || !bytes.Equal(now, data) {
+		t.Fatalf("%s holds %s after the change, want %s (%v)", node.DeviceFile, now, data, err)
+	}
+	// A record others could read is not used: chat says why, sends no id, and still runs.
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr = runCmd(t, chatArgs("--data-dir", clientDir)...)
+	if code != 0 || chatDevice(stderr) != "" {
+		t.Fatalf("chat with a record others can read: exit %d, stderr %q", code, stderr)
+	}
+	wantContains(t, "chat with a record others can read", stderr, "sending no device id", "chmod 600", "--no-device")
+	code, _, stderr = runCmd(t, chatArgs("--no-device")...)
+	if code != 0 || chatDevice(stderr) != "" || strings.Contains(stderr, "device") {
+		t.Fatalf("chat --no-device: exit %d, stderr %q", code, stderr)
+	}
+	code, _, stderr = runCmd(t, chatArgs("--device", "my laptop")...)
+	if code != 1 {
+		t.Fatalf("chat --device 'my laptop': exit %d, want 1\nstderr %q", code, stderr)
+	}
+	wantContains(t, "chat with a malformed device", stderr, "400", "invalid_request", "X-Meshinfer-Device")
+
+	// Metering runs just after each response; the node's Close waits for it.
+	if err := c.node.Close(); err != nil {
+		t.Fatal(err)
+	}
+	code, stdout, stderr := runCmd(t, "usage", "--data-dir", c.dir, "--by-device", "--json")
+	var rep usageReport
+	if code != 0 || json.Unmarshal([]byte(stdout), &rep) != nil {
+		t.Fatalf("usage --by-device --json: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	got := map[string]int{}
+	for _, r := range rep.Keys {
+		if r.Device == nil {
+			t.Fatalf("usage --by-device row without a device: %+v", r)
+		}
+		got[*r.Device] += r.Requests
+	}
+	if want := map[string]int{rec.ID: 3, "": 2}; !maps.Equal(got, want) || rep.Total.Requests != 5 {
+		t.Fatalf("usage --by-device: requests by device %v (total %d), want %v", got, rep.Total.Requests, want)
+	}
+	code, stdout, _ = runCmd(t, "usage", "--data-dir", c.dir, "--by-device")
+	if code != 0 {
+		t.Fatalf("usage --by-device: exit %d", code)
+	}
+	wantContains(t, "usage --by-device", stdout, "DEVICE", rec.ID)
 }
 
 // chat --gateway refuses to send a key over plain http:// to another machine, with and

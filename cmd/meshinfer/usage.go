@@ -15,13 +15,20 @@ import (
 	"github.com/meshinfer/meshinfer/transport/gateway"
 )
 
-// keyUsage is one row of `meshinfer usage`: a key and what it used.
+// keyUsage is one row of `meshinfer usage`: a key and what it used, or with --by-device what
+// one device of the key used.
 type keyUsage struct {
 	KeyID   string `json:"key_id"`
 	Name    string `json:"name"` // "" when keys.json does not know the key
 	Revoked bool   `json:"revoked"`
+	// Device is, with --by-device, the device id the row's requests named ("" for those
+	// that named none); absent without --by-device.
+	Device *string `json:"device,omitempty"`
 	gateway.Usage
 }
+
+// rowKey groups the meter's events into rows: by key, and with --by-device by device too.
+type rowKey struct{ keyID, device string }
 
 // usageReport is the JSON of `meshinfer usage --json`.
 type usageReport struct {
@@ -68,9 +75,11 @@ func checkReceipts(path string) (*receiptCheck, error) {
 
 func runUsage(args []string, stdout, stderr io.Writer) error {
 	flags := newFlagSet("usage", "Total what each API key used through this coordinator (requests, tokens, time), from its\n"+
-		"meter log, usage.jsonl in the data dir. Tasks that failed verification count no tokens.", stderr)
+		"meter log, usage.jsonl in the data dir. Tasks that failed verification count no tokens.\n"+
+		"--by-device splits each key's totals by the device id its clients sent (X-Meshinfer-Device).", stderr)
 	dataDir := flags.String("data-dir", "", dataDirHelp)
 	asJSON := flags.Bool("json", false, "print the totals as JSON, for scripts")
+	byDevice := flags.Bool("by-device", false, "one row per device of each key (\"-\": requests that named no device)")
 	checkRcpt := flags.Bool("receipts", false, "also check each task's receipt: signed by the serving peer over the\n"+
 		"output's digest and countersigned by this coordinator")
 	if err := parse(flags, args, stdout); err != nil {
@@ -81,7 +90,16 @@ func runUsage(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	path := filepath.Join(dir, gateway.UsageFile)
-	totals, err := gateway.ReadUsage(path)
+	totals := map[rowKey]gateway.Usage{}
+	err = gateway.ReadEvents(path, func(e gateway.MeterEvent) {
+		k := rowKey{keyID: e.KeyID}
+		if *byDevice {
+			k.device = e.Device
+		}
+		u := totals[k]
+		u.Add(e)
+		totals[k] = u
+	})
 	bad, partial := errors.AsType[*gateway.BadLinesError](err)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -95,7 +113,7 @@ func runUsage(args []string, stdout, stderr io.Writer) error {
 		report.SkippedLines = bad.Count
 	}
 	if len(totals) > 0 {
-		report.Keys = usageRows(dir, totals, stderr)
+		report.Keys = usageRows(dir, totals, *byDevice, stderr)
 		for _, r := range report.Keys {
 			report.Total.Requests += r.Requests
 			report.Total.Completed += r.Completed
@@ -132,7 +150,11 @@ func runUsage(args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tNAME\tREQUESTS\tCOMPLETED\tFAILED\tTOKENS IN\tTOKENS OUT\tTIME")
+	deviceCol, pad := "", "" // the DEVICE column, with --by-device
+	if *byDevice {
+		deviceCol, pad = "DEVICE\t", "\t"
+	}
+	fmt.Fprintln(tw, "KEY\tNAME\t"+deviceCol+"REQUESTS\tCOMPLETED\tFAILED\tTOKENS IN\tTOKENS OUT\tTIME")
 	for _, r := range report.Keys {
 		name := r.Name
 		switch {
@@ -141,11 +163,14 @@ func runUsage(args []string, stdout, stderr io.Writer) error {
 		case r.Revoked:
 			name += " (revoked)"
 		}
+		if r.Device != nil { // the DEVICE column
+			name += "\t" + cmp.Or(*r.Device, "-")
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", r.KeyID, name, r.Requests, r.Completed, r.Failed,
 			r.TokensIn, r.TokensOut, roundDuration(r.Duration))
 	}
 	t := report.Total
-	fmt.Fprintf(tw, "total\t\t%d\t%d\t%d\t%d\t%d\t%s\n", t.Requests, t.Completed, t.Failed, t.TokensIn, t.TokensOut, roundDuration(t.Duration))
+	fmt.Fprintf(tw, "total\t\t"+pad+"%d\t%d\t%d\t%d\t%d\t%s\n", t.Requests, t.Completed, t.Failed, t.TokensIn, t.TokensOut, roundDuration(t.Duration))
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -160,9 +185,10 @@ func runUsage(args []string, stdout, stderr io.Writer) error {
 }
 
 // usageRows joins the totals with the key names of keys.json, sorted by name, then id (keys
-// keys.json does not know last). A keys.json that cannot be read leaves the names out, with
-// a warning: the usage is still worth showing.
-func usageRows(dir string, totals map[string]gateway.Usage, stderr io.Writer) []keyUsage {
+// keys.json does not know last), then device; rows carry their device when byDevice. A
+// keys.json that cannot be read leaves the names out, with a warning: the usage is still
+// worth showing.
+func usageRows(dir string, totals map[rowKey]gateway.Usage, byDevice bool, stderr io.Writer) []keyUsage {
 	known := map[string]gateway.Key{}
 	if ks, err := gateway.OpenKeys(dir); err != nil {
 		fmt.Fprintf(stderr, "meshinfer usage: key names not shown: %v\n", err)
@@ -172,15 +198,23 @@ func usageRows(dir string, totals map[string]gateway.Usage, stderr io.Writer) []
 		}
 	}
 	rows := make([]keyUsage, 0, len(totals))
-	for id, u := range totals {
-		k := known[id]
-		rows = append(rows, keyUsage{KeyID: id, Name: k.Name, Revoked: k.Revoked(), Usage: u})
+	for rk, u := range totals {
+		k := known[rk.keyID]
+		row := keyUsage{KeyID: rk.keyID, Name: k.Name, Revoked: k.Revoked(), Usage: u}
+		if byDevice {
+			row.Device = &rk.device
+		}
+		rows = append(rows, row)
 	}
 	slices.SortFunc(rows, func(a, b keyUsage) int {
 		if (a.Name == "") != (b.Name == "") {
 			return cmp.Compare(b.Name, a.Name) // named first
 		}
-		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.KeyID, b.KeyID))
+		var ad, bd string
+		if a.Device != nil && b.Device != nil {
+			ad, bd = *a.Device, *b.Device
+		}
+		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.KeyID, b.KeyID), cmp.Compare(ad, bd))
 	})
 	return rows
 }

@@ -211,3 +211,65 @@ func TestUsageReceipts(t *testing.T) {
 		t.Fatalf("usage --receipts --json with altered lines: exit %d, %+v\nstdout:\n%s\nstderr:\n%s", code, rep.Receipts, stdout, stderr)
 	}
 }
+
+// --by-device splits each key's row by the device its requests named ("-": none); without
+// it the rows are per key as before, with no device column or field.
+func TestUsageByDevice(t *testing.T) {
+	dir, aliceID, bobID := writeUsage(t)
+	const laptop = "dev_0123456789abcdef0123456789abcdef"
+	m, err := gateway.OpenMeter(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []gateway.MeterEvent{
+		{KeyID: aliceID, Device: laptop, TokensIn: 5, TokensOut: 6, DurationMS: 200, Outcome: gateway.OutcomeCompleted},
+		{KeyID: aliceID, Device: laptop, TokensIn: 1, TokensOut: 0, DurationMS: 100, Outcome: "peer_lost"},
+	} {
+		e.Time, e.Model = time.Date(2026, 5, 1, 13, 0, 0, 0, time.UTC), "synth-tiny"
+		if err := m.Record(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.Close()
+
+	code, stdout, stderr := runCmd(t, "usage", "--data-dir", dir, "--by-device")
+	if code != 0 {
+		t.Fatalf("usage --by-device: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	var rows []string
+	for _, l := range strings.Split(stdout, "\n") {
+		if f := strings.Fields(l); len(f) > 0 {
+			rows = append(rows, strings.Join(f, " "))
+		}
+	}
+	want := []string{
+		"KEY NAME DEVICE REQUESTS COMPLETED FAILED TOKENS IN TOKENS OUT TIME",
+		aliceID + " alice - 3 2 1 22 96 1.5s",
+		aliceID + " alice " + laptop + " 2 1 1 6 6 300ms",
+		bobID + " bob (revoked) - 1 1 0 3 4 100ms",
+		"key_ffffffff - (not in keys.json) - 1 0 1 1 1 10ms",
+		"total 7 4 3 32 107 1.9s",
+	}
+	if strings.Join(rows, "\n") != strings.Join(want, "\n") {
+		t.Errorf("usage --by-device:\n%s\nwant rows\n%s", stdout, strings.Join(want, "\n"))
+	}
+
+	code, stdout, _ = runCmd(t, "usage", "--data-dir", dir, "--by-device", "--json")
+	var rep usageReport
+	if code != 0 || json.Unmarshal([]byte(stdout), &rep) != nil || len(rep.Keys) != 4 {
+		t.Fatalf("usage --by-device --json: exit %d\n%s", code, stdout)
+	}
+	if r := rep.Keys[1]; r.KeyID != aliceID || r.Device == nil || *r.Device != laptop || r.Requests != 2 ||
+		rep.Keys[0].Device == nil || *rep.Keys[0].Device != "" || !strings.Contains(stdout, `"device": ""`) {
+		t.Errorf("usage --by-device --json = %+v", rep)
+	}
+
+	code, stdout, _ = runCmd(t, "usage", "--data-dir", dir)
+	if code != 0 || strings.Contains(stdout, "DEVICE") || strings.Contains(stdout, laptop) {
+		t.Errorf("usage without --by-device shows devices:\n%s", stdout)
+	}
+	code, stdout, _ = runCmd(t, "usage", "--data-dir", dir, "--json")
+	if code != 0 || strings.Contains(stdout, `"device"`) || json.Unmarshal([]byte(stdout), &rep) != nil || rep.Keys[0].Requests != 5 {
+		t.Errorf("usage --json without --by-device:\n%s", stdout)
+	}
+}

@@ -15,7 +15,7 @@ var ErrNotPrivate = errors.New("not a private regular file")
 // (ErrNotPrivate) a symbolic link at path, a file another user owns, and anything but a
 // regular file. A missing file gives an error for which errors.Is(err, fs.ErrNotExist)
 // holds, as from os.OpenFile. The key store, the consent record, the receipts and usage
-// logs and the identity key are opened through it.
+// logs, the identity key and the device id record are opened through it.
 func OpenPrivate(path string, flag int, perm os.FileMode) (*os.File, error) {
 	f, err := os.OpenFile(path, flag|noFollow, perm)
 	if err != nil {

@@ -161,7 +161,7 @@ func (d *Executor) meterDirect(s gateway.Session, r *run, res inference.Result, 
 		return "", ""
 	}
 	ev := gateway.MeterEvent{
-		Time: d.now(), KeyID: s.KeyID, Model: r.req.Model, Peer: r.served().Route(),
+		Time: d.now(), KeyID: s.KeyID, Device: s.DeviceID, Model: r.req.Model, Peer: r.served().Route(),
 		TokensIn: res.Usage.PromptTokens, TokensOut: res.Usage.CompletionTokens,
 		DurationMS: took.Milliseconds(), Outcome: gateway.OutcomeCompleted,
 	}

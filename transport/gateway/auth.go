@@ -16,8 +16,9 @@ import (
 // either.
 const APIKeyHeader = "X-Api-Key"
 
-// DeviceHeader carries the client's device id: a stable id it chooses (a UUID, say), so that
-// one key used on several devices makes several sessions.
+// DeviceHeader carries the client's device id: a stable id it chooses (a UUID, say; meshinfer
+// chat sends one derived from the machine, "dev_" and 32 hex digits), so that one key used
+// on several devices makes several sessions, and the meter records which device used what.
 const DeviceHeader = "X-Meshinfer-Device"
 
 // MaxDeviceID bounds a device id in bytes: a UUID is 36, a hostname at most 253 but rarely
@@ -204,12 +205,24 @@ func deviceFromHeader(h http.Header) (string, error) {
 	case len(vs[0]) > MaxDeviceID:
 		return "", fmt.Errorf("%s is %d bytes: send "+rule, DeviceHeader, len(vs[0]), MaxDeviceID)
 	}
-	for i := 0; i < len(vs[0]); i++ {
-		if c := vs[0][i]; c < 0x21 || c > 0x7e {
-			return "", fmt.Errorf("%s has a character that is not visible ASCII at byte %d: send "+rule, DeviceHeader, i, MaxDeviceID)
-		}
+	if i := invisibleAt(vs[0]); i >= 0 {
+		return "", fmt.Errorf("%s has a character that is not visible ASCII at byte %d: send "+rule, DeviceHeader, i, MaxDeviceID)
 	}
 	return vs[0], nil
+}
+
+// validDevice reports whether s is a device id as deviceFromHeader accepts it, or "" (none).
+func validDevice(s string) bool { return len(s) <= MaxDeviceID && invisibleAt(s) < 0 }
+
+// invisibleAt is the index of the first byte of s that is not visible ASCII (0x21 to
+// 0x7e), or -1.
+func invisibleAt(s string) int {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x21 || c > 0x7e {
+			return i
+		}
+	}
+	return -1
 }
 
 // refuseKey answers a request whose key Check (or keyFromHeader) refused.

@@ -60,7 +60,12 @@
 //	 "type":"invalid_request_error","param":null,"code":"invalid_api_key"}}
 //
 // A client names its device with X-Meshinfer-Device (1 to MaxDeviceID visible ASCII
-// characters; absent is ""); a session is the key plus the device (Session.ID). The handler
+// characters; absent is ""; anything else, or the header twice, gets 400 invalid_request
+// saying what a device id is); a session is the key plus the device (Session.ID), and the
+// meter records the device with each task. Any stable id will do (a UUID); meshinfer chat
+// sends one derived from its machine, "dev_" and 32 lower-case hex digits: a salted hash of
+// the hardware facts the capability vector announces, the salt kept on the client's machine
+// (node.LoadOrCreateDevice), so the id tells nothing about the hardware. The handler
 // behind RequireKey finds the Session with SessionFrom and never sees the key: both key
 // headers are removed from its request. Nothing in this package logs a key.
 //
@@ -69,12 +74,13 @@
 // Meter records one MeterEvent per task in UsageFile ("usage.jsonl") in the data dir, mode
 // 0600: JSON Lines, one event per line of at most MaxUsageLine bytes:
 //
-//	{"time":"2026-05-01T12:00:03.25Z","key_id":"key_3fa09c12","model":"synth-tiny",
+//	{"time":"2026-05-01T12:00:03.25Z","key_id":"key_3fa09c12","device":"dev_5c1e…","model":"synth-tiny",
 //	 "peer":"peer:12D3KooW…","tokens_in":12,"tokens_out":64,"duration_ms":840,"verified":true,
 //	 "outcome":"completed","verification":"passed","receipt":"{…,\"sig\":\"ed25519:…\"}",
 //	 "countersig":"ed25519:…","coordinator":"12D3KooW…"}
 //
-// (shown wrapped). time is when the task ended, UTC; outcome is "completed" or the task's
+// (shown wrapped). time is when the task ended, UTC; device is the client's
+// X-Meshinfer-Device (absent when it sent none); outcome is "completed" or the task's
 // error code; verification is the verdict of a sampled verification (absent when not
 // sampled); receipt is the serving peer's signed task receipt (mesh/receipts, opaque here),
 // countersig the coordinator's countersignature of it, coordinator its peer ID. A task that failed verification is metered as zero: its caller records it
@@ -83,10 +89,12 @@
 // Record writes its line with one write and syncs before returning. A crash mid-write can
 // leave a torn last line: OpenMeter and ReadUsage skip it (ReadUsage reports it in a
 // *BadLinesError), and the next Record starts on a fresh line. UsageHandler serves the
-// calling key's totals at GET /v1/usage:
+// calling key's totals at GET /v1/usage and, when the request names a device, that device's
+// part of them (device is absent otherwise):
 //
 //	{"object":"meshinfer.usage","key":{"id":"key_3fa09c12","name":"alice-laptop"},
-//	 "usage":{"requests":3,"completed":2,"failed":1,"tokens_in":22,"tokens_out":96,"duration_ns":1500000000}}
+//	 "usage":{"requests":3,"completed":2,"failed":1,"tokens_in":22,"tokens_out":96,"duration_ns":1500000000},
+//	 "device":{"id":"dev_5c1e…","usage":{"requests":2,"completed":2,"failed":0,"tokens_in":12,"tokens_out":64,"duration_ns":800000000}}}
 //
 // # WebSocket endpoint
 //

@@ -55,6 +55,8 @@ func FuzzParseEvent(f *testing.F) {
 	f.Add(line)
 	f.Add(line[:len(line)/2])
 	f.Add([]byte(`{"time":"2026-05-01T12:00:00Z","key_id":"key_0000000a","outcome":"verification_failed","tokens_in":9}`))
+	f.Add([]byte(`{"time":"2026-05-01T12:00:00Z","key_id":"key_0000000a","device":"dev_0123456789abcdef0123456789abcdef","outcome":"completed"}`))
+	f.Add([]byte(`{"time":"2026-05-01T12:00:00Z","key_id":"key_0000000a","device":"a b","outcome":"completed"}`))
 	f.Fuzz(func(t *testing.T, line []byte) {
 		e, err := parseEvent(line)
 		if err != nil {

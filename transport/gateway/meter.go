@@ -48,15 +48,16 @@ var ErrMeterClosed = errors.New("meter closed")
 
 // MeterEvent is one task served through the coordinator, as UsageFile records it.
 type MeterEvent struct {
-	Time       time.Time `json:"time"`        // when the task ended; stored in UTC
-	KeyID      string    `json:"key_id"`      // the API key's ID (Session.KeyID)
-	Model      string    `json:"model"`       // the model that ran; "" if none was chosen
-	Peer       string    `json:"peer"`        // peer ID of the serving peer; "" if none served
-	TokensIn   int       `json:"tokens_in"`   // prompt tokens
-	TokensOut  int       `json:"tokens_out"`  // completion tokens
-	DurationMS int64     `json:"duration_ms"` // from admission to the end of the task
-	Verified   bool      `json:"verified"`    // a second execution agreed (Verification passed)
-	Outcome    string    `json:"outcome"`     // OutcomeCompleted or the error code
+	Time       time.Time `json:"time"`             // when the task ended; stored in UTC
+	KeyID      string    `json:"key_id"`           // the API key's ID (Session.KeyID)
+	Device     string    `json:"device,omitempty"` // the client's DeviceHeader (Session.DeviceID); absent: none sent
+	Model      string    `json:"model"`            // the model that ran; "" if none was chosen
+	Peer       string    `json:"peer"`             // peer ID of the serving peer; "" if none served
+	TokensIn   int       `json:"tokens_in"`        // prompt tokens
+	TokensOut  int       `json:"tokens_out"`       // completion tokens
+	DurationMS int64     `json:"duration_ms"`      // from admission to the end of the task
+	Verified   bool      `json:"verified"`         // a second execution agreed (Verification passed)
+	Outcome    string    `json:"outcome"`          // OutcomeCompleted or the error code
 	// Verification is the verdict of a sampled verification: passed, failed (Outcome is then
 	// OutcomeVerificationFailed), inconclusive or skipped; absent when the task was not
 	// sampled.
@@ -84,6 +85,8 @@ func (e *MeterEvent) validate() error {
 		return errors.New("time is missing")
 	case !validKeyID(e.KeyID):
 		return fmt.Errorf("key_id %q is not a key id", e.KeyID)
+	case !validDevice(e.Device):
+		return fmt.Errorf("device is not at most %d visible ASCII characters", MaxDeviceID)
 	case len(e.Model) > maxModel:
 		return fmt.Errorf("model is %d bytes, at most %d", len(e.Model), maxModel)
 	case len(e.Peer) > maxPeer:
@@ -139,16 +142,22 @@ func (u *Usage) Add(e MeterEvent) {
 	u.Duration += time.Duration(e.DurationMS) * time.Millisecond
 }
 
-// Meter appends one MeterEvent per task to UsageFile (an internal/jsonlog log) and keeps each
-// key's Usage: what the file held at OpenMeter plus every event recorded since. Its methods
-// are safe for concurrent use.
+// Meter appends one MeterEvent per task to UsageFile (an internal/jsonlog log) and keeps the
+// Usage of each key and of each device of a key: what the file held at OpenMeter plus every
+// event recorded since. Its methods are safe for concurrent use.
 type Meter struct {
 	log *jsonlog.Log
 
 	// mu guards the totals.
 	mu     sync.Mutex
 	totals map[string]Usage
+	// devices holds the totals of events with a device. It has at most one entry per
+	// line of the file, as many as the devices the keys' holders named.
+	devices map[keyDevice]Usage
 }
+
+// keyDevice names one device of one key.
+type keyDevice struct{ keyID, device string }
 
 // OpenMeter opens dir/UsageFile for appending, creating dir (mode 0700) and the file (mode
 // 0600) if needed, and sums the events already in it. Lines that cannot be read (torn by a
@@ -161,7 +170,7 @@ func OpenMeter(dir string) (*Meter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open meter: %w", err)
 	}
-	m := &Meter{log: jl, totals: make(map[string]Usage)}
+	m := &Meter{log: jl, totals: make(map[string]Usage), devices: make(map[keyDevice]Usage)}
 	if _, err := readEvents(jl.Opened(), m.add); err != nil {
 		jl.Close()
 		return nil, fmt.Errorf("open meter: %w", err)
@@ -176,6 +185,12 @@ func (m *Meter) add(e MeterEvent) {
 	u := m.totals[e.KeyID]
 	u.Add(e)
 	m.totals[e.KeyID] = u
+	if e.Device != "" {
+		kd := keyDevice{e.KeyID, e.Device}
+		d := m.devices[kd]
+		d.Add(e)
+		m.devices[kd] = d
+	}
 }
 
 // Record appends e to the log and counts it. e.Time must be set (it is stored in UTC) and
@@ -213,6 +228,22 @@ func (m *Meter) Usage(keyID string) Usage {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.totals[keyID]
+}
+
+// DeviceUsage returns the part of the key keyID's usage that came from the device named
+// device (events whose Device is device), counted as Usage counts.
+func (m *Meter) DeviceUsage(keyID, device string) Usage {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.devices[keyDevice{keyID, device}]
+}
+
+// sessionUsage returns the usage of s's key and of s's device, read together, so the device's
+// part never holds an event the key's does not.
+func (m *Meter) sessionUsage(s Session) (key, device Usage) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.totals[s.KeyID], m.devices[keyDevice{s.KeyID, s.DeviceID}]
 }
 
 // Close waits for Records being synced and closes the file. Idempotent; Record fails with
@@ -331,6 +362,14 @@ type usageResponse struct {
 	Object string   `json:"object"` // "meshinfer.usage"
 	Key    keyBrief `json:"key"`
 	Usage  Usage    `json:"usage"`
+	// Device is the calling device's part of Usage; absent when the request named no
+	// device.
+	Device *deviceUsage `json:"device,omitempty"`
+}
+
+type deviceUsage struct {
+	ID    string `json:"id"`
+	Usage Usage  `json:"usage"`
 }
 
 type keyBrief struct {
@@ -338,7 +377,8 @@ type keyBrief struct {
 	Name string `json:"name"`
 }
 
-// UsageHandler serves GET /v1/usage: the calling key's Usage from m. It must be wrapped in
+// UsageHandler serves GET /v1/usage: the calling key's Usage from m and, when the request
+// names a device (DeviceHeader), that device's part of it. It must be wrapped in
 // RequireKey, which provides the Session; without one it answers 503 (a wiring mistake,
 // never a usage of no key). Methods other than GET and HEAD get 405.
 func UsageHandler(m *Meter) http.Handler {
@@ -353,10 +393,11 @@ func UsageHandler(m *Meter) http.Handler {
 			writeError(w, http.StatusServiceUnavailable, string(inference.CodeUnavailable), "usage is not available: the endpoint is not behind API-key authentication")
 			return
 		}
-		writeJSON(w, http.StatusOK, usageResponse{
-			Object: "meshinfer.usage",
-			Key:    keyBrief{ID: s.KeyID, Name: s.KeyName},
-			Usage:  m.Usage(s.KeyID),
-		})
+		key, dev := m.sessionUsage(s)
+		res := usageResponse{Object: "meshinfer.usage", Key: keyBrief{ID: s.KeyID, Name: s.KeyName}, Usage: key}
+		if s.DeviceID != "" {
+			res.Device = &deviceUsage{ID: s.DeviceID, Usage: dev}
+		}
+		writeJSON(w, http.StatusOK, res)
 	})
 }

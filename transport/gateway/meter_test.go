@@ -154,6 +154,8 @@ func TestMeterRecordRejects(t *testing.T) {
 		{"outcome with spaces", func(e *MeterEvent) { e.Outcome = "went wrong" }},
 		{"long model", func(e *MeterEvent) { e.Model = strings.Repeat("m", maxModel+1) }},
 		{"long peer", func(e *MeterEvent) { e.Peer = strings.Repeat("p", maxPeer+1) }},
+		{"long device", func(e *MeterEvent) { e.Device = strings.Repeat("d", MaxDeviceID+1) }},
+		{"device with a space", func(e *MeterEvent) { e.Device = "my laptop" }},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -173,6 +175,64 @@ func TestMeterRecordRejects(t *testing.T) {
 	e.Model, e.Peer, e.Time = "", "", t0.In(time.FixedZone("CEST", 2*3600))
 	if err := m.Record(e); err != nil {
 		t.Errorf("Record(valid) = %v", err)
+	}
+}
+
+// Each event keeps the device its client named; the meter sums each device of a key apart,
+// in memory and again from the file, and an event without a device has no "device" field.
+func TestMeterRecordsDevices(t *testing.T) {
+	dir := t.TempDir()
+	m := openMeter(t, dir)
+	const laptop, phone = "dev_0123456789abcdef0123456789abcdef", "3f2a9c4e-5b1d-4c8e-9a7f-0d6b2e1c4a58"
+	withDevice := func(e MeterEvent, device string) MeterEvent {
+		e.Device = device
+		return e
+	}
+	record(t, m,
+		withDevice(event(keyA, OutcomeCompleted, 12, 64, 800), laptop),
+		withDevice(event(keyA, OutcomeVerificationFailed, 5, 5, 100), laptop),
+		withDevice(event(keyA, OutcomeCompleted, 10, 32, 400), phone),
+		event(keyA, OutcomeCompleted, 1, 1, 10),
+		withDevice(event(keyB, OutcomeCompleted, 7, 7, 100), laptop),
+	)
+	wantLaptop := Usage{Requests: 2, Completed: 1, Failed: 1, TokensIn: 12, TokensOut: 64, Duration: 900 * time.Millisecond}
+	wantPhone := Usage{Requests: 1, Completed: 1, TokensIn: 10, TokensOut: 32, Duration: 400 * time.Millisecond}
+	check := func(m *Meter, when string) {
+		t.Helper()
+		for _, tc := range []struct {
+			key, device string
+			want        Usage
+		}{
+			{keyA, laptop, wantLaptop}, {keyA, phone, wantPhone}, {keyB, laptop, wantB},
+			{keyB, phone, Usage{}}, {keyA, "", Usage{}},
+		} {
+			if got := m.DeviceUsage(tc.key, tc.device); got != tc.want {
+				t.Errorf("%s: DeviceUsage(%s, %q) = %+v, want %+v", when, tc.key, tc.device, got, tc.want)
+			}
+		}
+		if got := m.Usage(keyA); got.Requests != 4 {
+			t.Errorf("%s: Usage(a) = %+v, want 4 requests over all devices", when, got)
+		}
+	}
+	check(m, "recorded")
+	m.Close()
+	check(openMeter(t, dir), "reopened")
+
+	var devices []string
+	if err := ReadEvents(filepath.Join(dir, UsageFile), func(e MeterEvent) { devices = append(devices, e.Device) }); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{laptop, laptop, phone, "", laptop}; strings.Join(devices, ",") != strings.Join(want, ",") {
+		t.Errorf("devices read back %q, want %q", devices, want)
+	}
+	data, err := os.ReadFile(filepath.Join(dir, UsageFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(data), "\n")
+	if !strings.HasPrefix(lines[0], `{"time":"2026-05-01T12:00:00Z","key_id":"key_0000000a","device":"`+laptop+`","model":`) ||
+		strings.Contains(lines[3], `"device"`) {
+		t.Errorf("lines with and without a device:\n%s\n%s", lines[0], lines[3])
 	}
 }
 
@@ -329,7 +389,11 @@ func TestUsageHandler(t *testing.T) {
 			ID   string `json:"id"`
 			Name string `json:"name"`
 		} `json:"key"`
-		Usage Usage `json:"usage"`
+		Usage  Usage `json:"usage"`
+		Device *struct {
+			ID    string `json:"id"`
+			Usage Usage  `json:"usage"`
+		} `json:"device"`
 	}
 	for _, tc := range []struct {
 		plain string
@@ -350,6 +414,34 @@ func TestUsageHandler(t *testing.T) {
 		if !strings.Contains(w.Body.String(), `"duration_ns":`) {
 			t.Errorf("usage JSON has no duration_ns:\n%s", w.Body)
 		}
+		if got.Device != nil || strings.Contains(w.Body.String(), `"device"`) {
+			t.Errorf("GET /v1/usage without a device names one:\n%s", w.Body)
+		}
+	}
+
+	// With a device: the key's totals, and the device's part of them.
+	const laptop = "dev_0123456789abcdef0123456789abcdef"
+	ev := event(ka.ID, OutcomeCompleted, 3, 4, 50)
+	ev.Device = laptop
+	record(t, m, ev)
+	r := httptest.NewRequest(http.MethodGet, "/v1/usage", nil)
+	r.Header.Set("Authorization", "Bearer "+alice)
+	r.Header.Set(DeviceHeader, laptop)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	var got response
+	if w.Code != http.StatusOK || json.Unmarshal(w.Body.Bytes(), &got) != nil {
+		t.Fatalf("GET /v1/usage with a device: status %d\n%s", w.Code, w.Body)
+	}
+	wantDevice := Usage{Requests: 1, Completed: 1, TokensIn: 3, TokensOut: 4, Duration: 50 * time.Millisecond}
+	if got.Usage.Requests != 3 || got.Device == nil || got.Device.ID != laptop || got.Device.Usage != wantDevice {
+		t.Errorf("GET /v1/usage with a device = %+v, want 3 requests for the key, device %s with %+v", got, laptop, wantDevice)
+	}
+	r.Header.Set(DeviceHeader, "my laptop")
+	w = httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), DeviceHeader) {
+		t.Errorf("GET /v1/usage with a malformed device: status %d\n%s", w.Code, w.Body)
 	}
 	if w := get(http.MethodGet, ""); w.Code != http.StatusUnauthorized {
 		t.Errorf("GET /v1/usage without a key: status %d, want 401", w.Code)
@@ -359,7 +451,7 @@ func TestUsageHandler(t *testing.T) {
 	}
 
 	// Mounted without RequireKey: a wiring mistake, refused rather than answered for no key.
-	w := httptest.NewRecorder()
+	w = httptest.NewRecorder()
 	UsageHandler(m).ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/v1/usage", nil))
 	if w.Code != http.StatusServiceUnavailable {
 		t.Errorf("UsageHandler without a session: status %d, want 503", w.Code)

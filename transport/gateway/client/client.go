@@ -118,8 +118,10 @@ type config struct {
 	plainHTTP bool
 }
 
-// WithDevice names this device (gateway.DeviceHeader): a stable id such as a UUID. The
-// session, and so the reach of idempotency keys, is the key plus the device.
+// WithDevice names this device (gateway.DeviceHeader): a stable id such as a UUID, or the
+// one meshinfer chat derives (node.LoadOrCreateDevice). The session, and so the reach of
+// idempotency keys, is the key plus the device; the coordinator's meter records it with
+// each request. "" sends none.
 func WithDevice(id string) Option { return func(c *config) { c.device = id } }
 
 // WithHTTPClient sets the HTTP client for the WebSocket handshake and REST (default: one

@@ -3,14 +3,19 @@ package client_test
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"net/http"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
 
 	"github.com/meshinfer/meshinfer/mesh/participation"
+	"github.com/meshinfer/meshinfer/mesh/probe"
 	"github.com/meshinfer/meshinfer/node"
 	"github.com/meshinfer/meshinfer/transport/gateway"
 	"github.com/meshinfer/meshinfer/transport/gateway/client"
@@ -95,5 +100,85 @@ func TestCoordinatorNodeGateway(t *testing.T) {
 	total := waitUsage(t, dir, func(u gateway.Usage) bool { return u.Requests >= 3 })
 	if total.Requests != 3 || total.Completed != 3 || total.TokensOut != int64(3*ref.Usage.CompletionTokens) {
 		t.Fatalf("usage %+v: want 3 requests of %d tokens, each metered once", total, ref.Usage.CompletionTokens)
+	}
+}
+
+// The device id a thin client derives (from the machine's facts and a salt in its own data
+// dir) goes with each request, over WebSocket and REST alike: the real coordinator records
+// it in every usage line and GET /v1/usage shows that device's part. A malformed one is
+// refused with 400 before anything runs or is metered.
+func TestCoordinatorNodeMetersTheDevice(t *testing.T) {
+	n, dir, key, _ := startCoordinatorNode(t)
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	hc := &http.Client{Transport: tr}
+	base := "http://" + n.APIAddr()
+	dev, err := node.LoadOrCreateDevice(t.TempDir(), probe.ReadDeviceFacts(probe.DefaultRoot))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ws := client.New(base, key, client.WithHTTPClient(hc), client.WithDevice(dev.ID))
+	defer ws.Close()
+	rest := client.New(base, key, client.WithHTTPClient(hc), client.WithDevice(dev.ID), client.WithForceREST())
+	defer rest.Close()
+	bare := client.New(base, key, client.WithHTTPClient(hc))
+	defer bare.Close()
+	for i, c := range []*client.Client{ws, rest, bare} {
+		if _, err := c.Chat(context.Background(), chatBody(int64(i), 4), nil); err != nil {
+			t.Fatalf("chat %d: %v", i, err)
+		}
+	}
+	for _, c := range []*client.Client{
+		client.New(base, key, client.WithHTTPClient(hc), client.WithDevice("my laptop")),
+		client.New(base, key, client.WithHTTPClient(hc), client.WithDevice("my laptop"), client.WithForceREST()),
+	} {
+		defer c.Close()
+		var e *client.Error
+		if _, err := c.Chat(context.Background(), chatBody(9, 4), nil); !errors.As(err, &e) || e.Status != http.StatusBadRequest ||
+			e.Code != "invalid_request" || !strings.Contains(e.Message, gateway.DeviceHeader) {
+			t.Fatalf("malformed device: %v, want 400 invalid_request naming %s", err, gateway.DeviceHeader)
+		}
+	}
+
+	waitUsage(t, dir, func(u gateway.Usage) bool { return u.Requests >= 3 })
+	var devices []string
+	var fromDevice gateway.Usage
+	if err := gateway.ReadEvents(filepath.Join(dir, gateway.UsageFile), func(e gateway.MeterEvent) {
+		devices = append(devices, e.Device)
+		if e.Device == dev.ID {
+			fromDevice.Add(e)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(devices)
+	if want := []string{"", dev.ID, dev.ID}; !slices.Equal(devices, want) {
+		t.Fatalf("metered devices %q, want %q: two with the device, one without, none malformed", devices, want)
+	}
+
+	req, err := http.NewRequest(http.MethodGet, base+"/v1/usage", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set(gateway.DeviceHeader, dev.ID)
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var got struct {
+		Usage  gateway.Usage `json:"usage"`
+		Device struct {
+			ID    string        `json:"id"`
+			Usage gateway.Usage `json:"usage"`
+		} `json:"device"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&got); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /v1/usage: %d, %v", resp.StatusCode, err)
+	}
+	if got.Usage.Requests != 3 || got.Device.ID != dev.ID || got.Device.Usage != fromDevice || fromDevice.Completed != 2 {
+		t.Fatalf("GET /v1/usage = %+v: want 3 requests for the key, %+v from %s", got, fromDevice, dev.ID)
 	}
 }

@@ -57,6 +57,9 @@ type Options struct {
 	// PlainHTTP allows sending the API key over plain http:// to another machine, on a
 	// network the caller trusts (gateway.CheckKeyTransport); loopback is always allowed.
 	PlainHTTP bool
+	// Device names this device in gateway.DeviceHeader, as client.WithDevice does; the
+	// coordinator meters the task under it. "" sends none.
+	Device string
 }
 
 // ErrReceiptMismatch is returned, with the result, when the serving peer's receipt (which
@@ -101,11 +104,17 @@ func Chat(ctx context.Context, baseURL, key string, body any, o Options) (Result
 		return Result{}, fmt.Errorf("encode the request: %w", err)
 	}
 	url := strings.TrimSuffix(baseURL, "/") + gateway.WebSocketPath
-	ws, resp, err := websocket.Dial(ctx, url, &websocket.DialOptions{HTTPClient: o.HTTPClient,
-		HTTPHeader: http.Header{"Authorization": {"Bearer " + key}}})
+	h := http.Header{"Authorization": {"Bearer " + key}}
+	if o.Device != "" {
+		h.Set(gateway.DeviceHeader, o.Device)
+	}
+	ws, resp, err := websocket.Dial(ctx, url, &websocket.DialOptions{HTTPClient: o.HTTPClient, HTTPHeader: h})
 	if err != nil {
-		if resp != nil && resp.StatusCode == http.StatusUnauthorized {
+		switch {
+		case resp != nil && resp.StatusCode == http.StatusUnauthorized:
 			return Result{}, inference.Errorf(inference.CodeInvalidRequest, "the coordinator refused the API key (401)")
+		case resp != nil && resp.StatusCode == http.StatusBadRequest:
+			return Result{}, inference.Errorf(inference.CodeInvalidRequest, "the coordinator refused the request (400): %s", refusal(resp))
 		}
 		return Result{}, fmt.Errorf("connect to the gateway: %w", err)
 	}
@@ -180,6 +189,22 @@ func Chat(ctx context.Context, baseURL, key string, body any, o Options) (Result
 		return out, inference.Errorf(inference.Code(outcome.Error.Code), "%s", outcome.Error.Message)
 	}
 	return out, errors.New("the coordinator ended the connection without a record of the task")
+}
+
+// refusal is the message of the gateway's error answer resp (OpenAI's error JSON), or its
+// status line when it has none.
+func refusal(resp *http.Response) string {
+	var body struct {
+		Error struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	// The websocket library leaves the first KiB of a refused upgrade's body readable.
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
+	if json.Unmarshal(b, &body) == nil && body.Error.Message != "" {
+		return body.Error.Message
+	}
+	return resp.Status
 }
 
 // serverMessage is the part of the gateway's messages this package reads.

@@ -171,15 +171,16 @@ func reference(t *testing.T, seed int64, maxTokens int) string {
 // A thin client's direct request: the coordinator routes it and relays the WebRTC set-up,
 // the tokens come from the serving peer over the data channel (identical to the model's),
 // the coordinator serves none of them itself, and it meters the task from the peer's
-// receipt, countersigned, with the peer's token count.
+// receipt, countersigned, with the peer's token count, under the client's device id.
 func TestDirectThroughCoordinator(t *testing.T) {
 	m := startMesh(t, node.VerifyOff)
 	base := "http://" + m.coord.APIAddr()
+	const device = "dev_0123456789abcdef0123456789abcdef"
 	for i := range 3 {
 		want := reference(t, int64(i), 16)
 		var streamed strings.Builder
 		res, err := direct.Chat(context.Background(), base, m.key, chatBody(int64(i), 16),
-			direct.Options{OnToken: func(tok inference.Token) { streamed.WriteString(tok.Text) }})
+			direct.Options{Device: device, OnToken: func(tok inference.Token) { streamed.WriteString(tok.Text) }})
 		if err != nil {
 			t.Fatalf("direct request %d: %v", i, err)
 		}
@@ -216,8 +217,8 @@ func TestDirectThroughCoordinator(t *testing.T) {
 	}
 	for _, e := range events {
 		rc, err := receipts.VerifyCountersig(e.Coordinator, e.Receipt, e.Countersig)
-		if err != nil || e.Outcome != gateway.OutcomeCompleted || e.TokensOut != rc.TokensOut || e.TokensOut == 0 {
-			t.Fatalf("meter event %+v: %v", e, err)
+		if err != nil || e.Outcome != gateway.OutcomeCompleted || e.TokensOut != rc.TokensOut || e.TokensOut == 0 || e.Device != device {
+			t.Fatalf("meter event %+v: %v (want device %s)", e, err, device)
 		}
 	}
 }
@@ -309,12 +310,19 @@ func TestDirectTasksAreVerified(t *testing.T) {
 	})
 }
 
-// A bad key is refused before anything is set up.
+// A bad key, or a malformed device id, is refused before anything is set up, saying why.
 func TestDirectBadKey(t *testing.T) {
 	m := startMesh(t, node.VerifyOff)
 	_, err := direct.Chat(context.Background(), "http://"+m.coord.APIAddr(), gateway.KeyPrefix+"nope", chatBody(1, 4), direct.Options{})
 	if err == nil || !strings.Contains(err.Error(), "401") {
 		t.Fatalf("bad key: %v", err)
+	}
+	_, err = direct.Chat(context.Background(), "http://"+m.coord.APIAddr(), m.key, chatBody(1, 4), direct.Options{Device: "my laptop"})
+	if inference.CodeOf(err) != inference.CodeInvalidRequest || !strings.Contains(err.Error(), "400") || !strings.Contains(err.Error(), gateway.DeviceHeader) {
+		t.Fatalf("malformed device: %v, want invalid_request (400) naming %s", err, gateway.DeviceHeader)
+	}
+	if st := m.coord.Status().Routing; st.Direct != 0 {
+		t.Fatalf("coordinator counted %d direct tasks", st.Direct)
 	}
 }
 
