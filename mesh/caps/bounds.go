@@ -12,9 +12,13 @@ import (
 // enough for any real machine and tight enough that a liar cannot claim a datacentre.
 const (
 	// MaxEncodedSize is the largest announcement accepted, in bytes. A full vector with 64
-	// models of 128-byte names is about 9.5 KiB; 16 KiB leaves room without letting one
-	// message cost much.
-	MaxEncodedSize = 16 << 10
+	// models of 128-byte names, each with its size, is about 16 KiB; 24 KiB leaves room
+	// without letting one message cost much.
+	MaxEncodedSize = 24 << 10
+	// MaxLayers is the most layers a model may claim.
+	MaxLayers = 1024
+	// MaxModelBytes is the largest model a node may announce, in bytes (64 TiB: the RAM bound).
+	MaxModelBytes = int64(MaxRAMMB) << 20
 	// MaxCores is the most logical cores a node may claim (the largest 2-socket servers have 512).
 	MaxCores = 4096
 	// MaxRAMMB is the most RAM a node may claim, in MiB (64 TiB).
@@ -93,8 +97,9 @@ func (v *Vector) Validate() error {
 	if !shortText(v.NPU.Vendor) || !v.NPU.Present && v.NPU.Vendor != "" {
 		return bad("npu.vendor %q malformed or without an npu", v.NPU.Vendor)
 	}
-	if v.RAM.TotalMB < 1 || v.RAM.TotalMB > MaxRAMMB || v.RAM.FreeMB < 0 || v.RAM.FreeMB > v.RAM.TotalMB {
-		return bad("ram total %d free %d inconsistent", v.RAM.TotalMB, v.RAM.FreeMB)
+	if v.RAM.TotalMB < 1 || v.RAM.TotalMB > MaxRAMMB || v.RAM.FreeMB < 0 || v.RAM.FreeMB > v.RAM.TotalMB ||
+		v.RAM.BudgetMB < 0 || v.RAM.BudgetMB > v.RAM.TotalMB {
+		return bad("ram total %d free %d budget %d inconsistent", v.RAM.TotalMB, v.RAM.FreeMB, v.RAM.BudgetMB)
 	}
 	b := v.Battery
 	if !finiteIn(b.Level, 0, 1) || !finiteIn(b.Floor, 0, 1) {
@@ -135,6 +140,11 @@ func (v *Vector) Validate() error {
 		seen[m.Name] = true
 		if m.State != ModelWarm && m.State != ModelCold {
 			return bad("model %q state %q unknown", m.Name, m.State)
+		}
+		if m.Layers < 0 || m.Layers > MaxLayers || m.WeightBytes < 0 || m.WeightBytes > MaxModelBytes ||
+			m.KVBytesPerToken < 0 || m.KVBytesPerToken > m.WeightBytes || (m.Layers == 0) != (m.WeightBytes == 0) {
+			return bad("model %q size (layers %d, weight_bytes %d, kv_bytes_per_token %d) out of range",
+				m.Name, m.Layers, m.WeightBytes, m.KVBytesPerToken)
 		}
 	}
 	if v.Load.InFlight < 0 || v.Load.InFlight > MaxLoad || v.Load.Queue < 0 || v.Load.Queue > MaxLoad ||

@@ -267,8 +267,14 @@ func forgeries(tb testing.TB, k forgeryKeys) []forgery {
 		v.Models = make([]Model, MaxModels)
 		for i := range MaxModels {
 			v.CPU.ISAExt[i] = fmt.Sprintf("%0128d", i)
-			v.Models[i] = Model{Name: fmt.Sprintf("%0128d", i), State: ModelWarm}
+			v.Models[i] = Model{Name: fmt.Sprintf("%0128d", i), State: ModelWarm,
+				Layers: MaxLayers, WeightBytes: MaxModelBytes, KVBytesPerToken: MaxModelBytes}
 		}
+		v.GPUs = make([]GPU, MaxGPUs)
+		for i := range MaxGPUs {
+			v.GPUs[i] = GPU{Vendor: fmt.Sprintf("%0128d", i), Model: fmt.Sprintf("%0128d", i), VRAMMB: MaxVRAMMB}
+		}
+		v.GPU = &v.GPUs[0]
 	})), ErrTooLarge)
 	add("size: MaxEncodedSize+1 bytes", pad(valid, MaxEncodedSize+1), ErrTooLarge)
 

@@ -59,6 +59,9 @@ type NPU struct {
 type RAM struct {
 	TotalMB int64 `json:"total_mb"`
 	FreeMB  int64 `json:"free_mb"` // MemAvailable, not MemFree: what a new task could use
+	// BudgetMB is the memory this node gives to mesh work (--memory-budget): whole models
+	// and pipeline stages it holds for peers. 0: none said.
+	BudgetMB int64 `json:"budget_mb,omitempty"`
 }
 
 // Battery is the power source state. Level and Floor are fractions of a full charge (0-1).
@@ -86,6 +89,13 @@ type Model struct {
 	// Deterministic: the same request always gives the same tokens (the synthetic
 	// presets), so a stream cut on another node can be resumed here.
 	Deterministic bool `json:"deterministic,omitempty"`
+	// The model's size, when the node knows it (the synthetic presets): its layers, its
+	// weights in bytes once loaded, and the KV cache of one position across all layers.
+	// Routing compares WeightBytes with a node's ram.budget_mb; a model that fits no single
+	// node is served by a pipeline of layer ranges. 0 (absent): not said.
+	Layers          int   `json:"layers,omitempty"`
+	WeightBytes     int64 `json:"weight_bytes,omitempty"`
+	KVBytesPerToken int64 `json:"kv_bytes_per_token,omitempty"`
 }
 
 // Load is the node's current work.

@@ -476,6 +476,16 @@ func outOfBounds() []boundsCase {
 		{"model name newline", func(v *Vector) { v.Models[0].Name = "llama\n" }},
 		{"model name replacement char", func(v *Vector) { v.Models[0].Name = "llama\ufffd" }},
 		{"model state unknown", func(v *Vector) { v.Models[0].State = "hot" }},
+		{"model layers negative", func(v *Vector) { v.Models[0].Layers, v.Models[0].WeightBytes = -1, 1 }},
+		{"model layers over MaxLayers", func(v *Vector) { v.Models[0].Layers, v.Models[0].WeightBytes = MaxLayers+1, 1 }},
+		{"model weight bytes without layers", func(v *Vector) { v.Models[0].WeightBytes = 1 << 20 }},
+		{"model layers without weight bytes", func(v *Vector) { v.Models[0].Layers = 8 }},
+		{"model weight bytes over the bound", func(v *Vector) { v.Models[0].Layers, v.Models[0].WeightBytes = 8, MaxModelBytes+1 }},
+		{"model kv over its weights", func(v *Vector) {
+			v.Models[0].Layers, v.Models[0].WeightBytes, v.Models[0].KVBytesPerToken = 8, 1<<20, 1<<21
+		}},
+		{"ram budget over total", func(v *Vector) { v.RAM.BudgetMB = v.RAM.TotalMB + 1 }},
+		{"ram budget negative", func(v *Vector) { v.RAM.BudgetMB = -1 }},
 		{"in_flight negative", func(v *Vector) { v.Load.InFlight = -1 }},
 		{"capacity negative", func(v *Vector) { v.Load.Capacity = -1 }},
 		{"queue over max", func(v *Vector) { v.Load.Queue = MaxLoad + 1 }},
@@ -524,6 +534,10 @@ func TestValidate(t *testing.T) {
 	}
 	good := []boundsCase{
 		{"cores 1", func(v *Vector) { v.CPU.Cores = 1 }},
+		{"model with its size", func(v *Vector) {
+			v.Models[0].Layers, v.Models[0].WeightBytes, v.Models[0].KVBytesPerToken = 16, 480<<20, 96<<10
+		}},
+		{"ram budget all of it", func(v *Vector) { v.RAM.BudgetMB = v.RAM.TotalMB }},
 		{"cores max", func(v *Vector) { v.CPU.Cores = MaxCores }},
 		{"no isa_ext", func(v *Vector) { v.CPU.ISAExt = nil }},
 		{"isa_ext max", func(v *Vector) { v.CPU.ISAExt = make([]string, MaxISA); fill(v.CPU.ISAExt, "sse") }},
