@@ -88,6 +88,7 @@ type Node struct {
 	receipts  *receipts.Log      // tasks served for peers; nil without a data dir
 	rtc       *webrtc.Transport  // WebRTC direct paths (webrtc.go)
 	dialer    host.Host          // host, with addresses of unconnected peers found in the DHT
+	budget    int64              // bytes of memory for mesh work (Config.MemoryBudget, or the default share)
 	keys      *gateway.KeyStore  // coordinator: the API keys of thin clients
 	meter     *gateway.Meter     // coordinator: usage per key
 	tasks     taskMeter          // meters API requests (a no-op but on a coordinator)
@@ -179,6 +180,10 @@ func (n *Node) start() error {
 		return fmt.Errorf("start capability probe: %w", err)
 	}
 	n.closers = append(n.closers, n.probe.Close)
+	n.budget = cfg.MemoryBudget
+	if n.budget <= 0 {
+		n.budget = int64(float64(n.probe.Probe(cfg.Now()).RAM.FreeMB<<20) * DefaultMemoryShare)
+	}
 
 	if n.rep, err = reputation.New(reputation.DefaultParams()); err != nil {
 		return fmt.Errorf("reputation store: %w", err)
@@ -508,6 +513,9 @@ func (n *Node) APIAddr() string {
 	return n.api.Addr()
 }
 
+// MemoryBudget is the memory this node gives to mesh work, in bytes.
+func (n *Node) MemoryBudget() int64 { return n.budget }
+
 // vectorSource fills the unsigned parts of the vector: hardware from the probe (a foreground
 // desktop), the battery floor from the participation policy, models and load from the
 // backend and the peer inference server.
@@ -516,6 +524,7 @@ type vectorSource struct{ n *Node }
 func (s vectorSource) Vector(now time.Time) caps.Vector {
 	v := s.n.probe.Probe(now).Vector()
 	v.Battery.Floor = s.n.part.batteryFloor()
+	v.RAM.BudgetMB = min(s.n.budget>>20, v.RAM.TotalMB)
 	models := []caps.Model{}
 	load := caps.Load{Accepting: s.n.backend != nil && s.n.part.accepting()}
 	if s.n.backend != nil {

@@ -345,3 +345,20 @@ func TestStatusAgainstTestnet(t *testing.T) {
 		t.Fatalf("chat without a prompt: exit %d, want 2", code)
 	}
 }
+
+func TestMemoryBudgetSizes(t *testing.T) {
+	for in, want := range map[string]int64{
+		"512": 512 << 20, "512MiB": 512 << 20, "4GiB": 4 << 30, "2GB": 2e9, "1.5GiB": 3 << 29, "300 MB": 300e6, "64k": 64 << 10,
+	} {
+		var b byteSize
+		if err := b.Set(in); err != nil || int64(b) != want {
+			t.Errorf("Set(%q) = %d, %v; want %d", in, int64(b), err, want)
+		}
+	}
+	for _, in := range []string{"", "0", "-1GiB", "12XB", "GiB", "1e30TB"} {
+		var b byteSize
+		if err := b.Set(in); err == nil {
+			t.Errorf("Set(%q) = %d, want an error", in, int64(b))
+		}
+	}
+}

@@ -8,9 +8,11 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
@@ -89,6 +91,8 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	acceptWebRTC := fs.Bool("webrtc-accept", false, "answer peers' WebRTC set-ups, without sending this node's own requests over WebRTC: direct paths peers open to send it requests, and direct tasks a coordinator relays for its thin clients (meshinfer chat --gateway --direct). Without it or --webrtc, this node registers no WebRTC signaling and peers' requests reach it over libp2p")
 	fs.Var(&iceServers, "ice-server", "STUN or TURN server for WebRTC paths, stun:host:port or turn:host:port (TURN credentials from $"+node.EnvTURNUsername+" and $"+node.EnvTURNCredential+"); repeatable; none needed on a LAN")
 	fs.Var(&origins, "gateway-origin", "origin of a browser app allowed to call this coordinator's gateway (WebSocket and REST with CORS), e.g. app.example.com or *.example.com; repeatable")
+	var budget byteSize
+	fs.Var(&budget, "memory-budget", "memory this node gives to mesh work (models held whole for peers, pipeline stages of larger ones), e.g. 512MiB, 4GiB or 2GB; a plain number is MiB (default half the memory available at start)")
 	insecureGateway := fs.Bool("insecure-gateway", false, "let a coordinator's API listen on a non-loopback address without TLS (a TLS proxy in front of it)")
 	profile := fs.String("profile", "", "participation profile set by whoever deploys the node: eco, standard, power or off (default standard, or the --config file's)")
 	configFile := fs.String("config", "", "JSON file of per-field overrides of the profile: require_charging, battery_min_level, thermal_max_state, max_tasks_per_min, pause_on_metered")
@@ -109,6 +113,7 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 		ConnsLow:      *connsLow,
 		ConnsHigh:     *connsHigh,
 		ProbeRoot:     *probeRoot,
+		MemoryBudget:  int64(budget),
 		Version:       version,
 	}
 	cfg.Backend, cfg.Upstream, cfg.UpstreamKeyEnv = *backend, *upstreamURL, *upstreamKeyEnv
@@ -167,6 +172,7 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "  listen   %s\n", a)
 	}
 	fmt.Fprintf(stdout, "  models   %s\n", strings.Join(cfg.Models, ", "))
+	fmt.Fprintf(stdout, "  memory   %s for mesh work\n", byteSize(n.MemoryBudget()))
 	if cfg.Backend == node.BackendOpenAI {
 		fmt.Fprintf(stdout, "  upstream %s\n", cfg.Upstream)
 	}
@@ -247,4 +253,41 @@ func parseRoles(s string) ([]node.Role, error) {
 		}
 	}
 	return roles, nil
+}
+
+// byteSize is a --memory-budget value: a number with an optional unit (B, KB, MB, GB, TB
+// in powers of 1000; KiB, MiB, GiB, TiB in powers of 1024); a plain number is MiB.
+type byteSize int64
+
+func (b *byteSize) String() string {
+	switch v := int64(*b); {
+	case v == 0:
+		return ""
+	case v%(1<<30) == 0:
+		return fmt.Sprintf("%dGiB", v>>30)
+	case v >= 1<<30:
+		return fmt.Sprintf("%.1fGiB", float64(v)/(1<<30))
+	default:
+		return fmt.Sprintf("%dMiB", v>>20)
+	}
+}
+
+func (b *byteSize) Set(s string) error {
+	num := strings.TrimRightFunc(s, unicode.IsLetter)
+	unit := strings.ToLower(strings.TrimSpace(s[len(num):]))
+	f, err := strconv.ParseFloat(strings.TrimSpace(num), 64)
+	if err != nil || !(f > 0) {
+		return fmt.Errorf("%q: want a positive size such as 512MiB or 4GiB", s)
+	}
+	mult := map[string]float64{"": 1 << 20, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+		"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+	m, ok := mult[unit]
+	if !ok {
+		return fmt.Errorf("%q: unknown unit %q; use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB", s, unit)
+	}
+	if f*m > float64(1<<62) {
+		return fmt.Errorf("%q: too large", s)
+	}
+	*b = byteSize(f * m)
+	return nil
 }
