@@ -259,8 +259,8 @@ func parseRoles(s string) ([]node.Role, error) {
 // in powers of 1000; KiB, MiB, GiB, TiB in powers of 1024); a plain number is MiB.
 type byteSize int64
 
-func (b *byteSize) String() string {
-	switch v := int64(*b); {
+func (b byteSize) String() string {
+	switch v := int64(b); {
 	case v == 0:
 		return ""
 	case v%(1<<30) == 0:
