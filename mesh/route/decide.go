@@ -299,7 +299,7 @@ func (d *decider) eligiblePeers(model string) ([]meshPeer, []string) {
 		}
 		ok, cold := serves(v, model)
 		spare := spareCapacity(v.Load)
-		if !ok || !(spare > 0) {
+		if !ok || !(spare > 0) || !holdsWhole(v, model) {
 			continue
 		}
 		key := sp.Key
@@ -325,6 +325,18 @@ func serves(v *caps.Vector, model string) (ok, cold bool) {
 		}
 	}
 	return false, false
+}
+
+// holdsWhole reports whether v's memory budget holds model whole: true unless both the
+// model's size and the budget are announced and the size is larger. A model no peer holds
+// whole is served by a pipeline of layer ranges (PlanStages), not by one peer.
+func holdsWhole(v *caps.Vector, model string) bool {
+	for i := range v.Models {
+		if m := &v.Models[i]; m.Name == model {
+			return m.WeightBytes == 0 || v.RAM.BudgetMB == 0 || m.WeightBytes <= v.RAM.BudgetMB<<20
+		}
+	}
+	return false
 }
 
 // spareCapacity is 1 − InFlight/Capacity, or 1 when the capacity is not said.

@@ -670,3 +670,25 @@ func TestScratchReuse(t *testing.T) {
 		}
 	}
 }
+
+// TestPeerMustHoldTheModelWhole: a peer whose announced memory budget is smaller than the
+// model's announced size is not a candidate to serve it whole; one without either figure is.
+func TestPeerMustHoldTheModelWhole(t *testing.T) {
+	f := newFleet(t, "small", "big", "unsaid")
+	sized := func(name string, budgetMB int64) Peer {
+		p := f.peer(name, warm("m"))
+		p.Entry.Vector.RAM.BudgetMB = budgetMB
+		if name != "unsaid" {
+			p.Entry.Vector.Models[0].Layers, p.Entry.Vector.Models[0].WeightBytes = 16, 480<<20
+		}
+		return p
+	}
+	s := &Snapshot{Peers: []Peer{sized("small", 256), sized("big", 1024), sized("unsaid", 256)}, Rep: newStore(t)}
+	req := request("m", prefs(inference.PrivacyMesh, inference.PriorityBalanced, inference.RouteExplicit))
+	for seed := range uint64(50) {
+		got := f.render(Decide(req, s, now, seeded(seed)).Attempts)
+		if slices.Contains(got, "peer:small") || !slices.Contains(got, "peer:big") || !slices.Contains(got, "peer:unsaid") {
+			t.Fatalf("seed %d: attempts %q, want big and unsaid, never small (256 MB for a 480 MB model)", seed, got)
+		}
+	}
+}
