@@ -109,16 +109,24 @@ func (s *arithSession) Forward(ctx context.Context, hidden []float32, n int) ([]
 	return out, nil
 }
 
-// layerStep runs layer l on one position x into y, updating its state kv.
+// layerStep runs layer l on one position x into y, updating its state kv: y[i] = a·x[i] +
+// ¼·kv[i] + ⅛·x[(i+1) mod w] + b[i], with b[i] = ((31·l + 7·i) mod 13)/13 − ½.
 func layerStep(l int, kv, x, y []float32) {
 	w := len(x)
 	a := 0.5 + float32(l%7)/16
 	for i := range x {
 		kv[i] = 0.5*kv[i] + x[i]
 	}
+	r := l * 31 % 13 // (31·l + 7·i) mod 13, kept as i goes
 	for i := range x {
-		b := float32((l*31+i*7)%13)/13 - 0.5
-		y[i] = a*x[i] + 0.25*kv[i] + 0.125*x[(i+1)%w] + b
+		next := x[0]
+		if i+1 < w {
+			next = x[i+1]
+		}
+		y[i] = a*x[i] + 0.25*kv[i] + 0.125*next + (float32(r)/13 - 0.5)
+		if r += 7; r >= 13 {
+			r -= 13
+		}
 	}
 }
 

@@ -19,10 +19,10 @@ import (
 
 // Benchmarks of docs' S1 and S2 (BENCHMARKS.md §7.4), each measured against its reference
 // in the same run, interleaved step by step. The model is arith at width 4096 (a 7B
-// model's d_model: 16 KiB of hidden states per decode step) with 8 cheap layers, so that
+// model's d_model: 16 KiB of hidden states per decode step) with 4 cheap layers, so that
 // what is measured is the chain, not the layers.
 const (
-	benchLayers = 8
+	benchLayers = 4
 	benchWidth  = 4096
 	// benchPositions is each session's length; a benchmark opens new sessions as they fill.
 	benchPositions = 4096
@@ -36,7 +36,7 @@ type stepper struct {
 	run   inference.Layers
 	close func()
 	used  int
-	took  time.Duration
+	took  []time.Duration // per timed step
 }
 
 func (s *stepper) step(b *testing.B, x []float32) {
@@ -51,11 +51,26 @@ func (s *stepper) step(b *testing.B, x []float32) {
 	if _, err := s.run(b.Context(), x, 1); err != nil {
 		b.Fatalf("%s: %v", s.name, err)
 	}
-	s.took += time.Since(began)
+	s.took = append(s.took, time.Since(began))
 	s.used++
 }
 
-func (s *stepper) perStep(n int) float64 { return float64(s.took.Microseconds()) / float64(n) }
+// median is the median of xs in microseconds: robust to the scheduler's hiccups on a
+// shared machine, which a mean is not.
+func median(xs []time.Duration) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return float64(s[len(s)/2].Nanoseconds()) / 1e3
+}
+
+// diffs is a[i] − b[i], step by step.
+func diffs(a, b []time.Duration) []time.Duration {
+	d := make([]time.Duration, len(a))
+	for i := range a {
+		d[i] = a[i] - b[i]
+	}
+	return d
+}
 
 func localStepper(b *testing.B) *stepper {
 	be := newArith(benchLayers, benchWidth, 1)
@@ -79,7 +94,9 @@ func chainStepper(b *testing.B, name string, c chain, opts ...PipelineOption) *s
 // (goal ≤ 0.3 ms). A 2-stage chain and a 1-stage chain run the same layers with the same
 // head: their difference is one stage-to-stage crossing (boundary-µs). Reported beside it:
 // one crossing of the 1-stage chain over one process (its two crossings, head → stage and
-// stage → head, halved: crossing-µs) and each path's time per step.
+// stage → head, halved: crossing-µs) and each path's time per step. The paths take turns
+// step by step, and every figure is a median over the steps (of the step-by-step
+// differences for boundary and crossing).
 func BenchmarkS1BoundaryCost(b *testing.B) {
 	in := localStepper(b)
 	one := chainStepper(b, "1 stage", newChain(b, benchLayers, benchWidth, [][2]int{{0, benchLayers}}))
@@ -89,7 +106,7 @@ func BenchmarkS1BoundaryCost(b *testing.B) {
 		for range 20 {
 			s.step(b, x)
 		}
-		s.took = 0
+		s.took = s.took[:0]
 	}
 	b.ResetTimer()
 	for range b.N {
@@ -101,12 +118,12 @@ func BenchmarkS1BoundaryCost(b *testing.B) {
 	for _, s := range []*stepper{in, one, two} {
 		s.close()
 	}
-	b.ReportMetric(in.perStep(b.N), "local-µs/step")
-	b.ReportMetric(one.perStep(b.N), "1stage-µs/step")
-	b.ReportMetric(two.perStep(b.N), "2stage-µs/step")
-	b.ReportMetric(two.perStep(b.N)-one.perStep(b.N), "boundary-µs")
-	b.ReportMetric((one.perStep(b.N)-in.perStep(b.N))/2, "crossing-µs")
-	b.ReportMetric(two.perStep(b.N)/in.perStep(b.N), "2stage/local")
+	b.ReportMetric(median(in.took), "local-µs/step")
+	b.ReportMetric(median(one.took), "1stage-µs/step")
+	b.ReportMetric(median(two.took), "2stage-µs/step")
+	b.ReportMetric(median(diffs(two.took, one.took)), "boundary-µs")
+	b.ReportMetric(median(diffs(one.took, in.took))/2, "crossing-µs")
+	b.ReportMetric(median(two.took)/median(in.took), "2stage/local")
 }
 
 // BenchmarkS2DelayPerHop: S2, the time a decode step adds at 10 ms one-way delay per hop
@@ -118,12 +135,13 @@ func BenchmarkS1BoundaryCost(b *testing.B) {
 // return stream) each cross a proxy; the head runs beside stage 0, on a link without delay,
 // as a head that holds the embeddings next to the first layers does. The same chain is
 // measured with the proxies' delay at 0 and at 10 ms, alternating step by step: added-ms is
-// the difference, budget-ms the goal, and added/budget their ratio.
+// the median of the step-by-step differences, budget-ms the goal, and added/budget their
+// ratio.
 //
 // The proxy's timers fire late on a busy machine (by a fraction of a millisecond to a few,
 // on 2 shared cores), which the chain's figure includes. So the one-way delay the proxy
 // really imposes is measured in the same run, interleaved: half the added round-trip time
-// of 16 KiB echoed through a proxy at the same delay (oneway-ms). added/(k·oneway) is then
+// of 16 KiB echoed through a proxy at the same delay (oneway-ms, a median too). added/(k·oneway) is then
 // the chain's cost in one-way delays per stage: 1 is one one-way delay per hop and nothing
 // else, and a round trip per stage would be about 2.
 func BenchmarkS2DelayPerHop(b *testing.B) {
@@ -153,7 +171,7 @@ func BenchmarkS2DelayPerHop(b *testing.B) {
 			}
 			echo := newEchoLink(b, 4*benchWidth)
 			x := promptStates(1, benchWidth)
-			var fast, slow, echoFast, echoSlow time.Duration
+			var fast, slow, echoFast, echoSlow []time.Duration // per step
 			step := func(d time.Duration) time.Duration {
 				setDelay(d)
 				began := time.Now()
@@ -169,16 +187,15 @@ func BenchmarkS2DelayPerHop(b *testing.B) {
 				if i >= benchPositions/2-2 {
 					b.Fatal("the session is full: run fewer steps (-benchtime=Nx)")
 				}
-				fast += step(0)
-				slow += step(delay)
-				echoFast += echo.roundTrip(b, 0)
-				echoSlow += echo.roundTrip(b, delay)
+				fast = append(fast, step(0))
+				slow = append(slow, step(delay))
+				echoFast = append(echoFast, echo.roundTrip(b, 0))
+				echoSlow = append(echoSlow, echo.roundTrip(b, delay))
 			}
 			b.StopTimer()
-			ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(b.N) / 1000 }
-			added, oneway := ms(slow-fast), ms(echoSlow-echoFast)/2
-			budget := float64(k)*ms(delay*time.Duration(b.N)) + 1
-			b.ReportMetric(ms(fast), "undelayed-ms/step")
+			added, oneway := median(diffs(slow, fast))/1e3, median(diffs(echoSlow, echoFast))/2e3
+			budget := float64(k)*float64(delay.Microseconds())/1e3 + 1
+			b.ReportMetric(median(fast)/1e3, "undelayed-ms/step")
 			b.ReportMetric(added, "added-ms")
 			b.ReportMetric(budget, "budget-ms")
 			b.ReportMetric(added/budget, "added/budget")
