@@ -20,9 +20,11 @@
 // the chain is set up in one pass; each answers ready back once everything behind it is
 // set up. The head then dials the last stage (its return stream) and attaches to the
 // session. A step goes head → stage 0 → … → stage k−1 → head: k+1 one-way crossings, each
-// stage sending straight to the next, never a round trip per stage. The head is the only
-// dialer it needs (it works behind NAT); it needs no handler of its own, and it knows whom
-// each stream is from because it dialed them.
+// stage sending straight to the next, never a round trip per stage; where the head runs
+// beside stage 0, k one-way delays. The head only dials: it works behind NAT, needs no
+// handler of its own, and knows whom each stream is from because it dialed it. The head is
+// no stage of its own chain (a host does not dial itself): layers it holds it runs itself,
+// before or after its Pipeline's Forward.
 //
 // # Wire format
 //
@@ -30,7 +32,7 @@
 // first body byte is the frame type. Integers in bodies are minimal unsigned varints.
 //
 //	0x01 open     previous hop → stage   JSON (below)                       ≤ MaxOpenFrame
-//	0x02 hidden   forward                uvarint step, uvarint n,          ≤ 21 + 4·width·batch
+//	0x02 hidden   forward                uvarint step, uvarint n,           ≤ 21 + 4·width·batch
 //	                                     n × width float32 little-endian
 //	0x03 ready    backward, and last     uvarint width                      ≤ MaxErrorFrame
 //	              stage → head

@@ -187,7 +187,7 @@ func (p *Pipeline) open(ctx context.Context, h host.Host, o *open, body []byte, 
 		return nil, p.lost(0, "send open", err)
 	}
 	upR := frame.NewReader(up, MaxErrorFrame)
-	width, err := p.answer(ctx, upR, 0, 0, len(p.stages))
+	width, err := p.answer(ctx, upR, 0, false)
 	if err != nil {
 		return nil, err
 	}
@@ -212,7 +212,7 @@ func (p *Pipeline) open(ctx context.Context, h host.Host, o *open, body []byte, 
 		return nil, p.lost(last, "attach", err)
 	}
 	p.retR = frame.NewReader(ret, max(frameMax, MaxErrorFrame))
-	w, err := p.answer(ctx, p.retR, last, headStage, len(p.stages))
+	w, err := p.answer(ctx, p.retR, last, true)
 	if err != nil {
 		return nil, err
 	}
@@ -236,10 +236,11 @@ func (p *Pipeline) unreachable(ctx context.Context, i int, err error) error {
 	return p.stageErr(inference.CodeUnavailable, i, "open stream: %v", err)
 }
 
-// answer reads a stage's answer to an open or attach from r: ready with the model's
-// width, or an error frame naming a stage in [lo, hi) (the attach's names the last stage,
-// whatever it says). The set-up's deadline (ctx's) gives timeout.
-func (p *Pipeline) answer(ctx context.Context, r *frame.Reader, from, lo, hi int) (int, error) {
+// answer reads stage from's answer to an open or attach from r: ready with the model's
+// width, or an error frame. The open's names a stage of the chain (stage 0 passes back
+// the refusal of a stage after it); the attach's concerns the last stage alone, whatever
+// it names. The set-up's deadline (ctx's) gives timeout.
+func (p *Pipeline) answer(ctx context.Context, r *frame.Reader, from int, attach bool) (int, error) {
 	body, err := r.Next()
 	switch {
 	case err != nil && (isTimeout(err) || ctx.Err() != nil):
@@ -247,11 +248,15 @@ func (p *Pipeline) answer(ctx context.Context, r *frame.Reader, from, lo, hi int
 	case err != nil:
 		return 0, p.lost(from, "read answer", err)
 	case len(body) > 0 && body[0] == frameError:
-		f, err := decodeError(body, lo, hi)
+		lo := 0
+		if attach {
+			lo = headStage
+		}
+		f, err := decodeError(body, lo, len(p.stages))
 		if err != nil {
 			return 0, p.lost(from, "read answer", err)
 		}
-		if from != 0 {
+		if attach {
 			f.stage = from
 		}
 		return 0, p.faultErr(f)
