@@ -37,7 +37,7 @@ FUZZ_TARGETS := \
 	./inference/:FuzzRequestJSON ./inference/upstream/:FuzzSSE ./internal/frame/:FuzzReader \
 	./internal/jsonlog/:FuzzScan ./internal/sse/:FuzzReaderSplit \
 	./transport/openai/:FuzzChatCompletionBody ./transport/webrtc/:FuzzDecodeSignal \
-	./transport/webrtc/:FuzzSanitizeSDP \
+	./transport/webrtc/:FuzzSanitizeSDP ./transport/stage/:FuzzStageFrame \
 	./transport/gateway/:FuzzDecodeKeys ./transport/gateway/:FuzzParseEvent \
 	./transport/gateway/:FuzzKeyFromHeader ./transport/gateway/:FuzzDecodeClientMessage \
 	./transport/gateway/:FuzzEventWriter

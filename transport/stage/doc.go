@@ -1,0 +1,122 @@
+// Package stage implements the stage protocol, /meshinfer/stage/1.0.0: a chain of stages
+// that each run a contiguous range of a model's layers (inference.StageBackend) for one
+// generation at a time, with hidden states flowing forward from stage to stage and the last
+// stage's output going straight back to the head, which samples.
+//
+// Its job is that protocol and nothing else: Server (a stage) and Pipeline (the head's
+// side, an inference.Layers). Which stages hold which layers is mesh/route's; what runs the
+// layers is the backend's. It imports inference, internal/frame and reputation, and never
+// node or mesh.
+//
+// # Topology
+//
+//	        open (chain) ──▶           open ──▶                open ──▶
+//	head ════════════════════ stage 0 ═══════════ stage 1 ═══ … ═══ stage k−1
+//	  ▲         ◀── ready / error          ◀── ready / error               │
+//	  └──────────────────────── return stream (head dials) ────────────────┘
+//
+// The head dials stage 0 and sends the open frame: the session and the whole chain. Each
+// stage dials the next itself and sends it the open frame for the rest of the chain, so
+// the chain is set up in one pass; each answers ready back once everything behind it is
+// set up. The head then dials the last stage (its return stream) and attaches to the
+// session. A step goes head → stage 0 → … → stage k−1 → head: k+1 one-way crossings, each
+// stage sending straight to the next, never a round trip per stage; where the head runs
+// beside stage 0, k one-way delays. The head only dials: it works behind NAT, needs no
+// handler of its own, and knows whom each stream is from because it dialed it. The head is
+// no stage of its own chain (a host does not dial itself): layers it holds it runs itself,
+// before or after its Pipeline's Forward.
+//
+// # Wire format
+//
+// Every message is a frame (internal/frame): an unsigned varint length, then the body. The
+// first body byte is the frame type. Integers in bodies are minimal unsigned varints.
+//
+//	0x01 open     previous hop → stage   JSON (below)                       ≤ MaxOpenFrame
+//	0x02 hidden   forward                uvarint step, uvarint n,           ≤ 21 + 4·width·batch
+//	                                     n × width float32 little-endian
+//	0x03 ready    backward, and last     uvarint width                      ≤ MaxErrorFrame
+//	              stage → head
+//	0x04 error    either way             JSON {"stage","code","message"}    ≤ MaxErrorFrame
+//	0x05 attach   head → last stage      16-byte session ID                 = 17 bytes
+//	0x06 end      forward                nothing more                       = 1 byte
+//
+// The open frame's JSON:
+//
+//	{"session": 32 lowercase hex digits (chosen at random by the head),
+//	 "head": the head's peer ID, "model": the model, "max_positions": P ≥ 1,
+//	 "max_batch": B in [1, P] (the most positions of one step the head sends),
+//	 "index": the receiving stage's place in the chain (0 first),
+//	 "hops": [{"peer", "lo", "hi", "addrs"}, …]}
+//
+// hops is the receiving stage's own hop (its layers [lo, hi)) followed by the rest of the
+// chain: 1 to MaxStages − index hops, with contiguous non-empty ranges; addrs (at most
+// MaxAddrsPerHop multiaddrs, optional) are the head's addresses for a hop, which a stage
+// adds for its next hop only when it knows none (for TempAddrTTL). A stage passes the frame
+// on with index + 1 and its own hop removed.
+//
+// Bounds: a session's steps carry at most batch = min(B, P, MaxStepBytes / (4·width))
+// positions, so every reader knows its hidden frames' bound before reading one; a longer
+// Forward goes as several steps. A hidden frame must have step equal to the previous one
+// + 1 (the first is 0), 1 ≤ n ≤ batch, and exactly 4·n·width bytes of values; the total
+// positions stay ≤ P. Errors' messages are cut to 512 bytes.
+//
+// # Exchanges
+//
+// Set-up. The previous hop sends open and then nothing until it reads ready. The stage
+// checks it (its own peer is the first hop's, the head opened stage 0, the layers exist,
+// P fits the model's context), admits it against its limits, opens the backend session
+// (refusing what it cannot hold: overloaded), opens the next hop and waits for its ready
+// or error, then answers ready with the model's width, or an error frame and an orderly
+// close. The last stage answers ready, then waits for the head's attach on a new stream
+// (from the head named in the open frame, with its session ID), and answers ready on it.
+// Each wait is bounded by OpenTimeout.
+//
+// Steps. The head writes hidden frames to stage 0; each stage reads one from its previous
+// hop, runs its layers (Forward, appending to its KV cache), and writes the output as a
+// hidden frame of the same step to its next hop; the last stage writes it on the return
+// stream. The head writes the next step after it read the previous output.
+//
+// Failures travel both ways from where they are found, as an error frame naming the stage
+// at fault (its index; −1 the head) with a code of inference's closed set (an unknown code
+// reads as unavailable), followed by an orderly close: forward to the next hop (it passes
+// it on, and the last stage to the head), backward to the previous hop (passed back to the
+// head by stage 0). The side that broke is reset. A stage reports: its own layers' error,
+// context_overflow past P, timeout after its idle time, shutting_down when it closes;
+// peer_lost naming its previous or next hop when that stream breaks or breaks the protocol.
+// Backward, only error frames may come, naming the sender or a stage after it; forward,
+// only a stage before the receiver. Whichever copy reaches the head first is the
+// pipeline's error.
+//
+// End. The head ends a session in order with an end frame on its stream to stage 0, and
+// closes its streams. Each stage, on reading it between steps, writes it to its next hop
+// (the last stage: on the return stream), closes its streams and frees the session. An end
+// frame is the only orderly end: a stream that ends without one (a closed connection
+// reads the same) is the loss of that hop, peer_lost, except the head's return stream,
+// which the head may close at any time (it writes nothing on it after attach). A session
+// also ends when it is idle for the stage's session idle time (DefaultSessionIdle), when
+// its stage closes, or on any failure; its backend session (the KV cache) is closed then,
+// always.
+//
+// # Rules, bounds and deadlines
+//
+//   - Every read is bounded before its body: the open or attach frame by MaxOpenFrame,
+//     backward frames by MaxErrorFrame, hidden frames by the session's bound. A frame over
+//     its bound, or of the wrong type or content for its place, is a protocol violation:
+//     the stream is reset and the peer recorded (Observer: reputation.MalformedFrame or
+//     ProtocolViolation).
+//   - A stage admits at most DefaultMaxSessions sessions and DefaultMaxSessionsPerPeer per
+//     previous hop, optionally a KV budget; each session's frame bound is reserved in its
+//     stream's resource scope (service ServiceName), and a refusal is overloaded. Nothing
+//     queues.
+//   - The first frame of a stream must come within OpenTimeout. A stage's layers and its
+//     write of their output are bounded by its forward timeout (DefaultStepTimeout); its
+//     wait for the next step by the session idle time.
+//   - The head bounds each step by its step timeout (DefaultStepTimeout): no output in
+//     time is timeout. A stage's failure comes back as an error frame or a reset within it,
+//     never a hang. A step timeout, a failure or a cancelled context breaks the pipeline:
+//     its streams are reset and every stage frees its session.
+//   - The head believes what comes back only within the step it sent: the output's step
+//     number and position count must be those of the step, and an error frame can only
+//     name a stage of its chain. It cannot check the values (a stage could lie about its
+//     layers' output; verification is another layer's job).
+package stage

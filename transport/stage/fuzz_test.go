@@ -1,0 +1,129 @@
+package stage
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"reflect"
+	"testing"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	ma "github.com/multiformats/go-multiaddr"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/internal/frame"
+)
+
+// FuzzStageFrame: any bytes, read as a stage's stream under a session's bounds and decoded
+// by each of the protocol's decoders, never panic nor read past the bound; whatever a
+// decoder accepts stays within the protocol's bounds, and encodes back to the same frame
+// (the binary frames byte for byte: one encoding per message) or to the same message (JSON).
+func FuzzStageFrame(f *testing.F) {
+	const width, batch = 4, 3
+	p1, p2 := peer.ID("\x00\x24\x08\x01\x12\x20"+string(bytes.Repeat([]byte{7}, 32))), peer.ID("\x00\x24\x08\x01\x12\x20"+string(bytes.Repeat([]byte{9}, 32)))
+	addr := ma.StringCast("/ip4/127.0.0.1/tcp/4001")
+	o := &open{session: [sessionIDLen]byte{1, 2, 3}, head: p1, model: "m", maxPositions: 8, maxBatch: 3, index: 1,
+		hops: []Hop{{Peer: p2, Lo: 2, Hi: 5}, {Peer: p1, Lo: 5, Hi: 9}}, addrs: [][]ma.Multiaddr{{addr}, nil}}
+	for _, seed := range [][]byte{
+		appendHiddenFrame(nil, 0, 2, []float32{1, -2, 3.5, 0, 1e-40, 7, 8, -0}),
+		appendHiddenFrame(nil, 300, 1, []float32{1, 2, 3, 4}),
+		frame.Append(nil, encodeReady(width)),
+		frame.Append(nil, encodeAttach(o.session)),
+		frame.Append(nil, encodeError(stageFault{stage: 2, code: inference.CodeTimeout, msg: "slow <3>"})),
+		frame.Append(nil, encodeOpen(o)),
+		frame.Append(nil, []byte{frameEnd}),
+		{0x80, 0x00}, {0x05, 0x02, 0x80, 0x00, 0x01}, {},
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		bound := max(stepFrameMax(width, batch), MaxOpenFrame)
+		r := frame.NewReader(bytes.NewReader(data), bound)
+		for {
+			body, err := r.Next()
+			if err != nil {
+				if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, frame.ErrTooLarge) && !errors.Is(err, frame.ErrMalformed) {
+					t.Fatalf("reader: %v", err)
+				}
+				return
+			}
+			if len(body) > bound {
+				t.Fatalf("a %d-byte frame read under a %d-byte bound", len(body), bound)
+			}
+			checkHidden(t, body, width, batch)
+			if w, err := decodeReady(body); err == nil && (w < 1 || !bytes.Equal(encodeReady(w), body)) {
+				t.Fatalf("ready %d from %x re-encodes to %x", w, body, encodeReady(w))
+			}
+			if id, err := decodeAttach(body); err == nil && !bytes.Equal(encodeAttach(id), body) {
+				t.Fatalf("attach %x re-encodes differently", body)
+			}
+			checkError(t, body)
+			checkOpen(t, body)
+		}
+	})
+}
+
+func checkHidden(t *testing.T, body []byte, width, batch int) {
+	step, n, h, err := decodeHidden(body, width, batch, nil)
+	if err != nil {
+		return
+	}
+	if n < 1 || n > batch || len(h) != n*width {
+		t.Fatalf("hidden frame of %d positions, %d values (batch %d, width %d)", n, len(h), batch, width)
+	}
+	if re := appendHiddenFrame(nil, step, n, h); !bytes.Equal(re, frame.Append(nil, body)) {
+		t.Fatalf("hidden frame %x re-encodes to %x", body, re)
+	}
+}
+
+func checkError(t *testing.T, body []byte) {
+	f, err := decodeError(body, headStage, MaxStages)
+	if err != nil {
+		return
+	}
+	if _, ok := inference.ParseCode(string(f.code)); !ok || f.stage < headStage || f.stage >= MaxStages || len(f.msg) > maxErrorMessage {
+		t.Fatalf("error frame decoded to %+v", f)
+	}
+	re := encodeError(f)
+	if len(re) > MaxErrorFrame {
+		t.Fatalf("error frame re-encodes to %d bytes, over its bound", len(re))
+	}
+	if back, err := decodeError(re, headStage, MaxStages); err != nil || back.stage != f.stage || back.code != f.code {
+		t.Fatalf("error %+v re-decodes to %+v, %v", f, back, err)
+	}
+}
+
+func checkOpen(t *testing.T, body []byte) {
+	o, err := decodeOpen(body)
+	if err != nil {
+		return
+	}
+	if len(o.hops) < 1 || o.index < 0 || o.stages() > MaxStages || o.maxBatch < 1 || o.maxBatch > o.maxPositions || len(o.addrs) != len(o.hops) {
+		t.Fatalf("open decoded out of bounds: %+v", o)
+	}
+	for i, h := range o.hops {
+		if h.Lo < 0 || h.Hi <= h.Lo || i > 0 && h.Lo != o.hops[i-1].Hi || len(o.addrs[i]) > MaxAddrsPerHop {
+			t.Fatalf("open's hop %d out of bounds: %+v", i, h)
+		}
+	}
+	back, err := decodeOpen(encodeOpen(o))
+	if err != nil {
+		t.Fatalf("open %+v re-encodes to a frame that does not decode: %v", o, err)
+	}
+	if !reflect.DeepEqual(nilEmpty(o), nilEmpty(back)) {
+		t.Fatalf("open changed in a round trip:\n%+v\n%+v", o, back)
+	}
+}
+
+// nilEmpty is o with empty address lists as nil, which JSON does not tell apart.
+func nilEmpty(o *open) *open {
+	c := *o
+	c.addrs = nil
+	for _, a := range o.addrs {
+		if len(a) == 0 {
+			a = nil
+		}
+		c.addrs = append(c.addrs, a)
+	}
+	return &c
+}

@@ -1,0 +1,458 @@
+package stage
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	ma "github.com/multiformats/go-multiaddr"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/internal/frame"
+)
+
+// PipelineOption configures a Pipeline.
+type PipelineOption func(*pipelineConfig)
+
+type pipelineConfig struct {
+	stepTimeout time.Duration
+	maxBatch    int
+	observer    Observer
+}
+
+// WithStepTimeout bounds one step at the head: from sending its hidden states to stage 0 to
+// the last stage's output (DefaultStepTimeout). A step past it fails with timeout, and the
+// pipeline with it.
+func WithStepTimeout(d time.Duration) PipelineOption {
+	return func(c *pipelineConfig) { c.stepTimeout = d }
+}
+
+// WithMaxBatch bounds the positions the head sends in one step: Forward sends more as
+// several steps, one after another. The default is as many as the protocol allows
+// (MaxStepBytes of hidden states), so that a prefill goes as one step where it fits. The
+// stages bound their frames by it.
+func WithMaxBatch(n int) PipelineOption { return func(c *pipelineConfig) { c.maxBatch = n } }
+
+// WithPipelineObserver records each stage that sends the head a malformed frame or breaks
+// the protocol in o, as reputation.MalformedFrame or ProtocolViolation.
+func WithPipelineObserver(o Observer) PipelineOption {
+	return func(c *pipelineConfig) { c.observer = o }
+}
+
+// Pipeline is the head's side of a chain of stages: Forward sends a step's hidden states to
+// stage 0 and returns what the last stage sends back. It is one generation's: its stages
+// hold that generation's KV cache. Forward calls run one at a time.
+type Pipeline struct {
+	stages      []Hop
+	width       int
+	maxPos      int
+	batch       int // positions per step
+	stepTimeout time.Duration
+	observer    Observer
+
+	up      network.Stream // to stage 0: hidden frames out, error frames back
+	ret     network.Stream // from the last stage: its output, or an error frame
+	retR    *frame.Reader
+	watched chan struct{} // closed when the watcher of up has returned
+
+	busy atomic.Bool // a Forward is running
+	// Owned by the Forward that holds busy.
+	step      uint64
+	positions int
+	buf       []byte
+
+	mu  sync.Mutex
+	err error // why no step can run: the pipeline broke, or was closed; nil while usable
+}
+
+var _ inference.Layers = (*Pipeline)(nil).Forward
+
+// Open sets up a chain: a session of model's layers on each of stages, in order, for up to
+// maxPositions positions. The head (h) opens stage 0, which opens stage 1 and so on, each
+// answering once the rest of the chain behind it is set up; then the head opens its return
+// stream to the last stage. The stages' ranges must cover contiguous layers; together they
+// need not start at 0 or end at the last layer (the head may run some itself).
+//
+// Errors are *inference.Error wrapping a *FailedStage when a stage caused them:
+// invalid_request for a bad chain, unavailable when a stage cannot be reached, overloaded
+// when one refuses the session, model_not_found, context_overflow past a model's context,
+// timeout when the chain does not answer within OpenTimeout, peer_lost when a stage goes
+// away or breaks the protocol. A cancelled ctx gives its error.
+//
+// The caller must Close the pipeline when the generation ends; until then its stages hold
+// the session (a stage frees an idle one after its session idle time).
+func Open(ctx context.Context, h host.Host, model string, stages []Hop, maxPositions int, opts ...PipelineOption) (*Pipeline, error) {
+	cfg := pipelineConfig{stepTimeout: DefaultStepTimeout}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	batch := cfg.maxBatch
+	if batch <= 0 || batch > maxPositions {
+		batch = maxPositions
+	}
+	o := &open{head: h.ID(), model: model, maxPositions: maxPositions, maxBatch: batch, hops: stages}
+	rand.Read(o.session[:])
+	for _, hop := range stages {
+		o.addrs = append(o.addrs, dialable(h.Peerstore().Addrs(hop.Peer)))
+	}
+	body := encodeOpen(o)
+	if err := checkChain(h, o, body); err != nil {
+		return nil, err
+	}
+	p := &Pipeline{
+		stages: append([]Hop(nil), stages...), maxPos: maxPositions, stepTimeout: cfg.stepTimeout,
+		observer: cfg.observer, watched: make(chan struct{}),
+	}
+	octx, cancel := context.WithTimeout(ctx, OpenTimeout)
+	defer cancel()
+	upR, err := p.open(octx, h, o, body, batch)
+	if err != nil {
+		// A chain set up in part frees itself: each stage sees its previous hop's reset.
+		if p.up != nil {
+			p.up.Reset()
+		}
+		if p.ret != nil {
+			p.ret.Reset()
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("open pipeline: %w", ctx.Err())
+		}
+		return nil, err
+	}
+	go func() { // returns when up's read fails: the pipeline's failure or Close resets or closes it
+		defer close(p.watched)
+		p.watch(upR)
+	}()
+	return p, nil
+}
+
+// dialable is addrs cut to what an open frame carries.
+func dialable(addrs []ma.Multiaddr) []ma.Multiaddr {
+	var out []ma.Multiaddr
+	for _, a := range addrs {
+		if len(out) < MaxAddrsPerHop && len(a.String()) <= maxAddrLen {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// checkChain checks a chain as its stages will (the open frame decodes), and what only the
+// head can: that it is no stage of its own chain and no stage follows itself.
+func checkChain(h host.Host, o *open, body []byte) error {
+	if len(body) > MaxOpenFrame {
+		return inference.Errorf(inference.CodeInvalidRequest, "a chain of %d stages does not fit an open frame", len(o.hops))
+	}
+	if _, err := decodeOpen(body); err != nil {
+		return inference.Errorf(inference.CodeInvalidRequest, "chain: %v", err)
+	}
+	for i, hop := range o.hops {
+		if hop.Peer == h.ID() {
+			return inference.Errorf(inference.CodeInvalidRequest, "stage %d is the head itself", i)
+		}
+		if i > 0 && hop.Peer == o.hops[i-1].Peer {
+			return inference.Errorf(inference.CodeInvalidRequest, "stage %d follows itself", i)
+		}
+	}
+	return nil
+}
+
+// open opens stage 0's session (and through it the chain's), then the return stream from
+// the last stage. It returns up's reader, for the watcher.
+func (p *Pipeline) open(ctx context.Context, h host.Host, o *open, body []byte, batch int) (*frame.Reader, error) {
+	last := len(p.stages) - 1
+	deadline := time.Now().Add(OpenTimeout)
+	if d, ok := ctx.Deadline(); ok {
+		deadline = d
+	}
+	up, err := h.NewStream(ctx, p.stages[0].Peer, ID)
+	if err != nil {
+		return nil, p.unreachable(ctx, 0, err)
+	}
+	p.up = up
+	stopUp := context.AfterFunc(ctx, func() { up.Reset() }) // until the chain is set up
+	defer stopUp()
+	if err := up.Scope().SetService(ServiceName); err != nil {
+		return nil, inference.Errorf(inference.CodeOverloaded, "head: %v", err)
+	}
+	up.SetDeadline(deadline)
+	if err := frame.Write(up, body); err != nil {
+		return nil, p.lost(0, "send open", err)
+	}
+	upR := frame.NewReader(up, MaxErrorFrame)
+	width, err := p.answer(ctx, upR, 0, false)
+	if err != nil {
+		return nil, err
+	}
+	p.width, p.batch = width, maxBatch(width, o.maxPositions, batch)
+
+	ret, err := h.NewStream(ctx, p.stages[last].Peer, ID)
+	if err != nil {
+		return nil, p.unreachable(ctx, last, err)
+	}
+	p.ret = ret
+	stopRet := context.AfterFunc(ctx, func() { ret.Reset() })
+	defer stopRet()
+	if err := ret.Scope().SetService(ServiceName); err != nil {
+		return nil, inference.Errorf(inference.CodeOverloaded, "head: %v", err)
+	}
+	frameMax := stepFrameMax(width, p.batch)
+	if err := ret.Scope().ReserveMemory(frameMax, network.ReservationPriorityHigh); err != nil {
+		return nil, inference.Errorf(inference.CodeOverloaded, "head: no memory for %d-byte steps: %v", frameMax, err)
+	}
+	ret.SetDeadline(deadline)
+	if err := frame.Write(ret, encodeAttach(o.session)); err != nil {
+		return nil, p.lost(last, "attach", err)
+	}
+	p.retR = frame.NewReader(ret, max(frameMax, MaxErrorFrame))
+	w, err := p.answer(ctx, p.retR, last, true)
+	if err != nil {
+		return nil, err
+	}
+	if w != width {
+		return nil, p.stageErr(inference.CodeUnavailable, last, "model width %d, stage 0's is %d", w, width)
+	}
+	if !stopUp() || !stopRet() {
+		return nil, ctx.Err()
+	}
+	up.SetDeadline(time.Time{})
+	ret.SetDeadline(time.Time{})
+	return upR, nil
+}
+
+// unreachable is the error of a stream to stage i that could not be opened: timeout when
+// the set-up's deadline (ctx's) passed, else unavailable.
+func (p *Pipeline) unreachable(ctx context.Context, i int, err error) error {
+	if ctx.Err() != nil {
+		return p.stageErr(inference.CodeTimeout, i, "open stream within %v: %v", OpenTimeout, err)
+	}
+	return p.stageErr(inference.CodeUnavailable, i, "open stream: %v", err)
+}
+
+// answer reads stage from's answer to an open or attach from r: ready with the model's
+// width, or an error frame. The open's names a stage of the chain (stage 0 passes back
+// the refusal of a stage after it); the attach's concerns the last stage alone, whatever
+// it names. The set-up's deadline (ctx's) gives timeout.
+func (p *Pipeline) answer(ctx context.Context, r *frame.Reader, from int, attach bool) (int, error) {
+	body, err := r.Next()
+	switch {
+	case err != nil && (isTimeout(err) || ctx.Err() != nil):
+		return 0, p.stageErr(inference.CodeTimeout, from, "no answer within %v", OpenTimeout)
+	case err != nil:
+		return 0, p.lost(from, "read answer", err)
+	case len(body) > 0 && body[0] == frameError:
+		lo := 0
+		if attach {
+			lo = headStage
+		}
+		f, err := decodeError(body, lo, len(p.stages))
+		if err != nil {
+			return 0, p.lost(from, "read answer", err)
+		}
+		if attach {
+			f.stage = from
+		}
+		return 0, p.faultErr(f)
+	}
+	w, err := decodeReady(body)
+	if err != nil {
+		return 0, p.lost(from, "read answer", err)
+	}
+	return w, nil
+}
+
+// Width is the model's hidden-state width: Forward takes and returns n × Width values.
+func (p *Pipeline) Width() int { return p.width }
+
+// Forward runs n positions of hidden states (n × Width values, row-major) through every
+// stage's layers, in order, and returns the last stage's n outputs: inference.Layers. The
+// positions are appended to the stages' KV caches after those already run. n positions go
+// as one step when they fit the pipeline's batch, else as several.
+//
+// Errors are *inference.Error, wrapping a *FailedStage where a stage is to blame:
+// invalid_request for a bad call (n, the values, a concurrent call), context_overflow past
+// the pipeline's maxPositions (nothing is sent; the pipeline stays usable), timeout when a
+// step's output does not come within the step timeout, peer_lost when a stage goes away
+// or breaks the protocol, the stage's code when its layers fail; a cancelled ctx gives its
+// error. After any failure but the first two the pipeline is broken: every later call
+// returns the same error.
+func (p *Pipeline) Forward(ctx context.Context, hidden []float32, n int) ([]float32, error) {
+	if !p.busy.CompareAndSwap(false, true) {
+		return nil, inference.Errorf(inference.CodeInvalidRequest, "Forward called while another runs on the pipeline")
+	}
+	defer p.busy.Store(false)
+	if err := p.broken(); err != nil {
+		return nil, err
+	}
+	if n < 1 || len(hidden) != n*p.width {
+		return nil, inference.Errorf(inference.CodeInvalidRequest, "%d values for %d positions of width %d", len(hidden), n, p.width)
+	}
+	if p.positions+n > p.maxPos {
+		return nil, inference.Errorf(inference.CodeContextOverflow, "%d positions past the pipeline's %d", p.positions+n, p.maxPos)
+	}
+	// The caller's cancellation breaks the pipeline (a step may be half run): its streams
+	// are reset, which ends the wait below and every stage's session.
+	stop := context.AfterFunc(ctx, func() { p.fail(fmt.Errorf("step: %w", context.Cause(ctx))) })
+	defer stop()
+	out := make([]float32, 0, n*p.width)
+	for done := 0; done < n; {
+		m := min(n-done, p.batch)
+		res, err := p.roundTrip(hidden[done*p.width:(done+m)*p.width], m)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, res...)
+		done += m
+	}
+	return out, nil
+}
+
+// roundTrip sends one step of m positions to stage 0 and reads the last stage's output.
+func (p *Pipeline) roundTrip(h []float32, m int) ([]float32, error) {
+	last := len(p.stages) - 1
+	deadline := time.Now().Add(p.stepTimeout)
+	p.buf = appendHiddenFrame(p.buf[:0], p.step, m, h)
+	p.up.SetWriteDeadline(deadline)
+	// A failed write means the chain broke: why comes on the return stream (forward from
+	// the stages after the break) or to the watcher of up. Read on for it, within the
+	// step's deadline.
+	p.up.Write(p.buf)
+	p.ret.SetReadDeadline(deadline)
+	body, err := p.retR.Next()
+	if err != nil {
+		if e := p.broken(); e != nil {
+			return nil, e // the watcher, Close or the caller's cancellation came first
+		}
+		if isTimeout(err) {
+			return nil, p.fail(inference.Errorf(inference.CodeTimeout, "no output for step %d within %v", p.step, p.stepTimeout))
+		}
+		if errors.Is(err, io.EOF) {
+			err = errors.New("the return stream ended")
+		}
+		return nil, p.fail(p.lost(last, "read output", err))
+	}
+	if len(body) > 0 && body[0] == frameEnd {
+		// Only the head ends a session in order; a stage that says so before it did lies.
+		return nil, p.fail(p.lost(last, "read output", fmt.Errorf("%w: an end frame the head did not send", errProtocol)))
+	}
+	if len(body) > 0 && body[0] == frameError {
+		f, err := decodeError(body, headStage, len(p.stages))
+		if err != nil {
+			return nil, p.fail(p.lost(last, "read output", err))
+		}
+		return nil, p.fail(p.faultErr(f))
+	}
+	step, n, out, err := decodeHidden(body, p.width, p.batch, nil)
+	if err == nil && (step != p.step || n != m) {
+		err = fmt.Errorf("%w: output of step %d with %d positions, want step %d with %d", errProtocol, step, n, p.step, m)
+	}
+	if err != nil {
+		return nil, p.fail(p.lost(last, "read output", err))
+	}
+	p.step++
+	p.positions += m
+	return out, nil
+}
+
+// watch reads what comes back from stage 0 while the pipeline runs: nothing but one
+// error frame (a failure passed back along the chain) is allowed. Anything ends the
+// pipeline, unless it is ending already.
+func (p *Pipeline) watch(r *frame.Reader) {
+	body, err := r.Next()
+	if p.broken() != nil {
+		return
+	}
+	switch {
+	case err == nil && len(body) > 0 && body[0] == frameError:
+		f, derr := decodeError(body, 0, len(p.stages))
+		if derr == nil {
+			p.fail(p.faultErr(f))
+			return
+		}
+		err = derr
+	case err == nil:
+		err = fmt.Errorf("%w: a frame other than an error came back from stage 0", errProtocol)
+	case errors.Is(err, io.EOF):
+		err = errors.New("stage 0 ended the session")
+	}
+	p.fail(p.lost(0, "read", err))
+}
+
+// Close ends the pipeline in order: the end frame goes along the chain, and each stage
+// frees its session as it passes. A Forward running is broken off (its streams reset, every
+// stage freeing its session) and returns an error. Idempotent.
+func (p *Pipeline) Close() error {
+	p.mu.Lock()
+	first := p.err == nil
+	if first {
+		p.err = inference.Errorf(inference.CodeUnavailable, "pipeline closed")
+	}
+	p.mu.Unlock()
+	switch {
+	case !first:
+	case p.busy.Load():
+		// A step is half run: no orderly end. (A Forward that starts after this sees the
+		// error set above and sends nothing.)
+		p.up.Reset()
+		p.ret.Reset()
+	default:
+		p.up.SetWriteDeadline(time.Now().Add(errorWriteTimeout))
+		if err := frame.Write(p.up, []byte{frameEnd}); err != nil {
+			p.up.Reset()
+		}
+		p.up.Close()
+		p.ret.Close()
+	}
+	<-p.watched
+	return nil
+}
+
+// broken is why no step can run, or nil.
+func (p *Pipeline) broken() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
+// fail breaks the pipeline with err, unless it is broken already, and returns the error it
+// is broken with. Its streams are reset: every stage ends its session.
+func (p *Pipeline) fail(err error) error {
+	p.mu.Lock()
+	first := p.err == nil
+	if first {
+		p.err = err
+	}
+	err = p.err
+	p.mu.Unlock()
+	if first {
+		p.up.Reset()
+		p.ret.Reset()
+	}
+	return err
+}
+
+// stageErr is an *inference.Error of code about stage i.
+func (p *Pipeline) stageErr(code inference.Code, i int, format string, args ...any) error {
+	fs := &FailedStage{Index: i}
+	if i >= 0 && i < len(p.stages) {
+		fs.Peer = p.stages[i].Peer
+	}
+	return inference.Errorf(code, "%w: "+format, append([]any{fs}, args...)...)
+}
+
+// faultErr is a fault a stage reported, as an error.
+func (p *Pipeline) faultErr(f stageFault) error { return p.stageErr(f.code, f.stage, "%s", f.msg) }
+
+// lost is peer_lost about stage i, whose stream broke while doing what; a violation is
+// recorded against its peer.
+func (p *Pipeline) lost(i int, what string, err error) error {
+	observe(p.observer, p.stages[i].Peer, err)
+	return p.stageErr(inference.CodePeerLost, i, "%s: %v", what, err)
+}

@@ -1,0 +1,464 @@
+package stage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/peerstore"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/internal/frame"
+)
+
+// sessionKey names a session at a stage: the head that runs it and the ID it chose. Keyed
+// by head, a session ID learnt by another peer cannot be used to attach to or squat it.
+type sessionKey struct {
+	head peer.ID
+	id   [sessionIDLen]byte
+}
+
+// session is one chain's part on this stage. Its handler goroutine (Server.run) owns it:
+// the streams, the backend session and the counters below; the watcher only reads the next
+// hop's stream and records a failure.
+type session struct {
+	key      sessionKey
+	from     peer.ID // the previous hop: the head for stage 0
+	index    int     // this stage's place in the chain
+	stages   int     // the chain's length
+	open     *open   // the open frame, this stage's hop first
+	width    int
+	batch    int   // the most positions of one step
+	frameMax int   // the bound of a hidden frame
+	kv       int64 // the KV cache's bytes, against the server's budget
+	backend  inference.StageSession
+
+	ctx    context.Context // cancelled when the session ends, or by Server.Close
+	cancel context.CancelFunc
+
+	steps, positions int // run so far (the handler goroutine's)
+
+	// ret hands the head's return stream from its attach handler to the last stage's
+	// session, once (buffered: the hand-over never blocks).
+	ret chan network.Stream
+
+	mu       sync.Mutex
+	ended    bool     // no hand-over after this
+	returned bool     // a return stream was handed over
+	failed   *failure // the first reason the session ended
+}
+
+func newSession(parent context.Context, from peer.ID, o *open, shape inference.ModelShape) *session {
+	self := o.hops[0]
+	batch := maxBatch(shape.Width, o.maxPositions, o.maxBatch)
+	ctx, cancel := context.WithCancel(parent)
+	return &session{
+		key: sessionKey{head: o.head, id: o.session}, from: from, index: o.index, stages: o.stages(),
+		open: o, width: shape.Width, batch: batch, frameMax: stepFrameMax(shape.Width, batch),
+		kv:  shape.KVBytesPerToken * int64(self.Hi-self.Lo) * int64(o.maxPositions) / int64(max(shape.Layers, 1)),
+		ctx: ctx, cancel: cancel, ret: make(chan network.Stream, 1),
+	}
+}
+
+// last reports whether this stage is the chain's last: it returns its output to the head.
+func (ss *session) last() bool { return len(ss.open.hops) == 1 }
+
+// nextIndex is the index of the stage after this one, or headStage for the last stage
+// (whose output goes to the head).
+func (ss *session) nextIndex() int {
+	if ss.last() {
+		return headStage
+	}
+	return ss.index + 1
+}
+
+// nextPeer is the peer this stage writes to: the next hop, or the head.
+func (ss *session) nextPeer() peer.ID {
+	if ss.last() {
+		return ss.open.head
+	}
+	return ss.open.hops[1].Peer
+}
+
+// handOver gives the session the head's return stream, if it is the last stage and still
+// awaits one.
+func (ss *session) handOver(st network.Stream) bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.ended || !ss.last() || ss.returned {
+		return false
+	}
+	ss.returned = true
+	ss.ret <- st
+	return true
+}
+
+// side is where a session's failure came from.
+type side int
+
+const (
+	sideSelf side = iota // this stage: its layers, its limits, its idle timer
+	sideUp               // the previous hop's stream
+	sideDown             // the next hop's stream (the head's return stream at the last stage)
+)
+
+// failure is why a session ends: the fault to pass on along the chain (none, code "", for
+// an orderly close) and the side it came from, which is not written to.
+type failure struct {
+	fault stageFault
+	from  side
+	abort bool // that side broke its stream or the protocol: reset it rather than close it
+}
+
+// fail records f as the session's end, if it has none yet, and cancels the session.
+func (ss *session) fail(f failure) {
+	ss.mu.Lock()
+	if ss.failed == nil {
+		ss.failed = &f
+	}
+	ss.mu.Unlock()
+	ss.cancel()
+}
+
+func (ss *session) failure() *failure {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.failed
+}
+
+// run serves an admitted session to its end: it links the session into the chain, runs
+// its steps, then passes its failure on (forward to the next hop, back to the previous
+// one) and closes its streams. It returns why the session ended.
+func (s *Server) run(ss *session, up network.Stream) *failure {
+	down, downR, f := s.link(ss, up)
+	if f != nil {
+		s.end(ss, f, up, down)
+		return f
+	}
+	// The watcher reads the next hop's stream (backward: error frames only) for the
+	// session's life; it returns when that stream's read fails, at the latest when end
+	// below closes or resets it.
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		s.watch(ss, down, downR)
+	}()
+	// A failure seen by the watcher, or Close, interrupts the step loop's read or write.
+	interrupted := make(chan struct{})
+	stop := context.AfterFunc(ss.ctx, func() {
+		defer close(interrupted)
+		past := time.Now().Add(-time.Hour)
+		up.SetReadDeadline(past)
+		down.SetWriteDeadline(past)
+	})
+	s.steps(ss, up, down)
+	ss.cancel()
+	if !stop() {
+		<-interrupted // the deadlines are set before end clears them for its error frames
+	}
+	f = s.finalFailure(ss)
+	s.end(ss, f, up, down)
+	<-watched
+	return f
+}
+
+// finalFailure is the session's recorded failure or, when only Close cancelled it,
+// shutting_down.
+func (s *Server) finalFailure(ss *session) *failure {
+	if f := ss.failure(); f != nil {
+		return f
+	}
+	return &failure{fault: stageFault{stage: ss.index, code: inference.CodeShuttingDown, msg: "stage is shutting down"}}
+}
+
+// link connects the session into the chain: it opens the next hop's session (which sets
+// up the rest of the chain before it answers) and answers ready to the previous hop; the
+// last stage answers ready and then waits for the head's return stream, and answers ready
+// on it. It returns the next hop's stream (or the head's) and its reader, or a failure.
+func (s *Server) link(ss *session, up network.Stream) (network.Stream, *frame.Reader, *failure) {
+	var down network.Stream
+	var downR *frame.Reader
+	if !ss.last() {
+		var f *failure
+		if down, downR, f = s.dialNext(ss); f != nil {
+			return down, nil, f
+		}
+	}
+	up.SetWriteDeadline(time.Now().Add(OpenTimeout))
+	if err := frame.Write(up, encodeReady(ss.width)); err != nil {
+		return down, nil, s.broken(ss, sideUp, err)
+	}
+	if !ss.last() {
+		return down, downR, nil
+	}
+	timer := time.NewTimer(OpenTimeout)
+	defer timer.Stop()
+	select {
+	case down = <-ss.ret:
+	case <-timer.C:
+		return nil, nil, &failure{fault: stageFault{stage: headStage, code: inference.CodeTimeout, msg: "the head did not attach its return stream"}}
+	case <-ss.ctx.Done():
+		return nil, nil, s.finalFailure(ss)
+	}
+	down.SetWriteDeadline(time.Now().Add(OpenTimeout))
+	if err := frame.Write(down, encodeReady(ss.width)); err != nil {
+		return down, nil, s.broken(ss, sideDown, err)
+	}
+	return down, frame.NewReader(down, MaxErrorFrame), nil
+}
+
+// dialNext opens the next hop's session and waits for its answer: ready once the rest of
+// the chain is set up, or an error frame to pass back.
+func (s *Server) dialNext(ss *session) (network.Stream, *frame.Reader, *failure) {
+	next, addrs := ss.open.hops[1], ss.open.addrs[1]
+	// The head's addresses for the next hop help only where this host knows none: a head
+	// cannot make it dial more than MaxAddrsPerHop, nor replace what it knows.
+	if len(addrs) > 0 && len(s.h.Peerstore().Addrs(next.Peer)) == 0 {
+		s.h.Peerstore().AddAddrs(next.Peer, addrs, peerstore.TempAddrTTL)
+	}
+	ctx, cancel := context.WithTimeout(ss.ctx, OpenTimeout)
+	defer cancel()
+	down, err := s.h.NewStream(ctx, next.Peer, ID)
+	if err != nil {
+		if ss.ctx.Err() != nil {
+			return nil, nil, s.finalFailure(ss)
+		}
+		return nil, nil, &failure{
+			fault: stageFault{stage: ss.index + 1, code: inference.CodeUnavailable, msg: fmt.Sprintf("open stream: %v", err)},
+			from:  sideDown, abort: true,
+		}
+	}
+	if err := down.Scope().SetService(ServiceName); err != nil {
+		down.Reset()
+		return nil, nil, &failure{fault: stageFault{stage: ss.index, code: inference.CodeOverloaded, msg: err.Error()}}
+	}
+	// The set-up's timeout or Close resets the stream, which ends the wait below.
+	stop := context.AfterFunc(ctx, func() { down.Reset() })
+	defer stop()
+	next1 := *ss.open
+	next1.index, next1.hops, next1.addrs = ss.index+1, ss.open.hops[1:], ss.open.addrs[1:]
+	down.SetWriteDeadline(time.Now().Add(OpenTimeout))
+	if err := frame.Write(down, encodeOpen(&next1)); err != nil {
+		return down, nil, s.setUpFailure(ctx, ss, err)
+	}
+	r := frame.NewReader(down, MaxErrorFrame)
+	down.SetReadDeadline(time.Now().Add(OpenTimeout))
+	body, err := r.Next()
+	if err != nil {
+		return down, nil, s.setUpFailure(ctx, ss, err)
+	}
+	switch {
+	case len(body) == 0:
+		return down, nil, s.broken(ss, sideDown, fmt.Errorf("%w: empty frame in answer to open", errProtocol))
+	case body[0] == frameError:
+		f, err := decodeError(body, ss.index+1, ss.stages)
+		if err != nil {
+			return down, nil, s.broken(ss, sideDown, err)
+		}
+		return down, nil, &failure{fault: f, from: sideDown}
+	case body[0] != frameReady:
+		return down, nil, s.broken(ss, sideDown, fmt.Errorf("%w: frame %#x in answer to open", errProtocol, body[0]))
+	}
+	w, err := decodeReady(body)
+	if err != nil {
+		return down, nil, s.broken(ss, sideDown, err)
+	}
+	if w != ss.width {
+		return down, nil, &failure{
+			fault: stageFault{stage: ss.index + 1, code: inference.CodeUnavailable, msg: fmt.Sprintf("model width %d, the previous stage's is %d", w, ss.width)},
+			from:  sideDown, abort: true,
+		}
+	}
+	if !stop() {
+		return down, nil, s.setUpFailure(ctx, ss, context.Canceled)
+	}
+	down.SetDeadline(time.Time{})
+	return down, r, nil
+}
+
+// setUpFailure classifies a failed exchange with the next hop during set-up: Close, the
+// set-up's timeout, or the next hop's.
+func (s *Server) setUpFailure(ctx context.Context, ss *session, err error) *failure {
+	switch {
+	case ss.ctx.Err() != nil:
+		return s.finalFailure(ss)
+	case ctx.Err() != nil || isTimeout(err):
+		return &failure{
+			fault: stageFault{stage: ss.index + 1, code: inference.CodeTimeout, msg: fmt.Sprintf("no answer to open within %v", OpenTimeout)},
+			from:  sideDown, abort: true,
+		}
+	}
+	return s.broken(ss, sideDown, err)
+}
+
+// broken is the failure of a side whose stream broke (reset, lost connection, a failed
+// write) or that broke the protocol: peer_lost, naming the stage on that side. A violation
+// is counted and recorded against that peer.
+func (s *Server) broken(ss *session, sd side, err error) *failure {
+	stage, p := ss.index-1, ss.from
+	if sd == sideDown {
+		stage, p = ss.nextIndex(), ss.nextPeer()
+	}
+	msg := err.Error()
+	if _, bad := violation(err); bad {
+		s.protoErrs.Add(1)
+		observe(s.observer, p, err)
+		log.Debugw("stage protocol violation", "peer", p, "err", err)
+	}
+	return &failure{fault: stageFault{stage: stage, code: inference.CodePeerLost, msg: msg}, from: sd, abort: true}
+}
+
+// steps runs the session's steps: each hidden frame from the previous hop goes through the
+// layers and on to the next hop, until a frame, the stream's end, the idle timer, the
+// layers or the next hop end the session. It records why, unless the session was
+// cancelled already.
+func (s *Server) steps(ss *session, up, down network.Stream) {
+	r := frame.NewReader(up, max(ss.frameMax, MaxErrorFrame))
+	var out []byte // reused: the frame is written before the next step
+	for step := uint64(0); ; step++ {
+		up.SetReadDeadline(time.Now().Add(s.idle))
+		if ss.ctx.Err() != nil {
+			return // cancelled before the deadline above replaced the interrupting one
+		}
+		body, err := r.Next()
+		if ss.ctx.Err() != nil {
+			return
+		}
+		switch {
+		case errors.Is(err, io.EOF):
+			// Without an end frame: the previous hop went away (a closed connection
+			// reads as EOF too).
+			ss.fail(*s.broken(ss, sideUp, errors.New("its stream ended without an end frame")))
+			return
+		case err != nil && isTimeout(err):
+			ss.fail(failure{fault: stageFault{stage: ss.index, code: inference.CodeTimeout, msg: fmt.Sprintf("session idle for %v", s.idle)}})
+			return
+		case err != nil:
+			ss.fail(*s.broken(ss, sideUp, err))
+			return
+		case len(body) == 1 && body[0] == frameEnd:
+			ss.fail(failure{from: sideUp}) // the head closed the session: an orderly end
+			return
+		case len(body) > 0 && body[0] == frameError:
+			f, err := decodeError(body, headStage, ss.index)
+			if err != nil {
+				ss.fail(*s.broken(ss, sideUp, err))
+				return
+			}
+			ss.fail(failure{fault: f, from: sideUp})
+			return
+		}
+		// Fresh values for each step: the backend may keep what it is given.
+		got, n, h, err := decodeHidden(body, ss.width, ss.batch, nil)
+		if err == nil && got != step {
+			err = fmt.Errorf("%w: step %d, want %d", errProtocol, got, step)
+		}
+		if err != nil {
+			ss.fail(*s.broken(ss, sideUp, err))
+			return
+		}
+		if ss.positions+n > ss.open.maxPositions {
+			ss.fail(failure{fault: stageFault{stage: ss.index, code: inference.CodeContextOverflow,
+				msg: fmt.Sprintf("%d positions past the session's %d", ss.positions+n, ss.open.maxPositions)}})
+			return
+		}
+		ctx, cancel := context.WithTimeout(ss.ctx, s.forwardTimeout)
+		res, err := ss.backend.Forward(ctx, h, n)
+		cancel()
+		if ss.ctx.Err() != nil {
+			return
+		}
+		if err == nil && len(res) != n*ss.width {
+			err = inference.Errorf(inference.CodeUnavailable, "layers returned %d values for %d positions of width %d", len(res), n, ss.width)
+		}
+		if err != nil {
+			ss.fail(failure{fault: faultOf(ss.index, err)})
+			return
+		}
+		ss.steps, ss.positions = ss.steps+1, ss.positions+n
+		out = appendHiddenFrame(out[:0], step, n, res)
+		down.SetWriteDeadline(time.Now().Add(s.forwardTimeout))
+		if ss.ctx.Err() != nil {
+			return
+		}
+		if _, err := down.Write(out); err != nil {
+			if ss.ctx.Err() == nil {
+				ss.fail(*s.broken(ss, sideDown, err))
+			}
+			return
+		}
+	}
+}
+
+// watch reads what comes back on the next hop's stream while the session runs: nothing
+// but one error frame is allowed (to pass back), or its orderly end. Any of them ends the
+// session.
+func (s *Server) watch(ss *session, down network.Stream, r *frame.Reader) {
+	down.SetReadDeadline(time.Time{})
+	body, err := r.Next()
+	if ss.ctx.Err() != nil {
+		return // the session is ending already; its end closed the stream
+	}
+	switch {
+	case err == nil && len(body) == 0:
+		err = fmt.Errorf("%w: empty frame from the next hop", errProtocol)
+	case err == nil && !ss.last() && body[0] == frameError:
+		f, derr := decodeError(body, ss.index+1, ss.stages)
+		if derr == nil {
+			ss.fail(failure{fault: f, from: sideDown})
+			return
+		}
+		err = derr
+	case err == nil:
+		err = fmt.Errorf("%w: frame %#x from the next hop", errProtocol, body[0])
+	case errors.Is(err, io.EOF) && ss.last():
+		// The head closed its return stream: it writes nothing on it, and closes it when it
+		// closes the session, whose end frame is on its way along the chain. If the head
+		// went away instead, stage 0 finds out and tells the chain.
+		return
+	case errors.Is(err, io.EOF):
+		// A next hop ends its stream only after this stage's: before, it went away (a
+		// closed connection reads as EOF too).
+		err = errors.New("its stream ended while the session ran")
+	}
+	ss.fail(*s.broken(ss, sideDown, err))
+}
+
+// end passes the session's failure on and closes its streams: each side that did not
+// cause it gets the error frame, then an orderly close; the side that broke is reset. An
+// orderly end (the previous hop's end frame) passes the end frame on to the next hop.
+func (s *Server) end(ss *session, f *failure, up, down network.Stream) {
+	for _, l := range []struct {
+		st network.Stream
+		sd side
+	}{{down, sideDown}, {up, sideUp}} {
+		switch {
+		case l.st == nil:
+		case l.sd == f.from && f.abort:
+			l.st.Reset()
+		case l.sd == f.from:
+			l.st.Close()
+		case f.fault.code == "":
+			l.st.SetWriteDeadline(time.Now().Add(errorWriteTimeout))
+			if err := frame.Write(l.st, []byte{frameEnd}); err != nil {
+				l.st.Reset()
+				continue
+			}
+			l.st.Close()
+		default:
+			if err := writeFault(l.st, f.fault); err != nil {
+				l.st.Reset()
+				continue
+			}
+			l.st.Close()
+		}
+	}
+	if f.fault.code != "" {
+		log.Debugw("stage session failed", "peer", ss.from, "model", ss.open.model, "err", f.fault.msg)
+	}
+}
