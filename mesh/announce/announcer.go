@@ -47,6 +47,10 @@ const (
 	// many may wait (the others are queued again at the next heartbeat).
 	contactWorkers = 4
 	contactQueue   = 64
+	// contactAttempts is how many contacts of a pending peer fail, a heartbeat apart,
+	// before it is dropped as unreachable: one failed DHT lookup on a busy machine does not
+	// cost an honest peer its place.
+	contactAttempts = 3
 	// ttlHeartbeats is how many heartbeats a vector stays valid: three, so one lost message
 	// never expires a live peer's vector.
 	ttlHeartbeats = 3
@@ -106,6 +110,7 @@ type Announcer struct {
 	contactQ chan peer.ID
 	qmu      sync.Mutex
 	queued   map[peer.ID]bool
+	failures map[peer.ID]int // failed contacts of pending peers, under qmu
 	born     time.Time // when New ran (syncLoop pulls twice while the node is young)
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -150,6 +155,7 @@ func New(h host.Host, ps *pubsub.PubSub, key crypto.PrivKey, reg *registry.Regis
 		serve:    syncLimiter{last: make(map[peer.ID]window)},
 		contactQ: make(chan peer.ID, contactQueue),
 		queued:   make(map[peer.ID]bool),
+		failures: make(map[peer.ID]int),
 		born:     time.Now(),
 		// Start the seq at the wall clock in ms, so a restart with the same identity keeps
 		// announcing above the seq its peers remember.
@@ -310,9 +316,17 @@ func (a *Announcer) sweep(now time.Time) {
 		// Its last vector may still be valid: a sync answer must not bring it back.
 		a.val.raise(g.Peer, g.Seq, now)
 	}
-	for _, p := range a.reg.PendingPeers() {
+	pending := a.reg.PendingPeers()
+	for _, p := range pending {
 		a.contactLater(p)
 	}
+	a.qmu.Lock()
+	for p := range a.failures { // peers no longer pending: contacted, evicted or forgotten
+		if !slices.Contains(pending, p) {
+			delete(a.failures, p)
+		}
+	}
+	a.qmu.Unlock()
 }
 
 // publish signs the current vector with the next seq and publishes it.
@@ -423,6 +437,20 @@ func (a *Announcer) contact(ctx context.Context, p peer.ID) {
 	if err == nil {
 		a.reg.SetConnected(p, true)
 		a.contacted.Add(1)
+		a.qmu.Lock()
+		delete(a.failures, p)
+		a.qmu.Unlock()
+		return
+	}
+	a.qmu.Lock()
+	a.failures[p]++
+	tries := a.failures[p]
+	if tries >= contactAttempts {
+		delete(a.failures, p)
+	}
+	a.qmu.Unlock()
+	if tries < contactAttempts {
+		log.Debugw("pending peer not reached; tried again at the next heartbeat", "peer", p, "try", tries, "err", err)
 		return
 	}
 	log.Debugw("pending peer unreachable; dropped", "peer", p, "err", err)

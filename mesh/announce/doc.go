@@ -51,10 +51,10 @@
 // Contact: a vector that reaches this node through another peer (a forwarder, a sync
 // answer) makes its author pending in the registry, not a routing candidate. Up to
 // contactWorkers pending peers at a time are connected to through Params.Contact (the node
-// passes its DHT-routed host); one that answers becomes contacted, one that does not is
-// dropped and refused for a while (registry.Unreachable), and its seq is kept in the
-// high-water mark so a sync answer cannot bring its last vector back. Pending peers are
-// queued again every heartbeat.
+// passes its DHT-routed host); one that answers becomes contacted. Pending peers are queued
+// again every heartbeat; one whose contact failed contactAttempts (3) times is dropped and
+// refused for a while (registry.Unreachable), and its seq is kept in the high-water mark so
+// a sync answer cannot bring its last vector back.
 //
 // The Announcer also watches libp2p connection events so the registry marks a clean
 // disconnect at once, and sweeps forgotten peers every heartbeat (their seq, too, stays in
