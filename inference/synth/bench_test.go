@@ -28,7 +28,7 @@ func BenchmarkTokensPerSecond(b *testing.B) {
 				b.Fatalf("Load: %v", err)
 			}
 			load := time.Since(start)
-			stream := weightStreamTime(be.models[p.Name].w)
+			stream := weightStreamTime(be.models[p.Name].loaded(whole(p)))
 
 			discard := func(inference.Token) error { return nil }
 			b.ResetTimer()

@@ -33,6 +33,46 @@
 // cache of 2·layers·d_model·4 bytes per position of prompt and budget (synth-base: 32 KiB
 // per position, 32 MiB at a full context).
 //
+// # Shards
+//
+// A model too big for one node runs as a pipeline of stages, each holding a contiguous
+// range of layers, and a head holding the rest (the contract is in the parent package:
+// StageBackend, StageSession, Layers). Backend is an inference.StageBackend.
+//
+// A stage (OpenStage) holds layers [lo, hi) and nothing else. A tensor's values are a
+// function of its name alone, so loading a range materializes those layers' tensors and
+// no others (not the other layers, not the embeddings), and they are the same numbers as in
+// the whole model. Each distinct range is loaded once and kept as long as the Backend,
+// like a whole model (a range is taken from the whole model instead when that is loaded).
+// A session is one generation's KV cache for those layers, allocated at open for
+// maxPositions positions; Forward runs n positions through the layers in passes of 16, as
+// Generate runs a prompt, appends them to the cache, and fails with context_overflow past
+// maxPositions.
+//
+// The head (GenerateWith) holds the token and position embeddings, the final norm and the
+// output projection: Generate's contract, with every layer computed by a Layers function.
+// It embeds the whole prompt and calls the layers once with it (n = prompt length: one
+// round trip per stage), takes the logits of the last position and samples; then for each
+// token but the last it embeds that token at its position and calls the layers with n = 1.
+// Each position is computed by the same operations however positions are split into calls
+// and passes (TestFeedSplitInvariant), so one call for the prompt gives the same bits as
+// 16 positions at a time. Generate is GenerateWith whose layers are a session of all the
+// layers run here: one generation loop, and a sharded generation emits exactly what
+// Generate emits (TestShardedIdentical), which keeps TestGolden's protocol for shards.
+//
+// What a stage of k layers needs is k·LayerBytes of weights, and per session k/Layers of
+// KVBytesPerToken per position plus 16 positions of scratch, 16·(4·d_model+ffn)·4 bytes.
+// The head needs HeadBytes, and per request the prompt's hidden states once (prompt
+// length·d_model·4 bytes) and the logits.
+//
+//	model        one layer  head     whole    KV per position, all layers
+//	synth-small    3.1 MB    5.2 MB   17.8 MB   8 KiB
+//	synth-base    12.6 MB   18.9 MB  119.6 MB  32 KiB
+//
+// Measured by TestStageMemory, opening a session of synth-base's layers [2, 6) for 16
+// positions grows the heap by 50.87 MB for 50.35 MB of weights: the rest is the session's
+// KV cache (256 KiB) and scratch (256 KiB).
+//
 // # Tokenizer
 //
 // Byte-level with syllables: token 0 ends the text, tokens 1-4 mark the chat roles
