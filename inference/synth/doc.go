@@ -28,10 +28,13 @@
 //	synth-tiny         64       2      4   256    512      512     196,928
 //	synth-small       256       4      8  1024   2048     1024   4,458,752
 //	synth-base        512       8      8  2048   4096     1024  29,893,120
+//	synth-large       768      16     12  3072   4096     1024 120,349,440
 //
-// Memory is 4 bytes per parameter (synth-base: 120 MB) once loaded, plus per request a KV
-// cache of 2·layers·d_model·4 bytes per position of prompt and budget (synth-base: 32 KiB
-// per position, 32 MiB at a full context).
+// Memory is 4 bytes per parameter (synth-base: 120 MB; synth-large: 481 MB) once loaded,
+// plus per request a KV cache of 2·layers·d_model·4 bytes per position of prompt and budget
+// (synth-base: 32 KiB per position, 32 MiB at a full context; synth-large: 96 KiB and 96
+// MiB). synth-large is the model a node's memory budget is not meant to hold whole: it runs
+// sharded (see Shards), at about 10 tokens/s on 2 cores split or not.
 //
 // # Shards
 //
@@ -68,10 +71,12 @@
 //	model        one layer  head     whole    KV per position, all layers
 //	synth-small    3.1 MB    5.2 MB   17.8 MB   8 KiB
 //	synth-base    12.6 MB   18.9 MB  119.6 MB  32 KiB
+//	synth-large   28.3 MB   28.3 MB  481.4 MB  96 KiB
 //
-// Measured by TestStageMemory, opening a session of synth-base's layers [2, 6) for 16
-// positions grows the heap by 50.87 MB for 50.35 MB of weights: the rest is the session's
-// KV cache (256 KiB) and scratch (256 KiB).
+// synth-large in two stages of 8 layers takes 226.5 MB and 48 KiB per position on each
+// stage, and 28.3 MB on the head. Measured by TestStageMemory, opening a session of
+// synth-base's layers [2, 6) for 16 positions grows the heap by 50.87 MB for 50.35 MB of
+// weights: the rest is the session's KV cache (256 KiB) and scratch (256 KiB).
 //
 // # Tokenizer
 //

@@ -19,6 +19,7 @@ func TestPresets(t *testing.T) {
 		{"synth-tiny", 196_928, 0, 1_000_000},
 		{"synth-small", 4_458_752, 1_000_000, 10_000_000},
 		{"synth-base", 29_893_120, 10_000_000, 100_000_000},
+		{"synth-large", 120_349_440, 100_000_000, 1_000_000_000},
 	}
 	ps := Presets()
 	if len(ps) != len(tests) {

@@ -15,8 +15,8 @@ import (
 	"github.com/meshinfer/meshinfer/inference"
 )
 
-// TestShape: the shapes add up, synth-small's figures are the documented ones, and an
-// unknown model is model_not_found.
+// TestShape: the shapes add up, synth-small's and synth-large's figures are the documented
+// ones, and an unknown model is model_not_found.
 func TestShape(t *testing.T) {
 	for _, p := range Presets() {
 		s := p.Shape()
@@ -24,13 +24,15 @@ func TestShape(t *testing.T) {
 			t.Errorf("%s: %+v does not add up", p.Name, s)
 		}
 	}
-	b := newBackend(t, "synth-small")
+	b := newBackend(t, "synth-small", "synth-large")
 	tests := []struct {
 		model string
 		want  inference.ModelShape
 	}{
 		{"synth-small", inference.ModelShape{Layers: 4, Width: 256, Params: 4_458_752, WeightBytes: 17_835_008,
 			LayerBytes: 3_147_776, HeadBytes: 5_243_904, KVBytesPerToken: 8192, Context: 1024}},
+		{"synth-large", inference.ModelShape{Layers: 16, Width: 768, Params: 120_349_440, WeightBytes: 481_397_760,
+			LayerBytes: 28_317_696, HeadBytes: 28_314_624, KVBytesPerToken: 98_304, Context: 1024}},
 	}
 	for _, tt := range tests {
 		if got, err := b.Shape(tt.model); err != nil || got != tt.want {
