@@ -30,22 +30,32 @@ type Option func(*Backend)
 // The wait ends early, with the model still cold, when the load's context ends.
 func WithLoadDelay(d time.Duration) Option { return func(b *Backend) { b.loadDelay = d } }
 
-var _ inference.Backend = (*Backend)(nil)
+var (
+	_ inference.Backend      = (*Backend)(nil)
+	_ inference.StageBackend = (*Backend)(nil)
+)
 
-// model is one served preset and its load state.
+// model is one served preset and the parts of it loaded so far.
 type model struct {
 	preset Preset
 	tok    *tokenizer
 
-	// loads counts materializations started, for tests of load-once.
+	// loads counts materializations started, of any part, for tests of load-once.
 	loads atomic.Int64
 	// delay is the backend's load delay (WithLoadDelay).
 	delay time.Duration
 
 	mu sync.Mutex
-	// w is non-nil once the weights are loaded; they never change after that.
+	// parts holds a slot for each part loaded or being loaded. A slot is removed when its
+	// load fails; a loaded one stays as long as the Backend.
+	parts map[part]*slot
+}
+
+// slot is the load state of one part of a model.
+type slot struct {
+	// w is non-nil once the part is loaded; it never changes after that.
 	w *weights
-	// loading is non-nil while a load runs; it is closed when that load ends, either way.
+	// loading is non-nil while the load runs; it is closed when that load ends, either way.
 	loading chan struct{}
 }
 
@@ -68,7 +78,7 @@ func NewWith(models []string, opts []Option) (*Backend, error) {
 			return nil, fmt.Errorf("synth: model %q given twice", name)
 		}
 		b.names = append(b.names, name)
-		b.models[name] = &model{preset: p, tok: newTokenizer(p.Vocab)}
+		b.models[name] = &model{preset: p, tok: newTokenizer(p.Vocab), parts: make(map[part]*slot)}
 	}
 	for _, o := range opts {
 		o(b)
@@ -79,15 +89,13 @@ func NewWith(models []string, opts []Option) (*Backend, error) {
 	return b, nil
 }
 
-// Models lists the served models in New's order; Warm is true once a model's weights are
-// materialized. It never fails.
+// Models lists the served models in New's order; Warm is true once a model's whole weights
+// are materialized (parts loaded for stages or a head do not count). It never fails.
 func (b *Backend) Models(ctx context.Context) ([]inference.ModelInfo, error) {
 	infos := make([]inference.ModelInfo, 0, len(b.names))
 	for _, name := range b.names {
 		m := b.models[name]
-		m.mu.Lock()
-		warm := m.w != nil
-		m.mu.Unlock()
+		warm := m.loaded(whole(m.preset)) != nil
 		infos = append(infos, inference.ModelInfo{Name: name, Warm: warm, Deterministic: true})
 	}
 	return infos, nil
@@ -101,7 +109,7 @@ func (b *Backend) Load(ctx context.Context, model string) error {
 	if err != nil {
 		return err
 	}
-	_, err = m.load(ctx)
+	_, err = m.load(ctx, whole(m.preset))
 	return err
 }
 
@@ -114,35 +122,60 @@ func (b *Backend) lookup(name string) (*model, error) {
 	return m, nil
 }
 
-// load returns the weights, materializing them on first use. Concurrent callers share one
-// materialization; a caller whose ctx ends stops waiting, and if it was the one loading, the
-// load is abandoned and the next caller starts over.
-func (m *model) load(ctx context.Context) (*weights, error) {
+// loaded returns the weights of pt if they are loaded, else nil. It never waits.
+func (m *model) loaded(pt part) *weights {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if s := m.parts[pt]; s != nil {
+		return s.w
+	}
+	return nil
+}
+
+// get returns weights that hold pt: pt's own if loaded, else the whole model's if loaded
+// (a part of it), else pt's, loaded now.
+func (m *model) get(ctx context.Context, pt part) (*weights, error) {
+	if w := m.loaded(pt); w != nil {
+		return w, nil
+	}
+	if w := m.loaded(whole(m.preset)); w != nil {
+		return w, nil
+	}
+	return m.load(ctx, pt)
+}
+
+// load returns the weights of pt, materializing them on first use. Concurrent callers share
+// one materialization; a caller whose ctx ends stops waiting, and if it was the one loading,
+// the load is abandoned and the next caller starts over.
+func (m *model) load(ctx context.Context, pt part) (*weights, error) {
+	what := pt.describe(m.preset)
 	for {
 		m.mu.Lock()
-		if w := m.w; w != nil {
+		s := m.parts[pt]
+		if s != nil && s.w != nil {
 			m.mu.Unlock()
-			return w, nil
+			return s.w, nil
 		}
-		if wait := m.loading; wait != nil {
+		if s != nil {
+			wait := s.loading
 			m.mu.Unlock()
 			select {
 			case <-wait:
 				continue // loaded, or the loader gave up: look again
 			case <-ctx.Done():
-				return nil, fmt.Errorf("synth: waiting for %s to load: %w", m.preset.Name, ctx.Err())
+				return nil, fmt.Errorf("synth: waiting for %s to load: %w", what, ctx.Err())
 			}
 		}
 		if err := ctx.Err(); err != nil {
 			m.mu.Unlock()
-			return nil, fmt.Errorf("synth: loading %s: %w", m.preset.Name, err)
+			return nil, fmt.Errorf("synth: loading %s: %w", what, err)
 		}
-		done := make(chan struct{})
-		m.loading = done
+		s = &slot{loading: make(chan struct{})}
+		m.parts[pt] = s
 		m.mu.Unlock()
 
 		m.loads.Add(1)
-		w, err := materialize(ctx, m.preset)
+		w, err := materialize(ctx, m.preset, pt)
 		if err == nil && m.delay > 0 {
 			t := time.NewTimer(m.delay)
 			select {
@@ -154,12 +187,16 @@ func (m *model) load(ctx context.Context) (*weights, error) {
 		}
 
 		m.mu.Lock()
-		m.w = w // nil on error: the model stays cold
-		m.loading = nil
+		if err != nil {
+			delete(m.parts, pt) // the part stays cold
+		}
+		s.w = w
+		done := s.loading
+		s.loading = nil
 		m.mu.Unlock()
 		close(done)
 		if err != nil {
-			return nil, fmt.Errorf("synth: loading %s: %w", m.preset.Name, err)
+			return nil, fmt.Errorf("synth: loading %s: %w", what, err)
 		}
 		return w, nil
 	}
@@ -171,34 +208,101 @@ func (m *model) load(ctx context.Context) (*weights, error) {
 // template leaves no room for one token), then loads the model if cold, processes the prompt
 // and samples until the end-of-text token or a stop string (FinishStop), or until max_tokens
 // or the context window is reached (FinishLength).
+//
+// It is GenerateWith whose layers are a stage session of all the model's layers, run here.
 func (b *Backend) Generate(ctx context.Context, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
-	m, err := b.lookup(req.Model)
+	m, prompt, budget, err := b.prepare(ctx, req)
 	if err != nil {
 		return inference.Result{}, err
 	}
-	if err := req.Validate(inference.NoSizeLimits()); err != nil {
+	w, err := m.load(ctx, whole(m.preset))
+	if err != nil {
 		return inference.Result{}, err
+	}
+	// The cache needs no slot for the last sampled token: it is never fed back.
+	local := newSession(w, 0, m.preset.Layers, len(prompt)+budget-1)
+	defer local.Close()
+	return generate(ctx, m, w, local.Forward, req, prompt, budget, emit)
+}
+
+// GenerateWith is Generate, with every layer computed by layers instead of here: the head
+// of a sharded generation. It has Generate's contract (checks, tokenization, chat template,
+// sampling, stop strings, finish reasons, usage, context_overflow) and, for the same
+// request, emits the same tokens and returns the same Result as Generate, provided layers
+// computes what the model's layers compute: the stages' sessions of model's layers, chained
+// in order, do bit for bit.
+//
+// It loads only the head (token and position embeddings, final norm, output projection),
+// or uses the whole model's when that is loaded. It calls layers once with the whole prompt
+// (n = prompt length; a stage runs it in passes of 16 positions, which gives the same bits
+// as any other split), then once per generated token but the last (n = 1), checking ctx
+// before each call. The positions fed in all are at most prompt length + max_tokens − 1
+// and fewer than the context window: stage sessions opened for that many suffice. hidden
+// is fresh for each call and not used again by the head, so layers may keep or modify it.
+// An error from layers ends the generation and is returned wrapped (CodeOf and errors.Is
+// see it); a result of the wrong size is an unavailable *inference.Error.
+func (b *Backend) GenerateWith(ctx context.Context, req *inference.Request, layers inference.Layers, emit func(inference.Token) error) (inference.Result, error) {
+	m, prompt, budget, err := b.prepare(ctx, req)
+	if err != nil {
+		return inference.Result{}, err
+	}
+	w, err := m.get(ctx, headOnly())
+	if err != nil {
+		return inference.Result{}, err
+	}
+	return generate(ctx, m, w, layers, req, prompt, budget, emit)
+}
+
+// prepare does Generate's checks, in its order, and returns the model, the prompt's tokens
+// and the completion's budget: max_tokens, cut to what the context window leaves.
+func (b *Backend) prepare(ctx context.Context, req *inference.Request) (*model, []int, int, error) {
+	m, err := b.lookup(req.Model)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	if err := req.Validate(inference.NoSizeLimits()); err != nil {
+		return nil, nil, 0, err
 	}
 	p := m.preset
 	prompt := m.tok.encodeChat(req.Messages, p.Context)
 	if len(prompt) >= p.Context {
-		return inference.Result{}, inference.Errorf(inference.CodeContextOverflow,
+		return nil, nil, 0, inference.Errorf(inference.CodeContextOverflow,
 			"prompt needs at least %d tokens, %s has a context window of %d", len(prompt), p.Name, p.Context)
 	}
 	if err := ctx.Err(); err != nil {
-		return inference.Result{}, fmt.Errorf("synth: %w", err)
+		return nil, nil, 0, fmt.Errorf("synth: %w", err)
 	}
-	w, err := m.load(ctx)
-	if err != nil {
-		return inference.Result{}, err
-	}
+	return m, prompt, min(req.EffectiveMaxTokens(), p.Context-len(prompt)), nil
+}
 
-	// The budget is max_tokens, cut to what the context window leaves. The cache needs no
-	// slot for the last sampled token: it is never fed back.
-	budget := min(req.EffectiveMaxTokens(), p.Context-len(prompt))
-	st := newState(w, len(prompt)+budget-1)
-	logits, err := st.feed(ctx, prompt)
-	if err != nil {
+// generate is the generation loop of Generate and GenerateWith: head holds the head's
+// weights, layers runs every layer.
+func generate(ctx context.Context, m *model, head *weights, layers inference.Layers, req *inference.Request,
+	prompt []int, budget int, emit func(inference.Token) error) (inference.Result, error) {
+	p := m.preset
+	d := p.Dim
+	logits, xn := make([]float32, p.Vocab), make([]float32, d)
+	// step embeds tokens at positions pos…, runs them through the layers, and leaves in
+	// logits the logits after the last one.
+	step := func(tokens []int, pos int) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		n := len(tokens)
+		hidden := make([]float32, n*d)
+		head.embed(hidden, tokens, pos)
+		out, err := layers(ctx, hidden, n)
+		if err != nil {
+			return err
+		}
+		if len(out) != n*d {
+			return inference.Errorf(inference.CodeUnavailable,
+				"the layers returned %d values for %d positions of width %d", len(out), n, d)
+		}
+		head.logits(logits, xn, out[(n-1)*d:])
+		return nil
+	}
+	if err := step(prompt, 0); err != nil {
 		return inference.Result{}, fmt.Errorf("synth: prompt: %w", err)
 	}
 	smp := newSampler(req.EffectiveTemperature(), req.EffectiveTopP(), req.EffectiveSeed(), m.tok.sampleable)
@@ -230,7 +334,7 @@ func (b *Backend) Generate(ctx context.Context, req *inference.Request, emit fun
 			}
 			return result(inference.FinishLength), nil
 		}
-		if logits, err = st.feed(ctx, []int{id}); err != nil {
+		if err := step([]int{id}, len(prompt)+usage.CompletionTokens-1); err != nil {
 			return inference.Result{}, fmt.Errorf("synth: generation: %w", err)
 		}
 	}

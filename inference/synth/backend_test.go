@@ -50,17 +50,13 @@ func TestGolden(t *testing.T) {
 func TestGoldenLogits(t *testing.T) {
 	const want uint64 = 0x8ab18470fe196c0e
 	p, _ := LookupPreset("synth-tiny")
-	w, err := materialize(context.Background(), p)
+	w, err := materialize(context.Background(), p, whole(p))
 	if err != nil {
 		t.Fatalf("materialize: %v", err)
 	}
 	tok := newTokenizer(p.Vocab)
 	prompt := tok.encodeChat([]inference.Message{{Role: inference.RoleUser, Content: "The quick brown fox"}}, p.Context)
-	st := newState(w, len(prompt)+1)
-	logits, err := st.feed(context.Background(), prompt)
-	if err != nil {
-		t.Fatalf("feed: %v", err)
-	}
+	logits := logitsAfter(t, w, prompt, len(prompt))
 	h := fnv.New64a()
 	for _, l := range logits {
 		h.Write(binary.LittleEndian.AppendUint32(nil, math.Float32bits(l)))

@@ -2,6 +2,8 @@ package synth
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,7 +30,7 @@ func BenchmarkTokensPerSecond(b *testing.B) {
 				b.Fatalf("Load: %v", err)
 			}
 			load := time.Since(start)
-			stream := weightStreamTime(be.models[p.Name].w)
+			stream := weightStreamTime(be.models[p.Name].loaded(whole(p)))
 
 			discard := func(inference.Token) error { return nil }
 			b.ResetTimer()
@@ -85,4 +87,164 @@ func sumAll(v []float32) float32 {
 		s0 += v[i]
 	}
 	return (s0 + s1) + (s2 + s3)
+}
+
+// BenchmarkShardedDecode compares decoding through a 2-stage in-process pipeline (stage
+// sessions from OpenStage, chained, under GenerateWith) with Generate on the same model,
+// in the same run. One op is one request of each, in alternating order: 32 tokens at
+// temperature 1. Each side runs its own weights (the stages' ranges and the head are
+// loaded before the whole model). Metrics:
+//
+//	split-ratio     time per token of the pipeline ÷ Generate's, decoding only (from the
+//	                first token to the last), the median over the ops (each op's pair
+//	                ran back to back, so a busy machine slows both); 1 means the split
+//	                costs nothing
+//	tokens/s        Generate's decoding speed
+//	split-tokens/s  the pipeline's
+func BenchmarkShardedDecode(b *testing.B) {
+	for _, name := range []string{"synth-base", "synth-large"} {
+		b.Run(name, func(b *testing.B) {
+			ctx := context.Background()
+			be := newBackend(b, name)
+			p := be.models[name].preset
+			bounds := []int{0, p.Layers / 2, p.Layers}
+			req := func(seed int64) *inference.Request {
+				return &inference.Request{
+					Model:       name,
+					Messages:    []inference.Message{{Role: inference.RoleUser, Content: "benchmark"}},
+					MaxTokens:   ptr(32),
+					Temperature: ptr(1.0),
+					Seed:        ptr(seed),
+				}
+			}
+			split := func(seed int64) (time.Duration, int) {
+				layers, closeAll := pipeline(b, be, name, bounds, 64)
+				defer closeAll()
+				return decodeTime(b, func(emit func(inference.Token) error) (inference.Result, error) {
+					return be.GenerateWith(ctx, req(seed), layers, emit)
+				})
+			}
+			single := func(seed int64) (time.Duration, int) {
+				return decodeTime(b, func(emit func(inference.Token) error) (inference.Result, error) {
+					return be.Generate(ctx, req(seed), emit)
+				})
+			}
+			split(-1)
+			if err := be.Load(ctx, name); err != nil {
+				b.Fatal(err)
+			}
+			single(-1)
+
+			b.ResetTimer()
+			var tSingle, tSplit time.Duration
+			var nSingle, nSplit int
+			var ratios []float64
+			for i := range b.N {
+				seed := int64(i)
+				var t1, t2 time.Duration
+				var n1, n2 int
+				if i%2 == 0 {
+					t1, n1 = single(seed)
+					t2, n2 = split(seed)
+				} else {
+					t2, n2 = split(seed)
+					t1, n1 = single(seed)
+				}
+				tSingle, nSingle, tSplit, nSplit = tSingle+t1, nSingle+n1, tSplit+t2, nSplit+n2
+				ratios = append(ratios, t2.Seconds()/float64(n2)/(t1.Seconds()/float64(n1)))
+			}
+			b.ReportMetric(median(ratios), "split-ratio")
+			b.ReportMetric(float64(nSingle)/tSingle.Seconds(), "tokens/s")
+			b.ReportMetric(float64(nSplit)/tSplit.Seconds(), "split-tokens/s")
+		})
+	}
+}
+
+// decodeTime runs generate and returns the time from its first token to its return and
+// the number of tokens generated in that time (all but the first).
+func decodeTime(b *testing.B, generate func(emit func(inference.Token) error) (inference.Result, error)) (time.Duration, int) {
+	b.Helper()
+	var first time.Time
+	res, err := generate(func(tok inference.Token) error {
+		if tok.Index == 0 {
+			first = time.Now()
+		}
+		return nil
+	})
+	if err != nil {
+		b.Fatalf("generate: %v", err)
+	}
+	return time.Since(first), res.Usage.CompletionTokens - 1
+}
+
+// BenchmarkShardedPrefill compares the prefill of a 512-token prompt through a 3-stage
+// in-process pipeline with Generate's on the same model, in the same run. One op is one
+// request of each, in alternating order, with max_tokens 1: the prompt in one call to the
+// layers, the logits, one sampled token. Metrics:
+//
+//	split-ratio      time of the pipeline ÷ Generate's, the median over the ops (the goal
+//	                 is at most 1.1)
+//	prompt-tokens/s  Generate's prefill speed
+func BenchmarkShardedPrefill(b *testing.B) {
+	for _, name := range []string{"synth-small", "synth-base"} {
+		b.Run(name, func(b *testing.B) {
+			ctx := context.Background()
+			be := newBackend(b, name)
+			p := be.models[name].preset
+			bounds := []int{0, p.Layers * 3 / 8, p.Layers * 6 / 8, p.Layers}
+			// '\x01' is one token; with the two role markers the prompt is 512 tokens.
+			req := &inference.Request{
+				Model:     name,
+				Messages:  []inference.Message{{Role: inference.RoleUser, Content: strings.Repeat("\x01", 510)}},
+				MaxTokens: ptr(1),
+			}
+			discard := func(inference.Token) error { return nil }
+			split := func() time.Duration {
+				layers, closeAll := pipeline(b, be, name, bounds, 512)
+				defer closeAll()
+				start := time.Now()
+				res, err := be.GenerateWith(ctx, req, layers, discard)
+				if err != nil || res.Usage.PromptTokens != 512 {
+					b.Fatalf("GenerateWith: %+v, %v", res, err)
+				}
+				return time.Since(start)
+			}
+			single := func() time.Duration {
+				start := time.Now()
+				if _, err := be.Generate(ctx, req, discard); err != nil {
+					b.Fatalf("Generate: %v", err)
+				}
+				return time.Since(start)
+			}
+			split()
+			if err := be.Load(ctx, name); err != nil {
+				b.Fatal(err)
+			}
+			single()
+
+			b.ResetTimer()
+			var tSingle time.Duration
+			var ratios []float64
+			for i := range b.N {
+				var t1, t2 time.Duration
+				if i%2 == 0 {
+					t1, t2 = single(), split()
+				} else {
+					t2, t1 = split(), single()
+				}
+				tSingle += t1
+				ratios = append(ratios, t2.Seconds()/t1.Seconds())
+			}
+			b.ReportMetric(median(ratios), "split-ratio")
+			b.ReportMetric(512*float64(b.N)/tSingle.Seconds(), "prompt-tokens/s")
+		})
+	}
+}
+
+func median(v []float64) float64 {
+	slices.Sort(v)
+	if n := len(v); n%2 == 0 {
+		return (v[n/2-1] + v[n/2]) / 2
+	}
+	return v[len(v)/2]
 }

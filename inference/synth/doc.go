@@ -28,10 +28,60 @@
 //	synth-tiny         64       2      4   256    512      512     196,928
 //	synth-small       256       4      8  1024   2048     1024   4,458,752
 //	synth-base        512       8      8  2048   4096     1024  29,893,120
+//	synth-large       768      16     12  3072   4096     1024 120,349,440
 //
-// Memory is 4 bytes per parameter (synth-base: 120 MB) once loaded, plus per request a KV
-// cache of 2·layers·d_model·4 bytes per position of prompt and budget (synth-base: 32 KiB
-// per position, 32 MiB at a full context).
+// Memory is 4 bytes per parameter (synth-base: 120 MB; synth-large: 481 MB) once loaded,
+// plus per request a KV cache of 2·layers·d_model·4 bytes per position of prompt and budget
+// (synth-base: 32 KiB per position, 32 MiB at a full context; synth-large: 96 KiB and 96
+// MiB). synth-large is the model a node's memory budget is not meant to hold whole: it runs
+// sharded (see Shards), at 8 to 9 tokens/s on a busy 2-core machine, split or not.
+//
+// # Shards
+//
+// A model too big for one node runs as a pipeline of stages, each holding a contiguous
+// range of layers, and a head holding the rest (the contract is in the parent package:
+// StageBackend, StageSession, Layers). Backend is an inference.StageBackend.
+//
+// A stage (OpenStage) holds layers [lo, hi) and nothing else. A tensor's values are a
+// function of its name alone, so loading a range materializes those layers' tensors and
+// no others (not the other layers, not the embeddings), and they are the same numbers as in
+// the whole model. Each distinct range is loaded once and kept as long as the Backend,
+// like a whole model (a range is taken from the whole model instead when that is loaded).
+// A session is one generation's KV cache for those layers, allocated at open for
+// maxPositions positions; Forward runs n positions through the layers in passes of 16, as
+// Generate runs a prompt, appends them to the cache, and fails with context_overflow past
+// maxPositions.
+//
+// The head (GenerateWith) holds the token and position embeddings, the final norm and the
+// output projection: Generate's contract, with every layer computed by a Layers function.
+// It embeds the whole prompt and calls the layers once with it (n = prompt length: one
+// round trip per stage), takes the logits of the last position and samples; then for each
+// token but the last it embeds that token at its position and calls the layers with n = 1.
+// Each position is computed by the same operations however positions are split into calls
+// and passes (TestFeedSplitInvariant), so one call for the prompt gives the same bits as
+// 16 positions at a time. Generate is GenerateWith whose layers are a session of all the
+// layers run here: one generation loop, and a sharded generation emits exactly what
+// Generate emits (TestShardedIdentical), which keeps TestGolden's protocol for shards.
+//
+// What a stage of k layers needs is k·LayerBytes of weights, and per session k/Layers of
+// KVBytesPerToken per position plus 16 positions of scratch, 16·(4·d_model+ffn)·4 bytes.
+// The head needs HeadBytes, and per request the prompt's hidden states once (prompt
+// length·d_model·4 bytes) and the logits.
+//
+//	model        one layer  head     whole    KV per position, all layers
+//	synth-small    3.1 MB    5.2 MB   17.8 MB   8 KiB
+//	synth-base    12.6 MB   18.9 MB  119.6 MB  32 KiB
+//	synth-large   28.3 MB   28.3 MB  481.4 MB  96 KiB
+//
+// synth-large in two stages of 8 layers takes 226.5 MB and 48 KiB per position on each
+// stage, and 28.3 MB on the head. Measured by TestStageMemory, opening a session of
+// synth-base's layers [2, 6) for 16 positions grows the heap by 50.87 MB for 50.35 MB of
+// weights: the rest is the session's KV cache (256 KiB) and scratch (256 KiB).
+//
+// A pipeline in one process costs what Generate costs: BenchmarkShardedDecode measured
+// synth-large's time per token over 2 stages at 1.04 times Generate's, and
+// BenchmarkShardedPrefill synth-base's 512-token prefill over 3 stages at 1.05 times.
+// Between nodes, each call adds a round trip and n·d_model·4 bytes each way.
 //
 // # Tokenizer
 //

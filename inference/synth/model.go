@@ -11,17 +11,49 @@ import (
 	"sync/atomic"
 )
 
-// weights holds a materialized model. All tensors are row-major [out][in] slices of one
-// backing array, so a matrix-vector product reads each row contiguously. Immutable after
-// materialize returns; shared read-only by every request.
+// part names what a load materializes of a model: the head (token and position
+// embeddings, final norm, output projection) or not, and the layers [lo, hi). Comparable,
+// so it keys a model's cache of loaded parts.
+type part struct {
+	head   bool
+	lo, hi int
+}
+
+// whole is all of p: what Generate runs.
+func whole(p Preset) part { return part{head: true, lo: 0, hi: p.Layers} }
+
+// headOnly is what the head of a sharded generation holds.
+func headOnly() part { return part{head: true} }
+
+// layerRange is what a pipeline stage holds: layers [lo, hi) and no head.
+func layerRange(lo, hi int) part { return part{lo: lo, hi: hi} }
+
+// describe names pt of p for messages: "synth-base", "the head of synth-base" or
+// "layers 4-7 of synth-base".
+func (pt part) describe(p Preset) string {
+	switch {
+	case pt == whole(p):
+		return p.Name
+	case pt.lo == pt.hi:
+		return "the head of " + p.Name
+	}
+	return "layers " + strconv.Itoa(pt.lo) + "-" + strconv.Itoa(pt.hi-1) + " of " + p.Name
+}
+
+// weights holds a materialized part of a model. All tensors are row-major [out][in] slices
+// of one backing array, so a matrix-vector product reads each row contiguously. Immutable
+// after materialize returns; shared read-only by every request and stage session.
 type weights struct {
-	p         Preset
-	all       []float32 // the backing array: exactly p.Params() values
+	p    Preset
+	part part
+	all  []float32 // the backing array: exactly the part's parameters
+	// The head's tensors, nil unless part.head.
 	tokEmb    []float32 // [Vocab][Dim]
 	posEmb    []float32 // [Context][Dim]
-	layers    []layerWeights
 	finalNorm []float32 // [Dim]
 	out       []float32 // [Vocab][Dim]
+	// layers are layers part.lo … part.hi−1.
+	layers []layerWeights
 }
 
 type layerWeights struct {
@@ -40,7 +72,8 @@ type tensor struct {
 	std  float64
 }
 
-// tensors lays out w's tensors in their fixed order, with their initial scales:
+// tensors lays out the tensors of w's part in their fixed order (head first, then the
+// layers, then the rest of the head), with their initial scales:
 //
 //	tok_emb        std 1           the residual stream starts at unit scale
 //	pos_emb        std 0.5         position matters, but less than the token
@@ -48,19 +81,25 @@ type tensor struct {
 //	o, down        std 1/√fan_in/√(2·Layers)   GPT-2's residual scaling: the stream stays O(1)
 //	out            std 2/√Dim      logits with std ≈ 2, so temperature and top_p matter
 //	norm gains     1
+//
+// A tensor's values depend only on the model's and the tensor's names, so a part holds
+// exactly the values the whole model holds for the same tensors.
 func (w *weights) tensors() []tensor {
 	p := w.p
 	d, f := p.Dim, p.FFN
 	proj := 1 / math.Sqrt(float64(d))
 	resid := 1 / math.Sqrt(2*float64(p.Layers))
-	ts := []tensor{
-		{"tok_emb", &w.tokEmb, p.Vocab * d, 1},
-		{"pos_emb", &w.posEmb, p.Context * d, 0.5},
+	var ts []tensor
+	if w.part.head {
+		ts = append(ts,
+			tensor{"tok_emb", &w.tokEmb, p.Vocab * d, 1},
+			tensor{"pos_emb", &w.posEmb, p.Context * d, 0.5},
+		)
 	}
-	w.layers = make([]layerWeights, p.Layers)
+	w.layers = make([]layerWeights, w.part.hi-w.part.lo)
 	for i := range w.layers {
 		l := &w.layers[i]
-		pre := "layer" + strconv.Itoa(i) + "."
+		pre := "layer" + strconv.Itoa(w.part.lo+i) + "."
 		ts = append(ts,
 			tensor{pre + "attn_norm", &l.attnNorm, d, 0},
 			tensor{pre + "q", &l.wq, d * d, proj},
@@ -72,20 +111,29 @@ func (w *weights) tensors() []tensor {
 			tensor{pre + "down", &l.down, d * f, resid / math.Sqrt(float64(f))},
 		)
 	}
-	return append(ts,
-		tensor{"final_norm", &w.finalNorm, d, 0},
-		tensor{"out", &w.out, p.Vocab * d, 2 * proj},
-	)
+	if w.part.head {
+		ts = append(ts,
+			tensor{"final_norm", &w.finalNorm, d, 0},
+			tensor{"out", &w.out, p.Vocab * d, 2 * proj},
+		)
+	}
+	return ts
 }
 
-// materialize builds the weights of p. Each tensor is drawn from its own PCG stream seeded
-// with FNV-64a of "<model name>/<tensor name>", so the values depend on nothing but the
-// names, and tensors can be filled in any order: GOMAXPROCS goroutines take them from a
-// shared counter and all end before materialize returns. It checks ctx between tensors and
+// materialize builds the weights of part pt of p, and computes no other tensor. Each
+// tensor is drawn from its own PCG stream seeded with FNV-64a of "<model name>/<tensor
+// name>", so the values depend on nothing but the names, and tensors can be filled in any
+// order: GOMAXPROCS goroutines take them from a shared counter and all end before
+// materialize returns. It checks ctx between tensors and
 // every chunkCheck values inside a large one; on the first error the others stop too.
-func materialize(ctx context.Context, p Preset) (*weights, error) {
-	w := &weights{p: p, all: make([]float32, p.Params())}
+func materialize(ctx context.Context, p Preset, pt part) (*weights, error) {
+	w := &weights{p: p, part: pt}
 	ts := w.tensors()
+	n := 0
+	for _, t := range ts {
+		n += t.n
+	}
+	w.all = make([]float32, n)
 	off := 0
 	for _, t := range ts {
 		*t.dst = w.all[off : off+t.n : off+t.n]
@@ -154,78 +202,98 @@ func fill(ctx context.Context, dst []float32, key string, std float64) error {
 	return ctx.Err()
 }
 
-// blockSize is how many prompt tokens one forward pass processes together: a weight row is
-// then read once for 16 tokens, which makes prefill several times faster than one token at
-// a time, while scratch memory stays at 16 vectors and ctx is checked every 16 tokens.
+// blockSize is how many positions one pass through the layers processes together: a
+// weight row is then read once for 16 positions, which makes prefill several times faster
+// than one position at a time, while scratch memory stays at 16 vectors and ctx is checked
+// every 16 positions.
 const blockSize = 16
 
-// state is one request's run of the model: its KV cache and scratch buffers. Not safe for
-// concurrent use; each Generate owns one.
-type state struct {
-	w   *weights
-	pos int // positions already in the cache
-
-	kc, vc [][]float32 // per layer: [cap][Dim] keys and values
-
-	x, xn, q, att, proj []float32 // [blockSize][Dim]
-	ff                  []float32 // [blockSize][FFN]
-	scores              []float64 // [cap]
-	logits              []float32 // [Vocab]
+// embed writes to x the input hidden states of tokens at positions pos, pos+1, …: token
+// embedding plus position embedding. w holds the head.
+func (w *weights) embed(x []float32, tokens []int, pos int) {
+	d := w.p.Dim
+	for b, id := range tokens {
+		row, te, pe := x[b*d:(b+1)*d], w.tokEmb[id*d:(id+1)*d], w.posEmb[(pos+b)*d:(pos+b+1)*d]
+		for i := range row {
+			row[i] = te[i] + pe[i]
+		}
+	}
 }
 
-// newState allocates a run with room for capacity positions (prompt and completion).
-func newState(w *weights, capacity int) *state {
+// logits writes to dst (Vocab values) the logits after h, one position's hidden state out
+// of the last layer: the final norm, then the output projection. xn is Dim values of
+// scratch. w holds the head.
+func (w *weights) logits(dst, xn, h []float32) {
+	rmsNorm(xn, h, w.finalNorm)
+	matmul(dst, w.out, xn, w.p.Vocab, w.p.Dim, 1)
+}
+
+// stack runs a contiguous range of layers over hidden states, with its own KV cache for
+// those layers and its own scratch. Not safe for concurrent use; each generation (or stage
+// session) owns one.
+type stack struct {
+	p        Preset
+	layers   []layerWeights
+	pos      int // positions already in the cache
+	capacity int // positions the cache holds
+
+	kc, vc [][]float32 // per layer: [capacity][Dim] keys and values
+
+	xn, q, att, proj []float32 // [blockSize][Dim]
+	ff               []float32 // [blockSize][FFN]
+	scores           []float64 // [capacity]
+}
+
+// newStack allocates a run of layers [lo, hi), which w holds, with room for capacity
+// positions.
+func newStack(w *weights, lo, hi, capacity int) *stack {
 	p := w.p
 	d := p.Dim
-	s := &state{
-		w:      w,
-		kc:     make([][]float32, p.Layers),
-		vc:     make([][]float32, p.Layers),
-		x:      make([]float32, blockSize*d),
-		xn:     make([]float32, blockSize*d),
-		q:      make([]float32, blockSize*d),
-		att:    make([]float32, blockSize*d),
-		proj:   make([]float32, blockSize*d),
-		ff:     make([]float32, blockSize*p.FFN),
-		scores: make([]float64, capacity),
-		logits: make([]float32, p.Vocab),
+	s := &stack{
+		p:        p,
+		layers:   w.layers[lo-w.part.lo : hi-w.part.lo],
+		capacity: capacity,
+		kc:       make([][]float32, hi-lo),
+		vc:       make([][]float32, hi-lo),
+		xn:       make([]float32, blockSize*d),
+		q:        make([]float32, blockSize*d),
+		att:      make([]float32, blockSize*d),
+		proj:     make([]float32, blockSize*d),
+		ff:       make([]float32, blockSize*p.FFN),
+		scores:   make([]float64, capacity),
 	}
-	for l := range p.Layers {
+	for l := range s.kc {
 		s.kc[l] = make([]float32, capacity*d)
 		s.vc[l] = make([]float32, capacity*d)
 	}
 	return s
 }
 
-// feed runs tokens through the model at the next positions, filling the KV cache, and
-// returns the logits after the last one (valid until the next feed). The caller keeps
-// s.pos+len(tokens) within the capacity. The result does not depend on how tokens are split
-// between calls: every position is computed by the same sequence of operations.
-func (s *state) feed(ctx context.Context, tokens []int) ([]float32, error) {
-	for len(tokens) > 0 {
+// forward runs the n hidden states of x (n×Dim, overwritten with the result) through the
+// layers at the next n positions, filling the KV cache, in passes of blockSize positions.
+// The caller keeps s.pos+n within the capacity. The result does not depend on how
+// positions are split between calls or passes: every position is computed by the same
+// sequence of operations, which reads only the keys and values of earlier positions.
+// If ctx ends it returns ctx's error, and the positions run so far stay in the cache.
+func (s *stack) forward(ctx context.Context, x []float32, n int) error {
+	d := s.p.Dim
+	for done := 0; done < n; {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return err
 		}
-		n := min(len(tokens), blockSize)
-		s.block(tokens[:n])
-		tokens = tokens[n:]
+		B := min(n-done, blockSize)
+		s.block(x[done*d:(done+B)*d], B)
+		done += B
 	}
-	return s.logits, nil
+	return nil
 }
 
-func (s *state) block(tokens []int) {
-	p := s.w.p
-	d, f, B := p.Dim, p.FFN, len(tokens)
-	x, xn, q, att, proj, ff := s.x[:B*d], s.xn[:B*d], s.q[:B*d], s.att[:B*d], s.proj[:B*d], s.ff[:B*f]
-
-	for b, id := range tokens {
-		row, te, pe := x[b*d:(b+1)*d], s.w.tokEmb[id*d:(id+1)*d], s.w.posEmb[(s.pos+b)*d:(s.pos+b+1)*d]
-		for i := range row {
-			row[i] = te[i] + pe[i]
-		}
-	}
-	for l := range s.w.layers {
-		lw := &s.w.layers[l]
+func (s *stack) block(x []float32, B int) {
+	p := s.p
+	d, f := p.Dim, p.FFN
+	xn, q, att, proj, ff := s.xn[:B*d], s.q[:B*d], s.att[:B*d], s.proj[:B*d], s.ff[:B*f]
+	for l := range s.layers {
+		lw := &s.layers[l]
 		kc, vc := s.kc[l], s.vc[l]
 		// Attention: x += o(attend(q(n(x)), k(n(x)), v(n(x)))).
 		for b := range B {
@@ -246,16 +314,13 @@ func (s *state) block(tokens []int) {
 		matmul(proj, lw.down, ff, d, f, B)
 		addTo(x, proj)
 	}
-	last := xn[:d]
-	rmsNorm(last, x[(B-1)*d:B*d], s.w.finalNorm)
-	matmul(s.logits, s.w.out, last, p.Vocab, d, 1)
 	s.pos += B
 }
 
 // attend computes causal multi-head attention for the B queries at positions s.pos…,
 // whose keys and values are already in the cache.
-func (s *state) attend(out, q, kc, vc []float32, B int) {
-	p := s.w.p
+func (s *stack) attend(out, q, kc, vc []float32, B int) {
+	p := s.p
 	d, dh := p.Dim, p.Dim/p.Heads
 	scale := 1 / math.Sqrt(float64(dh))
 	for b := range B {

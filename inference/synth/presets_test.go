@@ -19,6 +19,7 @@ func TestPresets(t *testing.T) {
 		{"synth-tiny", 196_928, 0, 1_000_000},
 		{"synth-small", 4_458_752, 1_000_000, 10_000_000},
 		{"synth-base", 29_893_120, 10_000_000, 100_000_000},
+		{"synth-large", 120_349_440, 100_000_000, 1_000_000_000},
 	}
 	ps := Presets()
 	if len(ps) != len(tests) {
@@ -49,7 +50,7 @@ func TestPresets(t *testing.T) {
 func TestActivationsFinite(t *testing.T) {
 	for _, name := range []string{"synth-tiny", "synth-small"} {
 		p, _ := LookupPreset(name)
-		w, err := materialize(context.Background(), p)
+		w, err := materialize(context.Background(), p, whole(p))
 		if err != nil {
 			t.Fatalf("materialize %s: %v", name, err)
 		}
@@ -67,11 +68,7 @@ func TestActivationsFinite(t *testing.T) {
 		}
 		tok := newTokenizer(p.Vocab)
 		prompt := tok.encodeChat([]inference.Message{{Role: "user", Content: "The quick brown fox jumps over the lazy dog. 0123456789 !?"}}, p.Context)
-		st := newState(w, len(prompt))
-		logits, err := st.feed(context.Background(), prompt)
-		if err != nil {
-			t.Fatalf("feed: %v", err)
-		}
+		logits := logitsAfter(t, w, prompt, len(prompt))
 		var ss float64
 		for _, l := range logits {
 			if math.IsNaN(float64(l)) || math.IsInf(float64(l), 0) {
@@ -85,11 +82,12 @@ func TestActivationsFinite(t *testing.T) {
 	}
 }
 
-// TestFeedSplitInvariant: the logits do not depend on how the prompt is split into passes,
-// which makes prefill and decode interchangeable (and output independent of blockSize).
+// TestFeedSplitInvariant: the logits do not depend on how the prompt is split into calls,
+// which makes prefill and decode interchangeable (and output independent of blockSize and
+// of how a head batches the prompt to its stages).
 func TestFeedSplitInvariant(t *testing.T) {
 	p, _ := LookupPreset("synth-tiny")
-	w, err := materialize(context.Background(), p)
+	w, err := materialize(context.Background(), p, whole(p))
 	if err != nil {
 		t.Fatalf("materialize: %v", err)
 	}
@@ -97,16 +95,13 @@ func TestFeedSplitInvariant(t *testing.T) {
 	for i := range prompt {
 		prompt[i] = idSyllableBase + i*7%200
 	}
-	whole := newState(w, len(prompt))
-	want, _ := whole.feed(context.Background(), prompt)
-	one := newState(w, len(prompt))
-	var got []float32
-	for _, id := range prompt {
-		got, _ = one.feed(context.Background(), []int{id})
-	}
-	for i := range want {
-		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-			t.Fatalf("logit %d: %g one at a time, %g in blocks", i, got[i], want[i])
+	want := logitsAfter(t, w, prompt, len(prompt))
+	for _, split := range []int{1, 3, blockSize + 1} {
+		got := logitsAfter(t, w, prompt, split)
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("logit %d: %g in calls of %d positions, %g in one call", i, got[i], split, want[i])
+			}
 		}
 	}
 }

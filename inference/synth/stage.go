@@ -1,0 +1,97 @@
+package synth
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/meshinfer/meshinfer/inference"
+)
+
+// Shape returns the shape of a served model (Preset.Shape), or a model_not_found
+// *inference.Error.
+func (b *Backend) Shape(model string) (inference.ModelShape, error) {
+	m, err := b.lookup(model)
+	if err != nil {
+		return inference.ModelShape{}, err
+	}
+	return m.preset.Shape(), nil
+}
+
+// OpenStage returns a session of model's layers [lo, hi) for up to maxPositions positions;
+// see inference.StageBackend. It checks the model (model_not_found), then the range and
+// maxPositions (invalid_request unless 0 ≤ lo < hi ≤ Layers and 1 ≤ maxPositions ≤
+// Context), then loads layers [lo, hi), and nothing else, unless they or the whole model
+// are loaded already. Each distinct range is loaded once and kept, like a whole model; the
+// session's KV cache, allocated here, is its own. If ctx ends during the load, it returns
+// an error wrapping ctx's and the range stays cold.
+func (b *Backend) OpenStage(ctx context.Context, model string, lo, hi, maxPositions int) (inference.StageSession, error) {
+	m, err := b.lookup(model)
+	if err != nil {
+		return nil, err
+	}
+	p := m.preset
+	if lo < 0 || lo >= hi || hi > p.Layers {
+		return nil, inference.Errorf(inference.CodeInvalidRequest,
+			"layers [%d, %d) are not a range of %s's %d layers", lo, hi, p.Name, p.Layers)
+	}
+	if maxPositions < 1 || maxPositions > p.Context {
+		return nil, inference.Errorf(inference.CodeInvalidRequest,
+			"a stage of %s holds 1 to %d positions, not %d", p.Name, p.Context, maxPositions)
+	}
+	w, err := m.get(ctx, layerRange(lo, hi))
+	if err != nil {
+		return nil, err
+	}
+	return newSession(w, lo, hi, maxPositions), nil
+}
+
+// session is a StageSession: a stack of layers with its KV cache. Forward and Close are
+// serialized; a Close during a Forward waits for it to end.
+type session struct {
+	mu   sync.Mutex
+	st   *stack // nil once closed
+	desc string // for messages
+}
+
+var _ inference.StageSession = (*session)(nil)
+
+func newSession(w *weights, lo, hi, maxPositions int) *session {
+	return &session{st: newStack(w, lo, hi, maxPositions), desc: layerRange(lo, hi).describe(w.p)}
+}
+
+// Forward runs n positions through the session's layers; see inference.StageSession. It
+// fails with invalid_request when the session is closed or hidden is not n × Width values
+// (n ≥ 1), with context_overflow past maxPositions, and with an error wrapping ctx's when
+// ctx ends. A failed Forward leaves the KV cache as it was: it can be retried.
+func (s *session) Forward(ctx context.Context, hidden []float32, n int) ([]float32, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.st
+	switch {
+	case st == nil:
+		return nil, inference.Errorf(inference.CodeInvalidRequest, "the session of %s is closed", s.desc)
+	case n < 1 || len(hidden) != n*st.p.Dim:
+		return nil, inference.Errorf(inference.CodeInvalidRequest,
+			"%d values are not %d positions of width %d", len(hidden), n, st.p.Dim)
+	case st.pos+n > st.capacity:
+		return nil, inference.Errorf(inference.CodeContextOverflow,
+			"%d positions after %d overflow the session of %s, which holds %d", n, st.pos, s.desc, st.capacity)
+	}
+	out := slices.Clone(hidden)
+	pos := st.pos
+	if err := st.forward(ctx, out, n); err != nil {
+		st.pos = pos // forget the positions run: their cache entries are overwritten next time
+		return nil, fmt.Errorf("synth: %s: %w", s.desc, err)
+	}
+	return out, nil
+}
+
+// Close frees the session's KV cache. It is idempotent and never fails.
+func (s *session) Close() error {
+	s.mu.Lock()
+	s.st = nil
+	s.mu.Unlock()
+	return nil
+}
