@@ -176,7 +176,7 @@ func TestMessageContentRejects(t *testing.T) {
 func TestServedRoute(t *testing.T) {
 	for _, s := range []Served{{Tier: TierLocal}, {Tier: TierCloud}, {Tier: TierMesh, Peer: "12D3KooWX"}} {
 		got, ok := ParseRoute(s.Route())
-		if !ok || got != s {
+		if !ok || !reflect.DeepEqual(got, s) {
 			t.Errorf("ParseRoute(%q) = %+v, %v; want %+v", s.Route(), got, ok, s)
 		}
 	}
@@ -228,6 +228,23 @@ func TestUnfinishedUsage(t *testing.T) {
 	} {
 		if got := r.UnfinishedUsage(tt.delivered); got != tt.want {
 			t.Errorf("UnfinishedUsage(%d) = %+v, want %+v", tt.delivered, got, tt.want)
+		}
+	}
+}
+
+func TestPipelineRouteRoundTrip(t *testing.T) {
+	s := Served{Tier: TierMesh, Stages: []StageHop{{Peer: "12D3KooWa", Lo: 0, Hi: 8}, {Peer: "12D3KooWb", Lo: 8, Hi: 16}}}
+	route := s.Route()
+	if route != "pipeline:12D3KooWa[0-7],12D3KooWb[8-15]" {
+		t.Fatalf("Route = %q", route)
+	}
+	back, ok := ParseRoute(route)
+	if !ok || len(back.Stages) != 2 || back.Stages[1] != s.Stages[1] || back.Tier != TierMesh {
+		t.Fatalf("ParseRoute(%q) = %+v, %v", route, back, ok)
+	}
+	for _, bad := range []string{"pipeline:", "pipeline:a", "pipeline:a[3-1]", "pipeline:[0-1]", "pipeline:a[0-1]x"} {
+		if _, ok := ParseRoute(bad); ok {
+			t.Errorf("ParseRoute(%q) accepted", bad)
 		}
 	}
 }

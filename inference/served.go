@@ -1,6 +1,9 @@
 package inference
 
-import "strings"
+import (
+	"fmt"
+	"strings"
+)
 
 // Tier is where a request runs.
 type Tier string
@@ -32,16 +35,40 @@ type Served struct {
 	// Model is the model serving the request when the router chose it (route auto); ""
 	// means the request's own.
 	Model string
+	// Stages are the pipeline that served the request (TierMesh), in chain order, when no
+	// single peer holds the model: Peer is then empty.
+	Stages []StageHop
 }
 
-// Route is the edge form of where s was served: "local", "peer:<peer ID>", "cloud", or ""
-// before any attempt.
+// StageHop is one stage of a pipeline: a peer (its string form) holding layers [Lo, Hi).
+type StageHop struct {
+	Peer   string
+	Lo, Hi int
+}
+
+// Route is the edge form of where s was served: "local", "peer:<peer ID>", "cloud",
+// "pipeline:<peer>[0-7],<peer>[8-15]" (each stage's peer and its layers, first to last,
+// inclusive), or "" before any attempt.
 func (s Served) Route() string {
-	if s.Tier == TierMesh {
+	switch {
+	case s.Tier == TierMesh && len(s.Stages) > 0:
+		var b strings.Builder
+		b.WriteString(pipelineRoutePrefix)
+		for i, st := range s.Stages {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, "%s[%d-%d]", st.Peer, st.Lo, st.Hi-1)
+		}
+		return b.String()
+	case s.Tier == TierMesh:
 		return peerRoutePrefix + s.Peer
 	}
 	return string(s.Tier)
 }
+
+// pipelineRoutePrefix starts the route of a pipeline.
+const pipelineRoutePrefix = "pipeline:"
 
 // ParseRoute reads a route string back (Route's inverse), as found in a meter event or a
 // header. ok is false for anything else, "" included.
@@ -51,6 +78,20 @@ func ParseRoute(route string) (s Served, ok bool) {
 		return Served{Tier: Tier(route)}, true
 	case strings.HasPrefix(route, peerRoutePrefix) && len(route) > len(peerRoutePrefix):
 		return Served{Tier: TierMesh, Peer: route[len(peerRoutePrefix):]}, true
+	case strings.HasPrefix(route, pipelineRoutePrefix) && len(route) > len(pipelineRoutePrefix):
+		var stages []StageHop
+		for part := range strings.SplitSeq(route[len(pipelineRoutePrefix):], ",") {
+			open := strings.IndexByte(part, '[')
+			var lo, hi int
+			if open <= 0 || !strings.HasSuffix(part, "]") {
+				return Served{}, false
+			}
+			if n, err := fmt.Sscanf(part[open:], "[%d-%d]", &lo, &hi); n != 2 || err != nil || lo < 0 || hi < lo {
+				return Served{}, false
+			}
+			stages = append(stages, StageHop{Peer: part[:open], Lo: lo, Hi: hi + 1})
+		}
+		return Served{Tier: TierMesh, Stages: stages}, true
 	}
 	return Served{}, false
 }

@@ -9,7 +9,7 @@ import "context"
 //
 // This file is the contract between the pieces: a backend that can hold a layer range
 // (StageBackend), the shape of a model as routing and placement need it (ModelShape), and
-// the head's side of a generation (Head). The wire protocol that carries hidden states
+// the head's side of a generation (Head, given the pipeline as Layers). The wire protocol that carries hidden states
 // between nodes is transport/stage; the placement plan is mesh/route.
 
 // ModelShape is what placing a model needs to know of it. Sizes are in bytes as loaded.
@@ -59,3 +59,10 @@ type StageSession interface {
 // Layers is the function a Head calls to run every layer on n positions of hidden states,
 // in order, through whatever stages hold them; it returns the last layer's output.
 type Layers func(ctx context.Context, hidden []float32, n int) ([]float32, error)
+
+// Head runs a generation whose layers are computed elsewhere: tokenization, embeddings,
+// the final norm and output projection, sampling and stop strings, with Generate's
+// contract, every layer computed by calling layers.
+type Head interface {
+	GenerateWith(ctx context.Context, req *Request, layers Layers, emit func(Token) error) (Result, error)
+}
