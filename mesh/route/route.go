@@ -28,27 +28,32 @@ const CloudTarget = "cloud"
 // Target is one place a request can be served.
 type Target struct {
 	Tier  Tier
-	Peer  peer.ID // TierMesh only
+	Peer  peer.ID // TierMesh only, one peer serving the whole model
 	Model string  // the model to run there
+	// Stages, instead of Peer, are the pipeline serving a model no single peer holds
+	// (TierMesh only), in chain order.
+	Stages []inference.StageHop
 }
 
-// String is the route as the API reports it: "local", "peer:<peer ID>" or "cloud"
-// (inference.Served's Route).
+// String is the route as the API reports it: "local", "peer:<peer ID>", "pipeline:…" or
+// "cloud" (inference.Served's Route).
 func (t Target) String() string {
-	s := inference.Served{Tier: t.Tier}
-	if t.Tier == TierMesh {
+	s := inference.Served{Tier: t.Tier, Stages: t.Stages}
+	if t.Tier == TierMesh && len(t.Stages) == 0 {
 		s.Peer = t.Peer.String()
 	}
 	return s.Route()
 }
 
 // RepKey is the target's key in the reputation store: reputation.LocalTarget, the peer ID
-// string, or CloudTarget.
+// string, or CloudTarget; "" for a pipeline, whose outcomes are recorded per stage.
 func (t Target) RepKey() string {
-	switch t.Tier {
-	case TierLocal:
+	switch {
+	case t.Tier == TierLocal:
 		return reputation.LocalTarget
-	case TierMesh:
+	case t.Tier == TierMesh && len(t.Stages) > 0:
+		return ""
+	case t.Tier == TierMesh:
 		return t.Peer.String()
 	}
 	return CloudTarget

@@ -571,7 +571,7 @@ func TestDeterministic(t *testing.T) {
 	for seed := range uint64(100) {
 		d1 := Decide(req, s, now, seeded(seed))
 		d2 := Decide(req, s, now, seeded(seed))
-		if !slices.Equal(d1.Attempts, d2.Attempts) || !slices.Equal(d1.Estimates, d2.Estimates) || d1.Model != d2.Model || d1.Speculative != d2.Speculative {
+		if !reflect.DeepEqual(d1.Attempts, d2.Attempts) || !slices.Equal(d1.Estimates, d2.Estimates) || d1.Model != d2.Model || d1.Speculative != d2.Speculative {
 			t.Fatalf("seed %d: %+v then %+v", seed, d1, d2)
 		}
 		firsts[d1.Attempts[2].String()] = true

@@ -87,6 +87,10 @@ type Config struct {
 	Meter Meter
 	// Dialer opens direct-task streams to peers (direct.go); nil: no direct tasks.
 	Dialer StreamOpener
+	// Head runs the head's side of a pipeline (embeddings, sampling) and Pipelines opens
+	// the chain of stages, for models no single peer holds (pipeline.go); nil: no pipelines.
+	Head      inference.Head
+	Pipelines PipelineOpener
 	// AcceptsDirect reports whether a peer takes direct tasks (it answers WebRTC set-ups:
 	// its owner enabled them); nil: every peer does. Direct tasks go only to those.
 	AcceptsDirect func(peer.ID) bool

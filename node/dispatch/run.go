@@ -45,7 +45,10 @@ func (r *run) served() inference.Served {
 // at is where an attempt of the run on t is served.
 func (r *run) at(t route.Target) inference.Served {
 	s := inference.Served{Tier: t.Tier, Attempts: r.attempts, Model: r.req.Model}
-	if t.Tier == inference.TierMesh {
+	switch {
+	case t.Tier == inference.TierMesh && len(t.Stages) > 0:
+		s.Stages, s.Transport = t.Stages, inference.TransportLibp2p
+	case t.Tier == inference.TierMesh:
 		s.Peer, s.Transport = t.Peer.String(), r.via
 	}
 	return s
@@ -162,6 +165,10 @@ func (d *Executor) runOn(ctx context.Context, t route.Target, req *inference.Req
 	case inference.TierCloud:
 		return d.cfg.Cloud.Generate(ctx, req, emit)
 	}
+	if len(t.Stages) > 0 {
+		*via = inference.TransportLibp2p
+		return d.pipelineGenerate(ctx, t, req, emit)
+	}
 	return d.peerGenerate(ctx, t.Peer, req, emit, via)
 }
 
@@ -193,6 +200,9 @@ func (r *run) deterministic(t route.Target) bool {
 			}
 		}
 	case inference.TierMesh:
+		if len(t.Stages) > 0 {
+			return deterministicModel(r.req.Model, r.snap.Local.Models)
+		}
 		for _, p := range r.snap.Peers {
 			if p.Entry.Peer == t.Peer {
 				return deterministicIn(p.Entry.Vector, r.req.Model)

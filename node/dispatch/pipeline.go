@@ -1,0 +1,59 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/mesh/route"
+	"github.com/meshinfer/meshinfer/reputation"
+	"github.com/meshinfer/meshinfer/transport/stage"
+)
+
+// Pipelines: a model no single peer holds runs on a chain of stages, each a peer holding a
+// contiguous range of its layers (route.PlanStages picks them). This node is the head: it
+// opens the chain (transport/stage), and its Head computes the embeddings and samples each
+// token while the stages compute the layers. The client sees one stream like any other;
+// where it was served reads "pipeline:<peer>[0-7],<peer>[8-15]".
+
+// PipelineOpener opens a chain of stages for model, sized for maxPositions positions. The
+// Layers it returns run every layer through the chain; close ends the stages' sessions.
+type PipelineOpener interface {
+	OpenPipeline(ctx context.Context, model string, stages []inference.StageHop, maxPositions int) (layers inference.Layers, close func() error, err error)
+}
+
+// pipelineGenerate runs req on the pipeline t. A stage that fails is recorded against its
+// peer in reputation (the pipeline itself has no reputation key), and the error, naming
+// the stage, fails the attempt over like a peer's.
+func (d *Executor) pipelineGenerate(ctx context.Context, t route.Target, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
+	if d.cfg.Head == nil || d.cfg.Pipelines == nil {
+		return inference.Result{}, inference.Errorf(inference.CodeUnavailable, "this node cannot head a pipeline")
+	}
+	maxPos := req.PromptTokensBound() + max(req.EffectiveMaxTokens(), 1)
+	layers, closeChain, err := d.cfg.Pipelines.OpenPipeline(ctx, req.Model, t.Stages, maxPos)
+	if err != nil {
+		d.blameStage(req.Model, err)
+		return inference.Result{}, err
+	}
+	defer closeChain()
+	res, err := d.cfg.Head.GenerateWith(ctx, req, layers, emit)
+	if err != nil {
+		d.blameStage(req.Model, err)
+		return inference.Result{}, err
+	}
+	for _, s := range t.Stages {
+		d.cfg.Rep.Record(reputation.Target{Model: req.Model, Peer: s.Peer}, reputation.Success, d.now())
+	}
+	return res, nil
+}
+
+// blameStage records a failed pipeline against the stage its error names, if any.
+func (d *Executor) blameStage(model string, err error) {
+	var fs *stage.FailedStage
+	if !errors.As(err, &fs) || fs.Peer == "" {
+		return
+	}
+	if o, ok := outcomeOf(err, false); ok && o != reputation.Success {
+		d.cfg.Rep.Record(reputation.Target{Model: model, Peer: fs.Peer.String()}, o, d.now())
+	}
+}
