@@ -43,6 +43,7 @@ func Decide(req *inference.Request, s *Snapshot, now time.Time, rng *rand.Rand) 
 		d.prompt += len(m.Content)
 	}
 	d.prompt /= 4 // about four bytes a token in English text
+	d.positions = req.PromptTokensBound() + max(d.n, 1)
 	if s.Rep != nil {
 		d.params = s.Rep.Params()
 	}
@@ -98,6 +99,9 @@ type decider struct {
 	tune   Tuning
 	n      int // completion tokens
 	prompt int // prompt tokens, estimated
+	// positions bounds the request's prompt and completion, as a pipeline's stages are
+	// sized for it (the executor opens them with the same bound).
+	positions int
 	params reputation.Params
 	mode   reputation.RouteMode
 	sc     *Scratch // never nil
@@ -247,6 +251,9 @@ func (d *decider) plan(model string) plan {
 			p.mesh[j] = Target{Tier: TierMesh, Peer: s.Peers[peers[k].i].Entry.Peer, Model: model}
 		}
 	}
+	if d.allowMesh && len(peers) == 0 {
+		d.pipeline(&p, model)
+	}
 	if p.cloud {
 		ttft := s.Cloud.TTFT
 		if ttft <= 0 {
@@ -275,6 +282,57 @@ func (d *decider) plan(model string) plan {
 		p.score = scores[p.order[0]]
 	}
 	return p
+}
+
+// pipeline plans model as a pipeline of layer ranges over the peers that announce it with
+// its size but cannot hold it whole (PlanStages), and makes it the mesh tier's one target.
+// A mesh that cannot hold it even together leaves the tier's reason naming the shortfall.
+func (d *decider) pipeline(p *plan, model string) {
+	var shape inference.ModelShape
+	var cands []StageCandidate
+	for i := range d.s.Peers {
+		sp := &d.s.Peers[i]
+		v := sp.Entry.Vector
+		if sp.Entry.Stale || v == nil || !(spareCapacity(v.Load) > 0) {
+			continue
+		}
+		j := slices.IndexFunc(v.Models, func(m caps.Model) bool { return m.Name == model })
+		if j < 0 || v.Models[j].Layers == 0 || v.RAM.BudgetMB == 0 {
+			continue
+		}
+		m := &v.Models[j]
+		if shape.Layers == 0 {
+			shape = inference.ModelShape{Layers: m.Layers, WeightBytes: m.WeightBytes,
+				LayerBytes: m.WeightBytes / int64(m.Layers), KVBytesPerToken: m.KVBytesPerToken}
+		} else if shape.Layers != m.Layers || shape.WeightBytes != m.WeightBytes {
+			continue // another model under the same name
+		}
+		key := sp.Key
+		if key == "" {
+			key = sp.Entry.Peer.String()
+		}
+		score := reputation.NeutralScore
+		if d.s.Rep != nil {
+			score = d.s.Rep.Score(key, d.now)
+		}
+		cands = append(cands, StageCandidate{Peer: sp.Entry.Peer, Budget: v.RAM.BudgetMB << 20,
+			Delay: max(sp.RTT, 0) / 2, Score: score, Paused: !v.Load.Accepting})
+	}
+	if len(cands) == 0 {
+		return
+	}
+	sp, err := PlanStages(shape, d.positions, cands, nil)
+	if err != nil {
+		p.est[1].Why = err.Error()
+		return
+	}
+	t := Target{Tier: TierMesh, Model: model, Stages: make([]inference.StageHop, len(sp.Stages))}
+	for i, st := range sp.Stages {
+		t.Stages[i] = inference.StageHop{Peer: st.Peer.String(), Lo: st.Lo, Hi: st.Hi}
+	}
+	p.mesh = []Target{t}
+	perToken := min(max(sp.PerToken, time.Millisecond), maxEstimate)
+	d.estimate(&p.est[1], perToken, 1/perToken.Seconds(), d.s.MeshUSDPerMTok)
 }
 
 // meshPeer is an eligible peer as a plan needs it after Rank, so that nothing reads the

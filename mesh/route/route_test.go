@@ -3,6 +3,7 @@ package route
 import (
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -690,5 +691,41 @@ func TestPeerMustHoldTheModelWhole(t *testing.T) {
 		if slices.Contains(got, "peer:small") || !slices.Contains(got, "peer:big") || !slices.Contains(got, "peer:unsaid") {
 			t.Fatalf("seed %d: attempts %q, want big and unsaid, never small (256 MB for a 480 MB model)", seed, got)
 		}
+	}
+}
+
+// TestModelTooBigForOnePeerIsPlannedAsAPipeline: peers that announce a model with its size
+// but hold it only together serve it as one pipeline target whose stages cover every layer
+// in order; a mesh that cannot hold it together says by how much.
+func TestModelTooBigForOnePeerIsPlannedAsAPipeline(t *testing.T) {
+	f := newFleet(t, "a", "b", "c")
+	sized := func(name string, budgetMB int64) Peer {
+		p := f.peer(name, warm("big"))
+		p.Entry.Vector.RAM.BudgetMB = budgetMB
+		p.Entry.Vector.Models[0].Layers, p.Entry.Vector.Models[0].WeightBytes = 16, 480<<20
+		p.Entry.Vector.Models[0].KVBytesPerToken = 96 << 10
+		return p
+	}
+	req := request("big", prefs(inference.PrivacyMesh, inference.PriorityBalanced, inference.RouteExplicit))
+	s := &Snapshot{Peers: []Peer{sized("a", 256), sized("b", 256), sized("c", 256)}, Rep: newStore(t)}
+	dec := Decide(req, s, now, seeded(1))
+	if len(dec.Attempts) != 1 || len(dec.Attempts[0].Stages) < 2 {
+		t.Fatalf("attempts %+v, want one pipeline of at least 2 stages", dec.Attempts)
+	}
+	next := 0
+	for _, st := range dec.Attempts[0].Stages {
+		if st.Lo != next || st.Hi <= st.Lo {
+			t.Fatalf("stages %+v do not cover the layers in order", dec.Attempts[0].Stages)
+		}
+		next = st.Hi
+	}
+	if next != 16 || !strings.HasPrefix(dec.Attempts[0].String(), "pipeline:") {
+		t.Fatalf("stages %+v end at %d, route %q", dec.Attempts[0].Stages, next, dec.Attempts[0])
+	}
+	// One 256 MB peer cannot hold a 480 MB model: nothing to try, and the reason says so.
+	alone := &Snapshot{Peers: []Peer{sized("a", 256)}, Rep: newStore(t)}
+	dec = Decide(req, alone, now, seeded(1))
+	if len(dec.Attempts) != 0 || !strings.Contains(dec.Estimates[1].Why, "cannot hold the model") {
+		t.Fatalf("alone: attempts %+v, mesh estimate %+v; want none and the shortfall", dec.Attempts, dec.Estimates[1])
 	}
 }

@@ -29,7 +29,7 @@ func (d *Executor) pipelineGenerate(ctx context.Context, t route.Target, req *in
 	if d.cfg.Head == nil || d.cfg.Pipelines == nil {
 		return inference.Result{}, inference.Errorf(inference.CodeUnavailable, "this node cannot head a pipeline")
 	}
-	maxPos := req.PromptTokensBound() + max(req.EffectiveMaxTokens(), 1)
+	maxPos := req.PromptTokensBound() + max(req.EffectiveMaxTokens(), 1) // as route.Decide planned
 	layers, closeChain, err := d.cfg.Pipelines.OpenPipeline(ctx, req.Model, t.Stages, maxPos)
 	if err != nil {
 		d.blameStage(req.Model, err)
