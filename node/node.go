@@ -57,6 +57,7 @@ import (
 	"github.com/meshinfer/meshinfer/transport/gateway"
 	"github.com/meshinfer/meshinfer/transport/infer"
 	"github.com/meshinfer/meshinfer/transport/openai"
+	"github.com/meshinfer/meshinfer/transport/stage"
 	"github.com/meshinfer/meshinfer/transport/webrtc"
 )
 
@@ -84,11 +85,15 @@ type Node struct {
 	rep       *reputation.Store
 	backend   inference.Backend // nil when the node serves no model itself
 	infer     *infer.Server
-	part      *partGate          // participation: consent, policy, live conditions
-	receipts  *receipts.Log      // tasks served for peers; nil without a data dir
-	rtc       *webrtc.Transport  // WebRTC direct paths (webrtc.go)
-	dialer    host.Host          // host, with addresses of unconnected peers found in the DHT
-	budget    int64              // bytes of memory for mesh work (Config.MemoryBudget, or the default share)
+	part      *partGate              // participation: consent, policy, live conditions
+	receipts  *receipts.Log          // tasks served for peers; nil without a data dir
+	rtc       *webrtc.Transport      // WebRTC direct paths (webrtc.go)
+	dialer    host.Host              // host, with addresses of unconnected peers found in the DHT
+	budget    int64                  // bytes of memory for mesh work (Config.MemoryBudget, or the default share)
+	stages    inference.StageBackend // layer ranges of the synthetic models served here; nil with an upstream
+	stageSrv  *stage.Server          // pipeline stages this node runs for heads; nil without stages
+	head      *synth.Backend         // the head of pipelines this node routes: every synthetic preset
+	pipelines pipelineStats
 	keys      *gateway.KeyStore  // coordinator: the API keys of thin clients
 	meter     *gateway.Meter     // coordinator: usage per key
 	tasks     taskMeter          // meters API requests (a no-op but on a coordinator)
@@ -202,6 +207,7 @@ func (n *Node) start() error {
 			return fmt.Errorf("models: %w", err)
 		}
 		n.backend = sb // assigned only when non-nil: a nil *synth.Backend would be a non-nil Backend
+		n.stages = sb
 	}
 	if n.backend != nil && cfg.WrapBackend != nil {
 		n.backend = cfg.WrapBackend(n.backend) // a testnet fault; nil in production
@@ -232,6 +238,9 @@ func (n *Node) start() error {
 		n.closers = append(n.closers, direct.wait)
 		n.infer = infer.NewServer(h, n.backend, opts...)
 		n.closers = append(n.closers, n.infer.Close)
+	}
+	if err := n.startStages(); err != nil {
+		return err
 	}
 	if err := n.startWebRTC(); err != nil {
 		return err
@@ -313,6 +322,7 @@ func (n *Node) start() error {
 			Self:     h.ID(), Dialer: n.dialer, Now: cfg.Now, Seed: randomSeed(),
 			// A serving peer registers the direct-task protocol only when it accepts WebRTC
 			// set-ups; identify tells which do.
+			Head: n.head, Pipelines: n,
 			AcceptsDirect: func(p peer.ID) bool {
 				ps, err := h.Peerstore().SupportsProtocols(p, infer.DirectID)
 				return err == nil && len(ps) > 0
@@ -537,7 +547,13 @@ func (s vectorSource) Vector(now time.Time) caps.Vector {
 				if m.Warm {
 					state = caps.ModelWarm
 				}
-				models = append(models, caps.Model{Name: m.Name, State: state, Deterministic: m.Deterministic})
+				cm := caps.Model{Name: m.Name, State: state, Deterministic: m.Deterministic}
+				if s.n.stages != nil {
+					if sh, err := s.n.stages.Shape(m.Name); err == nil {
+						cm.Layers, cm.WeightBytes, cm.KVBytesPerToken = sh.Layers, sh.WeightBytes, sh.KVBytesPerToken
+					}
+				}
+				models = append(models, cm)
 			}
 		}
 		st := s.n.infer.Stats()

@@ -59,6 +59,7 @@ func (n *Node) Status() console.Status {
 		Routing:       routing,
 		Participation: n.part.status(),
 		WebRTC:        n.webrtcStatus(),
+		Pipelines:     n.pipelinesStatus(),
 		RoutingAffinity: console.RoutingAffinity{TargetReputation: console.TargetReputation{
 			PenalizedTargets: rs.PenalizedTargets, RoutesPenalized: rs.RoutesPenalized,
 			CoolingTargets: rs.CoolingTargets, ExcludedPeers: rs.ExcludedPeers,

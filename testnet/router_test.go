@@ -26,6 +26,7 @@ type streamResult struct {
 		Attempts    int
 	}
 	errCode  string // code of an error event or body
+	errMsg   string // its message
 	done     bool   // [DONE] seen
 	duration time.Duration
 }
@@ -51,9 +52,9 @@ func stream(t *testing.T, api, body string, header http.Header, onToken func(n i
 	defer deadline.Stop()
 	r := streamResult{status: resp.StatusCode, route: resp.Header.Get("X-Meshinfer-Route")}
 	if resp.StatusCode != 200 {
-		var e struct{ Error struct{ Code string } }
+		var e struct{ Error struct{ Code, Message string } }
 		json.NewDecoder(resp.Body).Decode(&e)
-		r.errCode = e.Error.Code
+		r.errCode, r.errMsg = e.Error.Code, e.Error.Message
 		return r
 	}
 	sc := bufio.NewScanner(resp.Body)

@@ -52,6 +52,8 @@ type Status struct {
 	RoutingAffinity RoutingAffinity `json:"routing_affinity"`
 	// WebRTC is the node's direct paths; absent when it runs none.
 	WebRTC *WebRTC `json:"webrtc,omitempty"`
+	// Pipelines are the pipelines of layer ranges this node heads or serves a stage of.
+	Pipelines Pipelines `json:"pipelines"`
 }
 
 // Routing counts what the router did with this node's API requests. Counters only: no
@@ -200,6 +202,19 @@ type TargetReputation struct {
 	RoutesPenalized  uint64 `json:"routes_penalized"`  // attempt orders that put a penalized peer behind a clean one
 	CoolingTargets   int    `json:"cooling_targets"`   // (model, target) pairs in cooldown now
 	ExcludedPeers    int    `json:"excluded_peers"`    // peers scored under 40
+}
+
+// Pipelines are the pipelines of layer ranges this node heads or runs a stage of (models
+// no single node holds).
+type Pipelines struct {
+	Headed     uint64 `json:"headed"`      // pipelines this node opened as their head
+	OpenFailed uint64 `json:"open_failed"` // pipelines whose set-up failed (a stage refused or was unreachable)
+	// StageSessions are the stage sessions this node runs for heads now; StageRefused the
+	// sessions it refused (over its limits or budget); StageProtocolErrors the streams it
+	// reset for a protocol violation.
+	StageSessions       int    `json:"stage_sessions"`
+	StageRefused        uint64 `json:"stage_refused"`
+	StageProtocolErrors uint64 `json:"stage_protocol_errors"`
 }
 
 // Mesh is the node's view of its mesh.

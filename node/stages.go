@@ -1,0 +1,100 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/inference/synth"
+	"github.com/meshinfer/meshinfer/node/console"
+	"github.com/meshinfer/meshinfer/transport/stage"
+)
+
+// Sharded inference on this node, both sides of it:
+//   - as a stage, it runs layer ranges of the synthetic models it serves for the heads of
+//     pipelines (transport/stage), within its participation policy and memory budget;
+//   - as a head, it routes requests for models no single peer holds to a pipeline
+//     (route.PlanStages picks it) and computes the embeddings and sampling itself, with a
+//     synthetic backend that knows every preset and loads only their heads.
+
+// startStages starts the stage server (when this node serves synthetic models) and the
+// head. Both are closed with the node.
+func (n *Node) startStages() error {
+	names := make([]string, 0, len(synth.Presets()))
+	for _, p := range synth.Presets() {
+		names = append(names, p.Name)
+	}
+	head, err := synth.New(names...)
+	if err != nil {
+		return fmt.Errorf("pipeline head: %w", err)
+	}
+	n.head = head
+	if n.stages == nil {
+		return nil
+	}
+	n.stageSrv = stage.NewServer(n.host, admittedStages{n}, stage.WithServerObserver(n.rep),
+		stage.WithKVBudget(n.budget))
+	n.closers = append(n.closers, func() error { n.stageSrv.Close(); return nil })
+	return nil
+}
+
+// admittedStages is the node's stage backend behind its participation policy and memory
+// budget: a paused node takes no stage, and a range larger than the budget is refused.
+type admittedStages struct{ n *Node }
+
+func (a admittedStages) Shape(model string) (inference.ModelShape, error) {
+	return a.n.stages.Shape(model)
+}
+
+func (a admittedStages) OpenStage(ctx context.Context, model string, lo, hi, maxPositions int) (inference.StageSession, error) {
+	if !a.n.part.accepting() {
+		return nil, inference.Errorf(inference.CodePolicyPaused, "this node is not contributing now")
+	}
+	sh, err := a.n.stages.Shape(model)
+	if err != nil {
+		return nil, err
+	}
+	if need := int64(hi-lo) * sh.LayerBytes; need > a.n.budget {
+		return nil, inference.Errorf(inference.CodeOverloaded, "layers [%d, %d) of %s need %d MB; this node's memory budget is %d MB",
+			lo, hi, model, need>>20, a.n.budget>>20)
+	}
+	return a.n.stages.OpenStage(ctx, model, lo, hi, maxPositions)
+}
+
+// OpenPipeline opens the chain of stages of a pipeline this node heads (dispatch's
+// PipelineOpener).
+func (n *Node) OpenPipeline(ctx context.Context, model string, stages []inference.StageHop, maxPositions int) (inference.Layers, func() error, error) {
+	hops := make([]stage.Hop, len(stages))
+	for i, s := range stages {
+		id, err := peer.Decode(s.Peer)
+		if err != nil {
+			return nil, nil, inference.Errorf(inference.CodeInvalidRequest, "stage %d: %v", i, err)
+		}
+		hops[i] = stage.Hop{Peer: id, Lo: s.Lo, Hi: s.Hi}
+	}
+	p, err := stage.Open(ctx, n.dialer, model, hops, maxPositions)
+	if err != nil {
+		n.pipelines.failed.Add(1)
+		return nil, nil, err
+	}
+	n.pipelines.headed.Add(1)
+	return p.Forward, p.Close, nil
+}
+
+// pipelineStats counts the pipelines this node headed.
+type pipelineStats struct {
+	headed, failed atomic.Uint64
+}
+
+// pipelinesStatus is /api/status "pipelines".
+func (n *Node) pipelinesStatus() console.Pipelines {
+	out := console.Pipelines{Headed: n.pipelines.headed.Load(), OpenFailed: n.pipelines.failed.Load()}
+	if n.stageSrv != nil {
+		st := n.stageSrv.Stats()
+		out.StageSessions, out.StageRefused, out.StageProtocolErrors = st.Sessions, st.Refused, st.ProtocolErrors
+	}
+	return out
+}
