@@ -193,8 +193,8 @@ func (d *Executor) vet(e registry.Entry, key string, now time.Time) (netip.Prefi
 // failed verification is metered as zero); otherwise the caller records it.
 func (d *Executor) maybeVerify(r *run, ev *gateway.MeterEvent) bool {
 	t := r.last
-	if t.Tier != inference.TierMesh || r.resumed || !deterministicModel(r.req.Model, r.snap.Local.Models) {
-		return false
+	if t.Tier != inference.TierMesh || len(t.Stages) > 0 || r.resumed || !deterministicModel(r.req.Model, r.snap.Local.Models) {
+		return false // pipelines are not verified yet (issue 16, part 7)
 	}
 	rate := d.cfg.VerifySample
 	if rate <= 0 { // VerifyOff, or no sampling
