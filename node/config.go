@@ -144,6 +144,11 @@ type Config struct {
 	// Consent, when set, is the owner's consent, used instead of DataDir/consent.json
 	// (testnets and tests). Nil reads the file, and re-reads it whenever it changes.
 	Consent *participation.Consent
+	// ConsentWording is the text the owner is asked to agree to (--consent-text, read with
+	// participation.LoadConsentWording); "" means participation.ConsentWording. A consent
+	// given to another wording (participation.Consent.GivenFor) counts as not given: the
+	// node contributes nothing and uses no cloud until the owner answers again.
+	ConsentWording string
 	// Prefs are the routing preferences of a request that gives none (in the body or the
 	// X-Meshinfer-* headers). Empty fields: inference.DefaultPrefs (mesh, balanced, explicit).
 	Prefs inference.Prefs
@@ -322,6 +327,9 @@ func (cfg Config) withDefaults() (Config, error) {
 		if err := openai.CheckAddr(cfg.APIAddr, cfg.APIPublic); err != nil {
 			return cfg, err
 		}
+	}
+	if len(cfg.ConsentWording) > participation.MaxConsentWording {
+		return cfg, fmt.Errorf("consent wording of %d bytes: at most %d KiB", len(cfg.ConsentWording), participation.MaxConsentWording>>10)
 	}
 	if cfg.Heartbeat == 0 {
 		cfg.Heartbeat = DefaultHeartbeat

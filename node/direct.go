@@ -107,7 +107,7 @@ func (n *Node) serveDirect(st network.Stream) {
 			dc.Reset()
 		}
 	}()
-	task := n.infer.ServeRequest(coord, req, wantReceipt, dc)
+	task := n.infer.ServeRequest(coord, req, wantReceipt, n.part.traffic.stream(dc))
 	served.Store(true)
 	st.SetReadDeadline(time.Now().Add(-time.Hour))
 	<-coordGone

@@ -236,7 +236,8 @@ func (n *Node) start() error {
 		// have ended the direct tasks still running.
 		direct = &directServer{n: n}
 		n.closers = append(n.closers, direct.wait)
-		n.infer = infer.NewServer(h, n.backend, opts...)
+		// Its streams' bytes are the mesh traffic the bandwidth cap counts (traffic.go).
+		n.infer = infer.NewServer(n.part.traffic.servingHost(h), n.backend, opts...)
 		n.closers = append(n.closers, n.infer.Close)
 	}
 	if err := n.startStages(); err != nil {
@@ -246,7 +247,7 @@ func (n *Node) start() error {
 		return err
 	}
 	if direct != nil && cfg.WebRTCAccept {
-		h.SetStreamHandler(infer.DirectID, direct.handle)
+		h.SetStreamHandler(infer.DirectID, n.part.traffic.handler(direct.handle))
 		n.closers = append(n.closers, direct.stop)
 	}
 

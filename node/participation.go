@@ -19,15 +19,18 @@ import (
 
 // partGate applies the participation policy (mesh/participation) to this node: the
 // deployer's policy, the owner's consent (re-read whenever its file in the data dir changes,
-// so that a withdrawal takes effect at once), the live conditions the probe reads every
-// heartbeat, and the rate limit. It decides whether the node serves peers (admission and the
-// accepting flag of its announcement), may run models locally, and may use the cloud.
+// so that a withdrawal takes effect at once; given to another wording than the node's, it
+// counts as not given), the live conditions the probe reads every heartbeat, the rate limit
+// and the traffic cap. It decides whether the node serves peers (admission and the accepting
+// flag of its announcement), may run models locally, and may use the cloud.
 type partGate struct {
 	deployer participation.Policy
 	profile  string
+	wording  string                 // WordingHash of the node's consent wording
 	dir      string                 // where consent.json lives; "" with a fixed consent
 	fixed    *participation.Consent // Config.Consent: used instead of the file
 	now      func() time.Time
+	traffic  *trafficCounter // the mesh traffic of the tasks served for peers
 
 	mu          sync.Mutex
 	changed     func() // re-announce (the accepting flag changed); set by onChange
@@ -35,8 +38,12 @@ type partGate struct {
 	rate        participation.RateLimiter
 	consent     participation.Consent
 	haveConsent bool
-	consentStat atomicfile.Stamp // the consent file as last read
-	state       participation.State
+	// otherWording: a consent is recorded, given to another wording than the node's; it
+	// counts as not given (haveConsent is false).
+	otherWording bool
+	consentStat  atomicfile.Stamp         // the consent file as last read
+	cond         participation.Conditions // the latest heartbeat's conditions (none yet: sensors silent)
+	state        participation.State
 }
 
 func newPartGate(cfg Config) (*partGate, error) {
@@ -51,16 +58,32 @@ func newPartGate(cfg Config) (*partGate, error) {
 	if profile == "" {
 		profile = participation.DefaultProfile
 	}
+	wording := cfg.ConsentWording
+	if wording == "" {
+		wording = participation.ConsentWording
+	}
 	g := &partGate{
-		deployer: deployer, profile: profile, dir: cfg.DataDir, fixed: cfg.Consent,
-		now: cfg.Now,
-		gov: participation.NewGovernor(participation.DefaultParams(cfg.Heartbeat)),
+		deployer: deployer, profile: profile, wording: participation.WordingHash(wording),
+		dir: cfg.DataDir, fixed: cfg.Consent, now: cfg.Now,
+		traffic: &trafficCounter{now: cfg.Now},
+		gov:     participation.NewGovernor(participation.DefaultParams(cfg.Heartbeat)),
 	}
 	if cfg.Consent != nil {
-		g.consent, g.haveConsent = *cfg.Consent, true
+		g.consent, g.haveConsent, g.otherWording = g.checkWording(*cfg.Consent, true)
 	}
 	g.refreshConsent()
 	return g, nil
+}
+
+// checkWording applies the node's wording to a recorded consent c: one given to another
+// wording counts as not given (have false, other true), with a log line that says what to do.
+func (g *partGate) checkWording(c participation.Consent, have bool) (_ participation.Consent, _, other bool) {
+	if !have || c.GivenFor(g.wording) {
+		return c, have, false
+	}
+	log.Warnw("consent wording changed: the owner's consent was given to another wording, so this node contributes nothing "+
+		"and uses no cloud until the owner runs 'meshinfer consent' again", "consent_wording_sha256", c.WordingHash(), "node_wording_sha256", g.wording)
+	return participation.Consent{}, false, true
 }
 
 // onChange sets what to call when the node starts or stops accepting work (the announcer's
@@ -90,9 +113,10 @@ func (g *partGate) refreshConsent() {
 		log.Warnw("consent file unreadable: contributing nothing until it is fixed", "err", err)
 		have = false
 	}
+	c, have, other := g.checkWording(c, have)
 	g.mu.Lock()
 	was := g.contributingLocked()
-	g.consentStat, g.consent, g.haveConsent = st, c, have
+	g.consentStat, g.consent, g.haveConsent, g.otherWording = st, c, have, other
 	now, changed := g.contributingLocked(), g.changed
 	g.mu.Unlock()
 	if now != was && changed != nil {
@@ -112,16 +136,22 @@ func (g *partGate) observe(hw probe.Hardware, now time.Time) participation.State
 	g.refreshConsent()
 	g.mu.Lock()
 	was := g.state.Accepting
-	g.state = g.gov.Observe(g.effectiveLocked(), c, g.contributingLocked(), now)
+	g.cond = c
+	g.state = g.gov.ObserveTraffic(g.effectiveLocked(), c, g.contributingLocked(), g.traffic.lastHour(now), now)
 	st, changed := g.state, g.changed
 	g.mu.Unlock()
+	g.announce(was, st, changed)
+	return st
+}
+
+// announce logs a change of the accepting state from was to st, and re-announces the node.
+func (g *partGate) announce(was bool, st participation.State, changed func()) {
 	if st.Accepting != was {
 		log.Infow("participation changed", "accepting", st.Accepting, "reasons", st.Reasons)
 		if changed != nil {
 			changed()
 		}
 	}
-	return st
 }
 
 func (g *partGate) effectiveLocked() participation.Policy {
@@ -136,30 +166,54 @@ func (g *partGate) batteryFloor() float64 {
 	return float64(g.effectiveLocked().BatteryMinLevel) / 100
 }
 
-// accepting reports whether the node takes work from peers (its announcement's flag).
+// accepting reports whether the node takes work from peers (its announcement's flag): not
+// while the traffic cap is reached, even before an admission or a heartbeat has paused it.
 func (g *partGate) accepting() bool {
 	g.refreshConsent()
+	now := g.now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.state.Accepting && g.contributingLocked()
+	return g.state.Accepting && g.contributingLocked() && !g.overCapLocked(now)
+}
+
+// overCapLocked reports whether the mesh traffic of the hour up to now reached the
+// effective traffic cap.
+func (g *partGate) overCapLocked(now time.Time) bool {
+	p := g.effectiveLocked()
+	return p.MaxBytesPerHour > 0 && participation.OverCap(p, g.traffic.lastHour(now))
 }
 
 // admit is the peer inference server's admission: consent (checked afresh: a withdrawal
-// stops new work at once), the governor's state, then the rate limit, shared fairly between
-// the requesting peers (participation.RateLimiter). A refusal is policy_paused, which the
-// requester's reputation store does not count against this node.
+// stops new work at once), the governor's state, the traffic cap, then the rate limit,
+// shared fairly between the requesting peers (participation.RateLimiter). A refusal is
+// policy_paused, which the requester's reputation store does not count against this node.
+// The admission that finds the traffic cap reached pauses the node at once (an observation
+// with the latest heartbeat's conditions), so that it re-announces itself as not accepting.
 func (g *partGate) admit(from peer.ID) error {
 	g.refreshConsent()
+	now := g.now()
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	switch {
 	case !g.contributingLocked():
+		g.mu.Unlock()
 		return inference.Errorf(inference.CodePolicyPaused, "this node's owner has not agreed to contribute (%s)", participation.ReasonNoConsent)
 	case !g.state.Accepting:
-		return inference.Errorf(inference.CodePolicyPaused, "this node is paused: %s", joinReasons(g.state.Reasons))
-	case !g.rate.Allow(string(from), g.effectiveLocked().MaxTasksPerMin, g.now()):
+		reasons := joinReasons(g.state.Reasons)
+		g.mu.Unlock()
+		return inference.Errorf(inference.CodePolicyPaused, "this node is paused: %s", reasons)
+	case g.overCapLocked(now):
+		p, used := g.effectiveLocked(), g.traffic.lastHour(now)
+		g.state = g.gov.ObserveTraffic(p, g.cond, g.contributingLocked(), used, now)
+		st, changed := g.state, g.changed
+		g.mu.Unlock()
+		g.announce(true, st, changed)
+		return inference.Errorf(inference.CodePolicyPaused, "this node is paused: %s (%d bytes of mesh traffic in the last hour, at most %d)",
+			participation.ReasonBandwidthCap, used, p.MaxBytesPerHour)
+	}
+	defer g.mu.Unlock()
+	if limit := g.effectiveLocked().MaxTasksPerMin; !g.rate.Allow(string(from), limit, now) {
 		return inference.Errorf(inference.CodePolicyPaused, "this node is paused: %s (at most %d tasks a minute)",
-			participation.ReasonRateLimited, g.effectiveLocked().MaxTasksPerMin)
+			participation.ReasonRateLimited, limit)
 	}
 	return nil
 }
@@ -188,12 +242,14 @@ func (g *partGate) status() console.Participation {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	p := g.effectiveLocked()
+	now := g.now()
 	out := console.Participation{
-		Consent:    console.Consent{Given: g.haveConsent},
-		Profile:    g.profile,
-		Thresholds: p,
-		Admission:  "paused",
-		Reasons:    []string{},
+		Consent:           console.Consent{Given: g.haveConsent, WordingChanged: g.otherWording},
+		Profile:           g.profile,
+		Thresholds:        p,
+		Admission:         "paused",
+		Reasons:           []string{},
+		MeshBytesLastHour: g.traffic.lastHour(now),
 	}
 	if g.haveConsent {
 		c := g.consent
@@ -201,9 +257,13 @@ func (g *partGate) status() console.Participation {
 			RunLocal: c.RunLocal, Contribute: c.Contribute, CloudFallback: c.CloudFallback}
 	}
 	reasons := append([]participation.Reason(nil), g.state.Reasons...)
-	if g.state.Accepting && g.contributingLocked() {
+	switch {
+	case g.state.Accepting && g.contributingLocked() && g.overCapLocked(now):
+		// Reached since the last observation: the next admission refuses, and pauses.
+		reasons = append(reasons, participation.ReasonBandwidthCap)
+	case g.state.Accepting && g.contributingLocked():
 		out.Admission = "accepting"
-		if g.rate.Full(p.MaxTasksPerMin, g.now()) {
+		if g.rate.Full(p.MaxTasksPerMin, now) {
 			reasons = append(reasons, participation.ReasonRateLimited)
 		}
 	}

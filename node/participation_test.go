@@ -3,6 +3,8 @@ package node
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -151,5 +153,87 @@ func TestFloodingPeerLeavesOthersTheirShare(t *testing.T) {
 	}
 	if got := admitted(other, budget/2); got != budget/2 {
 		t.Fatalf("the other peer got %d of the %d tasks kept for it", got, budget/2)
+	}
+}
+
+// A consent given to another wording than the node's counts as not given: the node
+// contributes nothing and uses no cloud, its status says the wording changed, and it
+// contributes again once the owner has answered the node's wording. A record without a
+// wording hash (written before the wording was configurable) was given to the built-in
+// wording.
+func TestConsentWordingChanged(t *testing.T) {
+	const ours = "Our company's own consent text.\nContribute?\n"
+	old := `{"version": 1, "given_at": "2025-01-01T00:00:00Z", "run_local": true, "contribute": true,
+		"cloud_fallback": true, "battery_floor": 30, "pause_on_metered": true}`
+	writeConsent := func(t *testing.T, dir, content string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, participation.ConsentFile), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("old record, built-in wording", func(t *testing.T) {
+		dir := t.TempDir()
+		writeConsent(t, dir, old)
+		n := startTestNode(t, Config{Models: []string{"synth-tiny"}, DataDir: dir})
+		if err := n.part.admit(n.ID()); err != nil {
+			t.Fatalf("an old record on a node with the built-in wording: %v, want admitted", err)
+		}
+		if st := n.Status().Participation.Consent; !st.Given || st.WordingChanged {
+			t.Fatalf("consent status %+v, want given", st)
+		}
+	})
+
+	t.Run("old record, deployer's wording", func(t *testing.T) {
+		dir := t.TempDir()
+		writeConsent(t, dir, old)
+		n := startTestNode(t, Config{Models: []string{"synth-tiny"}, DataDir: dir, ConsentWording: ours})
+		err := n.part.admit(n.ID())
+		if inference.CodeOf(err) != inference.CodePolicyPaused || !strings.Contains(err.Error(), string(participation.ReasonNoConsent)) {
+			t.Fatalf("admission with consent to another wording: %v, want policy_paused (no_consent)", err)
+		}
+		st := n.Status().Participation
+		if st.Consent.Given || !st.Consent.WordingChanged || st.Admission != "paused" || len(st.Reasons) == 0 || st.Reasons[0] != "no_consent" {
+			t.Fatalf("status: %+v, want no consent, wording changed", st)
+		}
+		if n.part.cloudAllowed() || !n.part.runLocal() {
+			t.Fatal("with consent to another wording: the cloud allowed, or local runs for the owner not")
+		}
+		within(t, 5*time.Second, "the first announcement", func() bool { return n.Own() != nil })
+		if n.Own().Load.Accepting {
+			t.Fatal("announced as accepting with consent to another wording")
+		}
+
+		// The owner answers the deployer's wording: the node contributes again.
+		c := participation.Consent{Version: participation.ConsentVersion, GivenAt: time.Now(), RunLocal: true, Contribute: true,
+			CloudFallback: true, WordingSHA256: participation.WordingHash(ours)}
+		if err := participation.SaveConsent(dir, c); err != nil {
+			t.Fatal(err)
+		}
+		for range participation.DefaultRecoverBeats {
+			n.part.observe(n.probe.Probe(time.Now()), time.Now())
+		}
+		if err := n.part.admit(n.ID()); err != nil {
+			t.Fatalf("after consenting to the node's wording: %v", err)
+		}
+		if st := n.Status().Participation.Consent; !st.Given || st.WordingChanged || !n.part.cloudAllowed() {
+			t.Fatalf("consent status %+v after answering again, want given", st)
+		}
+	})
+
+	t.Run("fixed consent", func(t *testing.T) {
+		c := participation.Consent{Version: participation.ConsentVersion, GivenAt: time.Now(), Contribute: true}
+		n := startTestNode(t, Config{Models: []string{"synth-tiny"}, Consent: &c, ConsentWording: ours})
+		if err := n.part.admit(n.ID()); inference.CodeOf(err) != inference.CodePolicyPaused {
+			t.Fatalf("a fixed consent to the built-in wording on a node with its own: %v, want refused", err)
+		}
+	})
+}
+
+// A wording larger than participation.MaxConsentWording is refused at start.
+func TestConsentWordingTooLarge(t *testing.T) {
+	cfg := Config{ConsentWording: strings.Repeat("x", participation.MaxConsentWording+1), Identity: nil, DataDir: t.TempDir()}
+	if _, err := cfg.withDefaults(); err == nil || !strings.Contains(err.Error(), "64 KiB") {
+		t.Fatalf("withDefaults with a 64 KiB + 1 wording: %v, want refused", err)
 	}
 }

@@ -73,7 +73,7 @@ func (n *Node) startWebRTC() error {
 	n.rtc = t
 	n.closers = append(n.closers, t.Close) // before the inference server closes
 	if srv := n.infer; srv != nil {
-		t.SetStreamHandler(func(from peer.ID, s webrtc.Stream) { srv.ServeStream(from, s) })
+		t.SetStreamHandler(func(from peer.ID, s webrtc.Stream) { srv.ServeStream(from, n.part.traffic.stream(s)) })
 	}
 	return nil
 }

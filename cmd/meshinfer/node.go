@@ -21,22 +21,40 @@ import (
 	"github.com/meshinfer/meshinfer/node"
 )
 
-// firstRunConsent asks the owner for consent when none is recorded and this is a terminal;
-// without a terminal it says how to give it, and the node runs without contributing.
-func firstRunConsent(dataDir string, stdout, stderr io.Writer) error {
+// firstRunConsent asks the owner for consent, with wording, when none is recorded or the
+// recorded one was given to another wording, and this is a terminal; without a terminal it
+// says how to give it, and the node runs without contributing.
+func firstRunConsent(dataDir, textFile, wording string, stdout, stderr io.Writer) error {
 	dir, err := dataDirOrDefault(dataDir)
 	if err != nil {
 		return err
 	}
-	if _, ok, err := participation.LoadConsent(dir); err != nil || ok {
+	c, ok, err := participation.LoadConsent(dir)
+	if err != nil {
 		return err
 	}
-	if !isTerminal(os.Stdin) {
-		fmt.Fprintln(stderr, "no consent recorded: this node runs models for you but contributes nothing to the mesh and uses no cloud.\n"+
-			"to decide: meshinfer consent   (or, in scripts: meshinfer consent --contribute yes --run-local yes --cloud no)")
+	changed := ok && !c.GivenFor(participation.WordingHash(wording))
+	if ok && !changed {
 		return nil
 	}
-	return askAndSave(dir, stdout)
+	how := "meshinfer consent"
+	if textFile != "" {
+		how += " --consent-text " + textFile
+	}
+	if !isTerminal(os.Stdin) {
+		if changed {
+			fmt.Fprintf(stderr, "consent wording changed: run 'meshinfer consent' again (%s). Until then this node runs models for you "+
+				"but contributes nothing to the mesh and uses no cloud.\n", how)
+			return nil
+		}
+		fmt.Fprintf(stderr, "no consent recorded: this node runs models for you but contributes nothing to the mesh and uses no cloud.\n"+
+			"to decide: %s   (or, in scripts: %s --contribute yes --run-local yes --cloud no)\n", how, how)
+		return nil
+	}
+	if changed {
+		fmt.Fprintln(stdout, "consent wording changed since you answered: please read it and answer again.")
+	}
+	return askAndSave(dir, wording, stdout)
 }
 
 const nodeSynopsis = `Run a node: listen for peers, join the mesh through bootstrap peers, the DHT and mDNS,
@@ -95,7 +113,8 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&budget, "memory-budget", "memory this node gives to mesh work (models held whole for peers, pipeline stages of larger ones), e.g. 512MiB, 4GiB or 2GB; a plain number is MiB (default half the memory available at start)")
 	insecureGateway := fs.Bool("insecure-gateway", false, "let a coordinator's API listen on a non-loopback address without TLS (a TLS proxy in front of it)")
 	profile := fs.String("profile", "", "participation profile set by whoever deploys the node: eco, standard, power or off (default standard, or the --config file's)")
-	configFile := fs.String("config", "", "JSON file of per-field overrides of the profile: require_charging, battery_min_level, thermal_max_state, max_tasks_per_min, pause_on_metered")
+	configFile := fs.String("config", "", "JSON file of per-field overrides of the profile: require_charging, battery_min_level, thermal_max_state, max_tasks_per_min, pause_on_metered, max_bytes_per_hour")
+	consentText := fs.String("consent-text", "", "file with the deployer's consent wording (plain text, at most 64 KiB), asked with instead of the built-in one; a consent given to other wording counts as not given until the owner answers again")
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -140,7 +159,14 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 		}
 		cfg.ProfileOverrides = ov
 	}
-	if err := firstRunConsent(*dataDir, stdout, stderr); err != nil {
+	wording, err := consentWording(*consentText)
+	if err != nil {
+		return err
+	}
+	if *consentText != "" {
+		cfg.ConsentWording = wording
+	}
+	if err := firstRunConsent(*dataDir, *consentText, wording, stdout, stderr); err != nil {
 		return err
 	}
 	roles, err := parseRoles(*role)

@@ -90,6 +90,9 @@ func renderStatus(w io.Writer, st console.Status, peers []console.Peer) {
 	}
 	p := st.Participation
 	consent := "no consent recorded (contributes nothing; run 'meshinfer consent')"
+	if p.Consent.WordingChanged {
+		consent = "consent wording changed: run 'meshinfer consent' again (contributes nothing and uses no cloud until then)"
+	}
 	if p.Consent.Given {
 		consent = fmt.Sprintf("consent v%d given %s: run locally %s, contribute %s, cloud %s", p.Consent.Version, p.Consent.GivenAt,
 			yesNo(p.Consent.RunLocal), yesNo(p.Consent.Contribute), yesNo(p.Consent.CloudFallback))
@@ -100,6 +103,8 @@ func renderStatus(w io.Writer, st console.Status, peers []console.Peer) {
 		th.BatteryMinLevel, cond(th.RequireCharging, " or when not charging", ""), th.ThermalMaxState,
 		cond(th.PauseOnMetered, ", on metered networks", ""),
 		cond(th.MaxTasksPerMin > 0, fmt.Sprintf("at most %d tasks a minute", th.MaxTasksPerMin), "no tasks-per-minute limit"))
+	fmt.Fprintf(w, "          mesh traffic %s in the last hour, %s\n", formatBytes(p.MeshBytesLastHour),
+		cond(th.MaxBytesPerHour > 0, "at most "+formatBytes(th.MaxBytesPerHour), "no cap"))
 	r := st.Routing
 	fmt.Fprintf(w, "routing   served here %d, by peers %d, by the cloud %d, no target %d; local-only %d served, %d refused\n",
 		r.Requests.Local, r.Requests.Mesh, r.Requests.Cloud, r.Requests.NoTarget, r.LocalOnly.Served, r.LocalOnly.Refused)
@@ -177,6 +182,7 @@ var reasonWords = map[string]string{
 	"thermal":        "running hot",
 	"app_background": "app in the background",
 	"metered":        "on a metered network",
+	"bandwidth_cap":  "at its mesh traffic cap for the hour",
 	"rate_limited":   "at its tasks-per-minute limit",
 	"no_consent":     "no consent to contribute",
 	"sensors_silent": "sensors not answering",

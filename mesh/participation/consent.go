@@ -2,6 +2,8 @@ package participation
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+	"unicode/utf8"
 
 	"github.com/meshinfer/meshinfer/internal/atomicfile"
 	"github.com/meshinfer/meshinfer/mesh/caps"
@@ -50,7 +53,8 @@ You can withdraw at any time, and it takes effect at once:
   meshinfer consent --withdraw
 `
 
-// Consent is the owner's recorded answer to ConsentWording.
+// Consent is the owner's recorded answer to the consent wording: ConsentWording, or the text
+// the deployer configured in its place (WordingSHA256 tells which).
 type Consent struct {
 	// Version is the ConsentVersion of the wording the owner answered.
 	Version int `json:"version"`
@@ -67,18 +71,67 @@ type Consent struct {
 	BatteryFloor int `json:"battery_floor"`
 	// PauseOnMetered pauses contributing on metered networks.
 	PauseOnMetered bool `json:"pause_on_metered"`
+	// RequireCharging pauses contributing while a battery is present and not charging.
+	RequireCharging bool `json:"require_charging"`
+	// ThermalMaxState is the owner's heat ceiling, a caps thermal state; "" (a record made
+	// before the owner could set one) means none of the owner's: critical.
+	ThermalMaxState string `json:"thermal_max_state,omitempty"`
+	// MaxTasksPerMin is the owner's limit on the tasks admitted from peers a minute (0: none
+	// of the owner's; at most MaxTasksPerMinLimit).
+	MaxTasksPerMin int `json:"max_tasks_per_min"`
+	// MaxBytesPerHour is the owner's cap on the mesh traffic of the tasks served for peers,
+	// bytes an hour (0: none of the owner's; at most MaxBytesPerHourLimit).
+	MaxBytesPerHour int64 `json:"max_bytes_per_hour"`
+	// WordingSHA256 is the SHA-256 (lower-case hex, WordingHash) of the wording the owner
+	// was shown or, with the consent flags, answered to. "" is a record written before the
+	// wording could be configured: it was given to ConsentWording, and counts as
+	// DefaultWordingHash (WordingHash returns that).
+	WordingSHA256 string `json:"wording_sha256,omitempty"`
 }
 
-// OwnerPolicy is the owner's part of the effective policy: their battery floor and their
-// choice on metered networks. Every other field is at its loosest (not off, no charging
-// needed, any thermal state, no rate limit), so Stricter keeps the deployer's value there.
+// OwnerPolicy is the owner's part of the effective policy: everything the deployer's policy
+// sets but Off (which is the deployer's choice; the owner's is not to contribute). A field
+// the owner left at its loosest (no battery floor, charging not required, thermal
+// critical or unset, no task limit, no traffic cap, no pause on metered) keeps the
+// deployer's value under Stricter.
 func (c Consent) OwnerPolicy() Policy {
+	thermal := c.ThermalMaxState
+	if thermal == "" {
+		thermal = caps.ThermalCritical
+	}
 	return Policy{
+		RequireCharging: c.RequireCharging,
 		BatteryMinLevel: c.BatteryFloor,
-		ThermalMaxState: caps.ThermalCritical,
+		ThermalMaxState: thermal,
+		MaxTasksPerMin:  c.MaxTasksPerMin,
 		PauseOnMetered:  c.PauseOnMetered,
+		MaxBytesPerHour: c.MaxBytesPerHour,
 	}
 }
+
+// WordingHash is the hash of the wording c was given to: WordingSHA256, or for a record
+// without one DefaultWordingHash (see Consent.WordingSHA256).
+func (c Consent) WordingHash() string {
+	if c.WordingSHA256 == "" {
+		return DefaultWordingHash()
+	}
+	return c.WordingSHA256
+}
+
+// GivenFor reports whether c was given to the wording whose WordingHash is hash. A node
+// whose wording is another treats the owner's consent as not given.
+func (c Consent) GivenFor(hash string) bool { return c.WordingHash() == hash }
+
+// WordingHash is the SHA-256 of a consent wording's bytes, in lower-case hex: what a
+// Consent's WordingSHA256 records. The bytes are hashed as they are, so any change to the
+// text, a line break included, asks the owner again.
+func WordingHash(wording string) string {
+	sum := sha256.Sum256([]byte(wording))
+	return hex.EncodeToString(sum[:])
+}
+
+// DefaultWordingHash is WordingHash(ConsentWording): the hash of the built-in wording.
+func DefaultWordingHash() string { return WordingHash(ConsentWording) }
 
 // validate checks a record for SaveConsent and LoadConsent.
 func (c Consent) validate() error {
@@ -91,7 +144,65 @@ func (c Consent) validate() error {
 	if c.BatteryFloor < 0 || c.BatteryFloor > 100 {
 		return fmt.Errorf("battery_floor %d out of range 0 to 100", c.BatteryFloor)
 	}
+	if c.ThermalMaxState != "" {
+		if _, ok := thermalRank(c.ThermalMaxState); !ok {
+			return fmt.Errorf("thermal_max_state %q unknown: use %s, %s, %s or %s", c.ThermalMaxState,
+				caps.ThermalNominal, caps.ThermalFair, caps.ThermalSerious, caps.ThermalCritical)
+		}
+	}
+	if c.MaxTasksPerMin < 0 || c.MaxTasksPerMin > MaxTasksPerMinLimit {
+		return fmt.Errorf("max_tasks_per_min %d out of range 0 (no limit) to %d", c.MaxTasksPerMin, MaxTasksPerMinLimit)
+	}
+	if c.MaxBytesPerHour < 0 || c.MaxBytesPerHour > MaxBytesPerHourLimit {
+		return fmt.Errorf("max_bytes_per_hour %d out of range 0 (no cap) to %d", c.MaxBytesPerHour, MaxBytesPerHourLimit)
+	}
+	if c.WordingSHA256 != "" && !isSHA256Hex(c.WordingSHA256) {
+		return fmt.Errorf("wording_sha256 %q is not a SHA-256 in lower-case hex (64 characters)", c.WordingSHA256)
+	}
 	return nil
+}
+
+// isSHA256Hex reports whether s is 64 lower-case hex digits.
+func isSHA256Hex(s string) bool {
+	if len(s) != 2*sha256.Size {
+		return false
+	}
+	for _, r := range s {
+		if !('0' <= r && r <= '9' || 'a' <= r && r <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// MaxConsentWording bounds a deployer's consent wording (bytes, 64 KiB): a wording is a page
+// or two of plain text, and the bound keeps a wrong path (a log, a disk image) from being
+// read whole and printed.
+const MaxConsentWording = 64 << 10
+
+// LoadConsentWording reads the deployer's consent wording from path (--consent-text): the
+// text the prompt shows in place of ConsentWording, whose WordingHash the consent record
+// keeps. It must be UTF-8 text, not blank, with no NUL byte, and at most MaxConsentWording
+// bytes; anything else is an error naming the file.
+func LoadConsentWording(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("read consent text: %w; check the path", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxConsentWording+1))
+	if err != nil {
+		return "", fmt.Errorf("read consent text %s: %w", path, err)
+	}
+	switch {
+	case len(data) > MaxConsentWording:
+		return "", fmt.Errorf("consent text %s is larger than %d KiB: the file holds the plain text the owner is asked to agree to", path, MaxConsentWording>>10)
+	case len(bytes.TrimSpace(data)) == 0:
+		return "", fmt.Errorf("consent text %s is empty: write the text the owner is asked to agree to", path)
+	case !utf8.Valid(data) || bytes.IndexByte(data, 0) >= 0:
+		return "", fmt.Errorf("consent text %s is not UTF-8 text", path)
+	}
+	return string(data), nil
 }
 
 // ConsentFile is the name of the consent record inside the data dir: the JSON of Consent,

@@ -90,15 +90,31 @@ func NewGovernor(p Params) *Governor {
 // Observe applies policy p to the conditions read at now and returns the new state.
 // consented is as for Breaches. Call it once per heartbeat, and at once when the policy or
 // the consent changes (withdrawing consent or switching to profile off pauses immediately).
-// A clock that goes backwards only delays a resume.
+// A clock that goes backwards only delays a resume. It judges no traffic cap: a node that
+// counts its traffic calls ObserveTraffic instead.
 func (g *Governor) Observe(p Policy, c Conditions, consented bool, now time.Time) State {
+	return g.Step(Breaches(p, c, consented), now)
+}
+
+// ObserveTraffic is Observe that also applies p's traffic cap to lastHour, the bytes of mesh
+// traffic of the last hour (a TrafficMeter's Total at now): its breaches are Breaches'
+// followed by TrafficBreaches'. The node calls it every heartbeat, and when an admission
+// finds the cap reached, so that the node pauses at once.
+func (g *Governor) ObserveTraffic(p Policy, c Conditions, consented bool, lastHour int64, now time.Time) State {
+	return g.Step(append(Breaches(p, c, consented), TrafficBreaches(p, lastHour)...), now)
+}
+
+// Step applies one observation, made at now, whose breaches are br (none: healthy), and
+// returns the new state. Observe and ObserveTraffic are Step with the breaches they find.
+func (g *Governor) Step(br []Reason, now time.Time) State {
 	first := !g.observed
 	g.observed = true
-	if br := Breaches(p, c, consented); len(br) > 0 {
+	if len(br) > 0 {
 		if g.accepting || first {
 			g.since = now
 		}
 		g.accepting, g.healthy = false, 0
+		br = append([]Reason(nil), br...) // the caller's slice stays the caller's
 		g.reasons, g.pausedFor = br, br
 		return g.State()
 	}

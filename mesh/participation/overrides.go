@@ -28,6 +28,8 @@ type Overrides struct {
 	MaxTasksPerMin *int `json:"max_tasks_per_min,omitempty"`
 	// PauseOnMetered replaces Policy.PauseOnMetered.
 	PauseOnMetered *bool `json:"pause_on_metered,omitempty"`
+	// MaxBytesPerHour replaces Policy.MaxBytesPerHour (bytes; 0: no cap).
+	MaxBytesPerHour *int64 `json:"max_bytes_per_hour,omitempty"`
 }
 
 // maxOverridesFile bounds how much of an overrides file is read (bytes): the largest sensible
@@ -36,14 +38,14 @@ type Overrides struct {
 const maxOverridesFile = 64 << 10
 
 // overrideFields lists the keys an overrides file may hold, for error messages.
-const overrideFields = "profile, require_charging, battery_min_level, thermal_max_state, max_tasks_per_min, pause_on_metered"
+const overrideFields = "profile, require_charging, battery_min_level, thermal_max_state, max_tasks_per_min, pause_on_metered, max_bytes_per_hour"
 
 // overrideField reports whether k is a key an overrides file may hold, spelled exactly
 // (encoding/json alone would also accept "Profile" or "PROFILE").
 func overrideField(k string) bool {
 	switch k {
 	case "profile", "require_charging", "battery_min_level", "thermal_max_state",
-		"max_tasks_per_min", "pause_on_metered":
+		"max_tasks_per_min", "pause_on_metered", "max_bytes_per_hour":
 		return true
 	}
 	return false
@@ -145,6 +147,9 @@ func (o Overrides) apply(p Policy) Policy {
 	}
 	if o.PauseOnMetered != nil {
 		p.PauseOnMetered = *o.PauseOnMetered
+	}
+	if o.MaxBytesPerHour != nil {
+		p.MaxBytesPerHour = *o.MaxBytesPerHour
 	}
 	return p
 }

@@ -37,6 +37,8 @@ func TestDeployer(t *testing.T) {
 			with(eco, func(p *Policy) { p.RequireCharging, p.BatteryMinLevel, p.MaxTasksPerMin = false, 0, 0 })},
 		{"tighten", ProfilePower, Overrides{ThermalMaxState: ptr(caps.ThermalNominal), PauseOnMetered: ptr(true)},
 			with(power, func(p *Policy) { p.ThermalMaxState, p.PauseOnMetered = caps.ThermalNominal, true })},
+		{"traffic cap", ProfileStandard, Overrides{MaxBytesPerHour: ptr(int64(500_000_000))},
+			with(std, func(p *Policy) { p.MaxBytesPerHour = 500_000_000 })},
 		{"off keeps off", ProfileOff, Overrides{BatteryMinLevel: ptr(5)},
 			with(mustProfile(t, ProfileOff), func(p *Policy) { p.BatteryMinLevel = 5 })},
 	}
@@ -65,6 +67,7 @@ func TestDeployerRejects(t *testing.T) {
 		{"battery", "", Overrides{BatteryMinLevel: ptr(101)}, "battery_min_level"},
 		{"thermal", "", Overrides{ThermalMaxState: ptr("hot")}, "thermal_max_state"},
 		{"rate", "", Overrides{MaxTasksPerMin: ptr(-1)}, "max_tasks_per_min"},
+		{"traffic", "", Overrides{MaxBytesPerHour: ptr(int64(-1))}, "max_bytes_per_hour"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -81,21 +84,24 @@ func TestLoadOverrides(t *testing.T) {
 		"battery_min_level": 40,
 		"thermal_max_state": "serious",
 		"max_tasks_per_min": 20,
-		"pause_on_metered": null
+		"pause_on_metered": null,
+		"max_bytes_per_hour": 2000000000
 	}`)
 	o, err := LoadOverrides(path)
 	if err != nil {
 		t.Fatalf("LoadOverrides: %v", err)
 	}
 	if o.Profile != ProfileEco || o.RequireCharging == nil || *o.RequireCharging || *o.BatteryMinLevel != 40 ||
-		*o.ThermalMaxState != caps.ThermalSerious || *o.MaxTasksPerMin != 20 || o.PauseOnMetered != nil {
+		*o.ThermalMaxState != caps.ThermalSerious || *o.MaxTasksPerMin != 20 || o.PauseOnMetered != nil ||
+		o.MaxBytesPerHour == nil || *o.MaxBytesPerHour != 2_000_000_000 {
 		t.Fatalf("LoadOverrides = %+v", o)
 	}
 	p, err := Deployer("", o)
 	if err != nil {
 		t.Fatalf("Deployer: %v", err)
 	}
-	want := Policy{BatteryMinLevel: 40, ThermalMaxState: caps.ThermalSerious, MaxTasksPerMin: 20, PauseOnMetered: true}
+	want := Policy{BatteryMinLevel: 40, ThermalMaxState: caps.ThermalSerious, MaxTasksPerMin: 20, PauseOnMetered: true,
+		MaxBytesPerHour: 2_000_000_000}
 	if p != want {
 		t.Fatalf("Deployer = %+v, want %+v", p, want)
 	}
@@ -120,6 +126,10 @@ func TestLoadOverridesBadFiles(t *testing.T) {
 		{"battery out of range", `{"battery_min_level": 150}`, []string{"battery_min_level", "0 to 100"}},
 		{"unknown thermal", `{"thermal_max_state": "warm"}`, []string{"thermal_max_state", "nominal"}},
 		{"rate out of range", `{"max_tasks_per_min": 1000000}`, []string{"max_tasks_per_min"}},
+		{"traffic cap negative", `{"max_bytes_per_hour": -1}`, []string{"max_bytes_per_hour", "0 (no cap)"}},
+		{"traffic cap too large", `{"max_bytes_per_hour": 1000000000000001}`, []string{"max_bytes_per_hour"}},
+		{"traffic cap fraction", `{"max_bytes_per_hour": 1.5e9}`, []string{"max_bytes_per_hour", "whole number"}},
+		{"traffic cap string", `{"max_bytes_per_hour": "2GB"}`, []string{"max_bytes_per_hour", "whole number"}},
 		{"unknown profile", `{"profile": "turbo"}`, []string{"profile", "turbo", "eco"}},
 		{"syntax", `{"profile": "eco",}`, []string{"invalid JSON", "byte"}},
 		{"truncated", `{"profile": "eco"`, []string{"JSON object"}},
@@ -152,7 +162,7 @@ func TestLoadOverridesBadFiles(t *testing.T) {
 // FuzzDecodeOverrides: any input either fails or yields overrides that Deployer accepts.
 func FuzzDecodeOverrides(f *testing.F) {
 	for _, s := range []string{`{}`, `{"profile":"eco","battery_min_level":40}`, `{"max_tasks_per_min":null}`,
-		`{"thermal_max_state":"critical","pause_on_metered":false}`, `[1]`, `{"x":1}`, `null`} {
+		`{"thermal_max_state":"critical","pause_on_metered":false}`, `{"max_bytes_per_hour":1000}`, `[1]`, `{"x":1}`, `null`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {

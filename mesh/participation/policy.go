@@ -27,6 +27,10 @@ type Policy struct {
 	// PauseOnMetered pauses mesh work while the network is metered. The package doc says
 	// which traffic that covers.
 	PauseOnMetered bool `json:"pause_on_metered"`
+	// MaxBytesPerHour caps the mesh traffic of the tasks this node serves for peers, bytes
+	// in and out, in any hour (TrafficMeter measures it); 0 means no cap. At most
+	// MaxBytesPerHourLimit. Reaching it pauses mesh work (reason bandwidth_cap).
+	MaxBytesPerHour int64 `json:"max_bytes_per_hour"`
 }
 
 // Profile names, as --profile and the overrides file spell them.
@@ -44,6 +48,11 @@ const DefaultProfile = ProfileStandard
 // every 6 ms, beyond any machine's inference rate, and it bounds the rate limiter's memory to
 // 10,000 timestamps.
 const MaxTasksPerMinLimit = 10_000
+
+// MaxBytesPerHourLimit bounds Policy.MaxBytesPerHour (bytes per hour): 1 PB an hour is
+// beyond any link a node has (2.2 Tbit/s), so no real cap is refused, and a sum of counts
+// kept under it never overflows.
+const MaxBytesPerHourLimit int64 = 1_000_000_000_000_000
 
 // ProfilePolicy returns the thresholds of the named profile. The package doc has them as a
 // table. An unknown name is an error that lists the four profiles.
@@ -83,8 +92,8 @@ func ProfilePolicy(name string) (Policy, error) {
 }
 
 // Validate reports the first field out of range: a battery level outside 0-100, an unknown
-// thermal state, or a task limit outside 0-MaxTasksPerMinLimit. The error names the field
-// as the overrides file spells it.
+// thermal state, a task limit outside 0-MaxTasksPerMinLimit or a traffic cap outside
+// 0-MaxBytesPerHourLimit. The error names the field as the overrides file spells it.
 func (p Policy) Validate() error {
 	if p.BatteryMinLevel < 0 || p.BatteryMinLevel > 100 {
 		return fmt.Errorf("battery_min_level %d out of range: use 0 to 100 (percent)", p.BatteryMinLevel)
@@ -96,21 +105,26 @@ func (p Policy) Validate() error {
 	if p.MaxTasksPerMin < 0 || p.MaxTasksPerMin > MaxTasksPerMinLimit {
 		return fmt.Errorf("max_tasks_per_min %d out of range: use 0 (no limit) to %d", p.MaxTasksPerMin, MaxTasksPerMinLimit)
 	}
+	if p.MaxBytesPerHour < 0 || p.MaxBytesPerHour > MaxBytesPerHourLimit {
+		return fmt.Errorf("max_bytes_per_hour %d out of range: use 0 (no cap) to %d (bytes)", p.MaxBytesPerHour, MaxBytesPerHourLimit)
+	}
 	return nil
 }
 
 // Stricter combines two policies field by field, keeping the stricter value of each: Off,
 // RequireCharging and PauseOnMetered if either sets them, the higher BatteryMinLevel, the
-// lower ThermalMaxState, and the smaller positive MaxTasksPerMin (0 means no limit, so 0 and
-// n give n). It is commutative and idempotent, so the order of the inputs never matters.
+// lower ThermalMaxState, and the smaller positive MaxTasksPerMin and MaxBytesPerHour (0 means
+// no limit, so 0 and n give n). It is commutative, associative and idempotent, so the order
+// of the inputs never matters.
 func Stricter(a, b Policy) Policy {
 	return Policy{
 		Off:             a.Off || b.Off,
 		RequireCharging: a.RequireCharging || b.RequireCharging,
 		BatteryMinLevel: max(a.BatteryMinLevel, b.BatteryMinLevel),
 		ThermalMaxState: stricterThermal(a.ThermalMaxState, b.ThermalMaxState),
-		MaxTasksPerMin:  stricterRate(a.MaxTasksPerMin, b.MaxTasksPerMin),
+		MaxTasksPerMin:  stricterLimit(a.MaxTasksPerMin, b.MaxTasksPerMin),
 		PauseOnMetered:  a.PauseOnMetered || b.PauseOnMetered,
+		MaxBytesPerHour: stricterLimit(a.MaxBytesPerHour, b.MaxBytesPerHour),
 	}
 }
 
@@ -172,8 +186,8 @@ func stricterThermal(a, b string) string {
 	return min(a, b)
 }
 
-// stricterRate returns the smaller positive limit; a limit of 0 (or below) is no limit.
-func stricterRate(a, b int) int {
+// stricterLimit returns the smaller positive limit; a limit of 0 (or below) is no limit.
+func stricterLimit[T int | int64](a, b T) T {
 	switch {
 	case a <= 0 && b <= 0:
 		return min(a, b)

@@ -3,6 +3,7 @@ package participation
 import (
 	"math/rand/v2"
 	"os"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -54,7 +55,7 @@ func TestDocProfileTable(t *testing.T) {
 	seen := 0
 	for line := range strings.Lines(string(src)) {
 		cells := strings.Split(strings.TrimSpace(strings.TrimPrefix(line, "//")), "|")
-		if len(cells) != 9 {
+		if len(cells) != 10 {
 			continue
 		}
 		for i := range cells {
@@ -68,9 +69,14 @@ func TestDocProfileTable(t *testing.T) {
 		seen++
 		level, err1 := strconv.Atoi(strings.TrimSuffix(cells[4], " %"))
 		rate, err2 := strconv.Atoi(cells[6])
+		var traffic int64
+		var err3 error
+		if cells[8] != "none" {
+			traffic, err3 = strconv.ParseInt(cells[8], 10, 64)
+		}
 		got := Policy{Off: yes(cells[2]), RequireCharging: yes(cells[3]), BatteryMinLevel: level,
-			ThermalMaxState: cells[5], MaxTasksPerMin: rate, PauseOnMetered: yes(cells[7])}
-		if err1 != nil || err2 != nil || got != want {
+			ThermalMaxState: cells[5], MaxTasksPerMin: rate, PauseOnMetered: yes(cells[7]), MaxBytesPerHour: traffic}
+		if err1 != nil || err2 != nil || err3 != nil || got != want {
 			t.Errorf("doc.go row %q says %+v, code says %+v", strings.TrimSpace(line), got, want)
 		}
 		if strings.Contains(cells[1], "(default)") != (name == DefaultProfile) {
@@ -96,6 +102,8 @@ func TestValidate(t *testing.T) {
 		{"thermal wrong case", func(p *Policy) { p.ThermalMaxState = "Fair" }, "thermal_max_state"},
 		{"negative rate", func(p *Policy) { p.MaxTasksPerMin = -1 }, "max_tasks_per_min"},
 		{"rate over limit", func(p *Policy) { p.MaxTasksPerMin = MaxTasksPerMinLimit + 1 }, "max_tasks_per_min"},
+		{"negative traffic cap", func(p *Policy) { p.MaxBytesPerHour = -1 }, "max_bytes_per_hour"},
+		{"traffic cap over limit", func(p *Policy) { p.MaxBytesPerHour = MaxBytesPerHourLimit + 1 }, "max_bytes_per_hour"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -106,7 +114,7 @@ func TestValidate(t *testing.T) {
 	}
 	for _, p := range []Policy{
 		{ThermalMaxState: caps.ThermalCritical},
-		{BatteryMinLevel: 100, ThermalMaxState: caps.ThermalNominal, MaxTasksPerMin: MaxTasksPerMinLimit},
+		{BatteryMinLevel: 100, ThermalMaxState: caps.ThermalNominal, MaxTasksPerMin: MaxTasksPerMinLimit, MaxBytesPerHour: MaxBytesPerHourLimit},
 	} {
 		if err := p.Validate(); err != nil {
 			t.Errorf("Validate(%+v) = %v, want nil", p, err)
@@ -115,11 +123,15 @@ func TestValidate(t *testing.T) {
 }
 
 func TestStricterFields(t *testing.T) {
-	a := Policy{BatteryMinLevel: 20, ThermalMaxState: caps.ThermalSerious, MaxTasksPerMin: 0}
+	a := Policy{BatteryMinLevel: 20, ThermalMaxState: caps.ThermalSerious, MaxTasksPerMin: 0, MaxBytesPerHour: 5 << 20}
 	b := Policy{Off: true, RequireCharging: true, BatteryMinLevel: 10, ThermalMaxState: caps.ThermalFair, MaxTasksPerMin: 40, PauseOnMetered: true}
-	want := Policy{Off: true, RequireCharging: true, BatteryMinLevel: 20, ThermalMaxState: caps.ThermalFair, MaxTasksPerMin: 40, PauseOnMetered: true}
+	want := Policy{Off: true, RequireCharging: true, BatteryMinLevel: 20, ThermalMaxState: caps.ThermalFair, MaxTasksPerMin: 40, PauseOnMetered: true,
+		MaxBytesPerHour: 5 << 20}
 	if got := Stricter(a, b); got != want {
 		t.Fatalf("Stricter = %+v, want %+v", got, want)
+	}
+	if got := Stricter(Policy{MaxBytesPerHour: 7}, Policy{MaxBytesPerHour: 3}); got.MaxBytesPerHour != 3 {
+		t.Fatalf("Stricter traffic caps 7 and 3 = %d, want the smaller", got.MaxBytesPerHour)
 	}
 	if got := Stricter(Policy{MaxTasksPerMin: 5, ThermalMaxState: caps.ThermalFair}, Policy{MaxTasksPerMin: 9, ThermalMaxState: "bogus"}); got.MaxTasksPerMin != 5 || got.ThermalMaxState != "bogus" {
 		t.Fatalf("Stricter = %+v, want the smaller limit 5 and the unknown (allow-nothing) thermal state", got)
@@ -141,6 +153,8 @@ func looserField(e, x Policy) string {
 		return "max_tasks_per_min"
 	case x.PauseOnMetered && !e.PauseOnMetered:
 		return "pause_on_metered"
+	case x.MaxBytesPerHour > 0 && (e.MaxBytesPerHour <= 0 || e.MaxBytesPerHour > x.MaxBytesPerHour):
+		return "max_bytes_per_hour"
 	}
 	return ""
 }
@@ -160,7 +174,14 @@ func randPolicy(r *rand.Rand) Policy {
 		ThermalMaxState: thermals[r.IntN(len(thermals))],
 		MaxTasksPerMin:  rates[r.IntN(len(rates))],
 		PauseOnMetered:  randBool(r),
+		MaxBytesPerHour: randBytes(r),
 	}
+}
+
+// randBytes is any valid traffic cap, with the edge values (no cap, 1, the limit) often.
+func randBytes(r *rand.Rand) int64 {
+	caps := []int64{0, 1, MaxBytesPerHourLimit, r.Int64N(1 << 32)}
+	return caps[r.IntN(len(caps))]
 }
 
 // randDeployer is a profile with random overrides half of the time, any valid policy otherwise.
@@ -186,6 +207,9 @@ func randDeployer(t *testing.T, r *rand.Rand) Policy {
 	if randBool(r) {
 		o.PauseOnMetered = &x.PauseOnMetered
 	}
+	if randBool(r) {
+		o.MaxBytesPerHour = &x.MaxBytesPerHour
+	}
 	p, err := Deployer(names[r.IntN(len(names))], o)
 	if err != nil {
 		t.Fatalf("Deployer with valid overrides %+v: %v", o, err)
@@ -193,12 +217,27 @@ func randDeployer(t *testing.T, r *rand.Rand) Policy {
 	return p
 }
 
+// randConsent is any valid consent record, every one of the owner's limits included (an
+// unset thermal ceiling, as records made before it was asked have, too).
 func randConsent(r *rand.Rand) Consent {
+	x := randPolicy(r)
+	thermal := x.ThermalMaxState
+	if r.IntN(5) == 0 {
+		thermal = ""
+	}
 	return Consent{
 		Version: ConsentVersion, GivenAt: t0,
 		RunLocal: randBool(r), Contribute: randBool(r), CloudFallback: randBool(r),
 		BatteryFloor: []int{0, 100, r.IntN(101)}[r.IntN(3)], PauseOnMetered: randBool(r),
+		RequireCharging: x.RequireCharging, ThermalMaxState: thermal, MaxTasksPerMin: x.MaxTasksPerMin,
+		MaxBytesPerHour: x.MaxBytesPerHour,
 	}
+}
+
+// randTraffic is a last hour's mesh traffic, near the caps randPolicy picks often.
+func randTraffic(r *rand.Rand) int64 {
+	t := []int64{0, 1, 2, MaxBytesPerHourLimit, r.Int64N(1 << 32)}
+	return t[r.IntN(len(t))]
 }
 
 func randConditions(r *rand.Rand) Conditions {
@@ -237,11 +276,12 @@ func TestEffectiveNeverLooser(t *testing.T) {
 		if f := looserField(e, o); f != "" {
 			t.Fatalf("#%d: effective %+v looser than owner %+v in %s", i, e, o, f)
 		}
-		// Semantically: every breach of either input is a breach of the effective policy.
-		cond := randConditions(r)
-		got := Breaches(e, cond, true)
+		// Semantically: every breach of either input is a breach of the effective policy,
+		// the traffic cap's included.
+		cond, traffic := randConditions(r), randTraffic(r)
+		got := append(Breaches(e, cond, true), TrafficBreaches(e, traffic)...)
 		for _, x := range []Policy{d, o} {
-			for _, reason := range Breaches(x, cond, true) {
+			for _, reason := range append(Breaches(x, cond, true), TrafficBreaches(x, traffic)...) {
 				if !slices.Contains(got, reason) {
 					t.Fatalf("#%d: conditions %+v breach %+v (%s) but not effective %+v", i, cond, x, reason, e)
 				}
@@ -271,6 +311,7 @@ func TestStricterAlgebra(t *testing.T) {
 		if !(ab.BatteryMinLevel == a.BatteryMinLevel || ab.BatteryMinLevel == b.BatteryMinLevel) ||
 			!(ab.ThermalMaxState == a.ThermalMaxState || ab.ThermalMaxState == b.ThermalMaxState) ||
 			!(ab.MaxTasksPerMin == a.MaxTasksPerMin || ab.MaxTasksPerMin == b.MaxTasksPerMin) ||
+			!(ab.MaxBytesPerHour == a.MaxBytesPerHour || ab.MaxBytesPerHour == b.MaxBytesPerHour) ||
 			ab.Off != (a.Off || b.Off) || ab.RequireCharging != (a.RequireCharging || b.RequireCharging) ||
 			ab.PauseOnMetered != (a.PauseOnMetered || b.PauseOnMetered) {
 			t.Fatalf("#%d: Stricter(%+v, %+v) = %+v invents a value", i, a, b, ab)
@@ -300,5 +341,32 @@ func TestOwnerLoosestKeepsDeployer(t *testing.T) {
 	e := Effective(power, def, true)
 	if e.BatteryMinLevel != 30 || !e.PauseOnMetered || e.ThermalMaxState != caps.ThermalSerious || e.MaxTasksPerMin != 120 {
 		t.Fatalf("power with default consent = %+v, want floor 30 and pause on metered, the rest power's", e)
+	}
+}
+
+// TestOwnerCanTightenEveryField: every field the deployer's policy sets, but off (the
+// owner's "no" is not contributing), the owner's consent can set too, to its strictest, and
+// the effective policy then has the owner's value. A field added to Policy fails here until
+// the owner can tighten it.
+func TestOwnerCanTightenEveryField(t *testing.T) {
+	strictest := Policy{Off: true, RequireCharging: true, BatteryMinLevel: 100, ThermalMaxState: caps.ThermalNominal,
+		MaxTasksPerMin: 1, PauseOnMetered: true, MaxBytesPerHour: 1}
+	v := reflect.ValueOf(strictest)
+	for i := range v.NumField() {
+		if v.Field(i).IsZero() {
+			t.Fatalf("Policy.%s is not set in this test's strictest policy: add it, and let the owner tighten it", v.Type().Field(i).Name)
+		}
+	}
+	owner := Consent{Version: ConsentVersion, GivenAt: t0, Contribute: true,
+		BatteryFloor: 100, PauseOnMetered: true, RequireCharging: true, ThermalMaxState: caps.ThermalNominal,
+		MaxTasksPerMin: 1, MaxBytesPerHour: 1}
+	want := strictest
+	want.Off = false
+	if got := owner.OwnerPolicy(); got != want {
+		t.Fatalf("OwnerPolicy of the strictest owner = %+v, want %+v", got, want)
+	}
+	loosest := Policy{ThermalMaxState: caps.ThermalCritical} // what a deployer can set at most
+	if got := Effective(loosest, owner, true); got != want {
+		t.Fatalf("the strictest owner on the loosest deployer = %+v, want every field the owner's: %+v", got, want)
 	}
 }

@@ -142,19 +142,27 @@ type Participation struct {
 	// overrides) and the owner's consent, field by field.
 	Thresholds participation.Policy `json:"thresholds"`
 	// Admission is "accepting" or "paused"; Reasons says why (battery_low, not_charging,
-	// thermal, app_background, metered, rate_limited, no_consent, sensors_silent, profile_off).
+	// thermal, app_background, metered, bandwidth_cap, rate_limited, no_consent,
+	// sensors_silent, profile_off).
 	Admission string   `json:"admission"`
 	Reasons   []string `json:"reasons"`
+	// MeshBytesLastHour is the mesh traffic of the tasks this node served for peers in the
+	// last hour, bytes in and out: what Thresholds.MaxBytesPerHour caps.
+	MeshBytesLastHour int64 `json:"mesh_bytes_last_hour"`
 }
 
 // Consent is the owner's recorded consent.
 type Consent struct {
-	Given         bool   `json:"given"`
-	Version       int    `json:"version,omitempty"`
-	GivenAt       string `json:"given_at,omitempty"`
-	RunLocal      bool   `json:"run_local"`
-	Contribute    bool   `json:"contribute"`
-	CloudFallback bool   `json:"cloud_fallback"`
+	Given bool `json:"given"`
+	// WordingChanged: a consent is recorded, but given to another wording than the one this
+	// node runs with (--consent-text), so it counts as not given until the owner answers
+	// again with 'meshinfer consent'.
+	WordingChanged bool   `json:"wording_changed,omitempty"`
+	Version        int    `json:"version,omitempty"`
+	GivenAt        string `json:"given_at,omitempty"`
+	RunLocal       bool   `json:"run_local"`
+	Contribute     bool   `json:"contribute"`
+	CloudFallback  bool   `json:"cloud_fallback"`
 }
 
 // TierCounts counts requests per tier.
