@@ -225,6 +225,9 @@ type Config struct {
 	// see the wrapper. A test and testnet hook for injecting faults (testnet.Faults); nil in
 	// production.
 	WrapBackend func(inference.Backend) inference.Backend
+	// WrapStages, when set, wraps the layer ranges this node runs as a pipeline stage (tests:
+	// a stage that stops at a given step).
+	WrapStages func(inference.StageBackend) inference.StageBackend
 	// ProbeRoot is the filesystem root the capability probe reads /proc and /sys under.
 	// Default: "/".
 	ProbeRoot string

@@ -209,6 +209,9 @@ func (n *Node) start() error {
 		n.backend = sb // assigned only when non-nil: a nil *synth.Backend would be a non-nil Backend
 		n.stages = sb
 	}
+	if n.stages != nil && cfg.WrapStages != nil {
+		n.stages = cfg.WrapStages(n.stages)
+	}
 	if n.backend != nil && cfg.WrapBackend != nil {
 		n.backend = cfg.WrapBackend(n.backend) // a testnet fault; nil in production
 	}

@@ -1,6 +1,7 @@
 package testnet
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"testing"
@@ -69,5 +70,101 @@ func TestPipelineServesAModelNoNodeHolds(t *testing.T) {
 	r := stream(t, router.APIAddr(), routedBody(model, 6, 9, nil), nil, nil)
 	if r.errCode == "" || !strings.Contains(r.errMsg, "cannot hold the model") {
 		t.Fatalf("with one 10 MiB node left: %+v, want a refusal naming the shortfall", r)
+	}
+}
+
+// heldStages holds every stage session at its step'th Forward (the prompt is step 1) until
+// the test releases it, after telling the test which node reached it first.
+type heldStages struct {
+	inference.StageBackend
+	node    int
+	step    int
+	reached chan<- int
+	release <-chan struct{}
+}
+
+func (h heldStages) OpenStage(ctx context.Context, model string, lo, hi, maxPositions int) (inference.StageSession, error) {
+	s, err := h.StageBackend.OpenStage(ctx, model, lo, hi, maxPositions)
+	if err != nil {
+		return nil, err
+	}
+	return &heldSession{StageSession: s, h: h}, nil
+}
+
+type heldSession struct {
+	inference.StageSession
+	h     heldStages
+	steps int
+}
+
+func (s *heldSession) Forward(ctx context.Context, hidden []float32, n int) ([]float32, error) {
+	if s.steps++; s.steps == s.h.step {
+		select {
+		case s.h.reached <- s.h.node:
+		default:
+		}
+		select {
+		case <-s.h.release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return s.StageSession.Forward(ctx, hidden, n)
+}
+
+// TestPipelineLosesAStageMidStream: a stage's node is killed while a pipeline streams; the
+// head notices at its next step, plans the pipeline again with the spare node in place of
+// the lost one, and the client's stream goes on with no duplicated or missing token,
+// identical to a single-node run.
+func TestPipelineLosesAStageMidStream(t *testing.T) {
+	const model = "synth-small"
+	reached := make(chan int, 4)
+	release := make(chan struct{})
+	tn := start(t, Options{Nodes: 5, NoConsole: true, Heartbeat: time.Second,
+		ModelsFor: func(i int) []string {
+			if i == 0 {
+				return nil
+			}
+			return []string{model}
+		},
+		Configure: func(i int, cfg *node.Config) {
+			// Three stages of 2+1+1 layers out of four candidates: one spare.
+			cfg.MemoryBudget = []int64{0, 10 << 20, 10 << 20, 5 << 20, 5 << 20}[i]
+			cfg.WrapStages = func(b inference.StageBackend) inference.StageBackend {
+				return heldStages{StageBackend: b, node: i, step: 5, reached: reached, release: release}
+			}
+		},
+	})
+	within(t, 20*time.Second, "converge", tn.Converged)
+	router := tn.Node(0)
+	body := routedBody(model, 16, 7, nil)
+	done := make(chan streamResult, 1)
+	go func() { done <- stream(t, router.APIAddr(), body, nil, nil) }()
+	var victim int
+	select {
+	case victim = <-reached: // a stage is at its 5th step: the prompt and 3 tokens are out
+	case <-time.After(60 * time.Second):
+		t.Fatal("no stage reached its 5th step")
+	}
+	victimID := tn.Node(victim).ID().String()
+	if err := tn.Stop(victim); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	r := <-done
+	if r.errCode != "" || !r.done {
+		t.Fatalf("after node %d was killed mid-stream: %+v", victim, r)
+	}
+	if want := reference(t, body); r.text() != want {
+		t.Fatalf("the resumed pipeline's stream differs\n got %q\nwant %q", r.text(), want)
+	}
+	served, _ := inference.ParseRoute(r.final.Route)
+	if r.final.Attempts < 2 || len(served.Stages) == 0 {
+		t.Fatalf("final route %q after %d attempts, want a second pipeline", r.final.Route, r.final.Attempts)
+	}
+	for _, s := range served.Stages {
+		if s.Peer == victimID {
+			t.Fatalf("the second pipeline %q still uses the killed node %d", r.final.Route, victim)
+		}
 	}
 }

@@ -311,12 +311,15 @@ func (d *decider) pipeline(p *plan, model string) {
 		if key == "" {
 			key = sp.Entry.Peer.String()
 		}
-		score := reputation.NeutralScore
+		score, cooling := reputation.NeutralScore, false
 		if d.s.Rep != nil {
 			score = d.s.Rep.Score(key, d.now)
+			h, ok := d.s.Rep.TargetHealth(reputation.Target{Model: model, Peer: key}, d.now)
+			cooling = ok && h.Cooling
 		}
+		// A stage that failed lately cools down like any target: left out of the plan.
 		cands = append(cands, StageCandidate{Peer: sp.Entry.Peer, Budget: v.RAM.BudgetMB << 20,
-			Delay: max(sp.RTT, 0) / 2, Score: score, Paused: !v.Load.Accepting})
+			Delay: max(sp.RTT, 0) / 2, Score: score, Paused: !v.Load.Accepting || cooling})
 	}
 	if len(cands) == 0 {
 		return

@@ -47,13 +47,13 @@ func (d *Executor) pipelineGenerate(ctx context.Context, t route.Target, req *in
 	return res, nil
 }
 
-// blameStage records a failed pipeline against the stage its error names, if any.
+// blameStage records a failed pipeline against the stage its error names, if any. Any
+// retryable failure (gone, timed out, refusing, shutting down) counts as unavailable: the
+// stage cools down for the model, so planning again leaves it out.
 func (d *Executor) blameStage(model string, err error) {
 	var fs *stage.FailedStage
-	if !errors.As(err, &fs) || fs.Peer == "" {
+	if !errors.As(err, &fs) || fs.Peer == "" || !inference.CodeOf(err).Retryable() {
 		return
 	}
-	if o, ok := outcomeOf(err, false); ok && o != reputation.Success {
-		d.cfg.Rep.Record(reputation.Target{Model: model, Peer: fs.Peer.String()}, o, d.now())
-	}
+	d.cfg.Rep.Record(reputation.Target{Model: model, Peer: fs.Peer.String()}, reputation.Unavailable, d.now())
 }

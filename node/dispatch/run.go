@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -73,7 +74,9 @@ func (r *run) serve(ctx context.Context, dec route.Decision) (inference.Result, 
 		}
 	}
 	// A backend that cannot load ahead (an upstream server) just runs the plan in order.
-	for _, t := range attempts {
+	replans := 0
+	for i := 0; i < len(attempts); i++ {
+		t := attempts[i]
 		if len(r.sent) > 0 && !(r.sentDet && r.deterministic(t)) {
 			continue // this target cannot continue the stream the client has
 		}
@@ -91,11 +94,38 @@ func (r *run) serve(ctx context.Context, dec route.Decision) (inference.Result, 
 			return res, err
 		}
 		lastErr = err
+		// A pipeline that lost a stage is planned again without it (the stage's peer now
+		// cools down), and the stream goes on there like any resumption.
+		if len(t.Stages) > 0 && replans < maxReplans {
+			replans++
+			if next, ok := r.replan(ctx, t); ok {
+				attempts = slices.Insert(slices.Clone(attempts), i+1, next)
+			}
+		}
 	}
 	if lastErr == nil {
 		lastErr = inference.Errorf(inference.CodeUnavailable, "no target could serve model %q", r.req.Model)
 	}
 	return inference.Result{}, lastErr
+}
+
+// maxReplans bounds how many times one request's pipeline is planned again after a stage
+// failed: each costs a regeneration of what was already sent.
+const maxReplans = 2
+
+// replan decides the run's request afresh after the pipeline failed failed a stage and
+// returns the new pipeline, if it differs.
+func (r *run) replan(ctx context.Context, failed route.Target) (route.Target, bool) {
+	now := r.d.now()
+	snap, _ := r.d.snapshot(ctx, now)
+	snap.Local, snap.Cloud = route.Local{}, route.Cloud{} // the rest of the plan stands
+	dec := r.d.decide(&r.req, snap, now)
+	for _, t := range dec.Attempts {
+		if len(t.Stages) > 0 && !slices.Equal(t.Stages, failed.Stages) {
+			return t, true
+		}
+	}
+	return route.Target{}, false
 }
 
 // errResumeMismatch stops an attempt whose regenerated prefix differs from what the client
