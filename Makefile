@@ -10,9 +10,10 @@ TESTFLAGS ?= -race -count=1 -timeout 14m
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/meshinfer ./cmd/meshinfer
 
-# A 5-node testnet on loopback with the built-in model: a table of nodes, then live status.
+# A 5-node testnet on loopback with the built-in model: a table of nodes, a few requests,
+# synth-large served by a pipeline of layer ranges (no node's budget holds it), then live status.
 run: build
-	./bin/meshinfer testnet --nodes 5
+	./bin/meshinfer testnet --nodes 5 --scenario shard
 
 test:
 	$(GO) vet ./...

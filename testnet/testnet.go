@@ -36,6 +36,7 @@
 package testnet
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -65,12 +66,15 @@ type Options struct {
 	NoAPI       bool   // start no APIs
 	// ModelsFor returns the synthetic models node i serves; DefaultModels when nil.
 	ModelsFor func(i int) []string
-	Heartbeat time.Duration // announcement period; node.DefaultHeartbeat when 0
-	ConnsLow  int           // connection manager low water; 16 when 0
-	ConnsHigh int           // connection manager high water; 32 when 0
-	ProbeRoot string        // filesystem root for the capability probe; "/" when empty
-	Version   string        // reported by each node
-	Seed      uint64        // seeds the choice of bootstrap peers
+	// MemoryBudget is every node's memory budget for mesh work (node's --memory-budget);
+	// DefaultMemoryBudget when 0.
+	MemoryBudget int64
+	Heartbeat    time.Duration // announcement period; node.DefaultHeartbeat when 0
+	ConnsLow     int           // connection manager low water; 16 when 0
+	ConnsHigh    int           // connection manager high water; 32 when 0
+	ProbeRoot    string        // filesystem root for the capability probe; "/" when empty
+	Version      string        // reported by each node
+	Seed         uint64        // seeds the choice of bootstrap peers
 	// Parallel is how many nodes start at once; 8 when 0. More saturates 2 cores with
 	// handshakes and slows everything.
 	Parallel int
@@ -106,6 +110,10 @@ type Options struct {
 	// default privacy).
 	Configure func(i int, cfg *node.Config)
 }
+
+// DefaultMemoryBudget is a testnet node's memory budget (256 MiB): every preset but
+// synth-large (481 MB) fits one node, so synth-large is served by a pipeline.
+const DefaultMemoryBudget = 256 << 20
 
 // DefaultModels alternates synth-tiny and synth-small across the nodes, so a request for
 // either model sent to half the nodes has to cross the mesh.
@@ -263,6 +271,7 @@ func (t *Testnet) add() (int, error) {
 		Consent: &participation.Consent{Version: participation.ConsentVersion, GivenAt: time.Now().UTC(), RunLocal: true, Contribute: true,
 			CloudFallback: true, BatteryFloor: participation.DefaultBatteryFloor, PauseOnMetered: true},
 		SynthLoadDelay: t.opts.ColdStart,
+		MemoryBudget:   cmp.Or(t.opts.MemoryBudget, DefaultMemoryBudget),
 		Version:        t.opts.Version,
 	}
 	if idx == 0 {

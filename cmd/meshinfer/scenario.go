@@ -17,7 +17,68 @@ import (
 const (
 	scenarioNone         = "none"
 	scenarioBatteryDrain = "battery-drain"
+	scenarioShard        = "shard"
 )
+
+// shardModel is the model of the shard scenario: larger than a testnet node's budget.
+const shardModel = "synth-large"
+
+// shardModels is what a node of the shard scenario serves: its usual model, and every node
+// but the router also announces synth-large, which none holds whole.
+func shardModels(i int) []string {
+	ms := testnet.DefaultModels(i)
+	if i > 0 {
+		ms = append(ms, shardModel)
+	}
+	return ms
+}
+
+// shard asks node 0 for synth-large, which no node's memory budget holds: the router plans
+// a pipeline of layer ranges over the nodes that announce it, and the answer streams from
+// the chain. It prints the plan (which node holds which layers), the speed, and the text.
+func shard(ctx context.Context, w io.Writer, tn *testnet.Testnet) {
+	router := tn.Node(0)
+	if router == nil || tn.Len() < 3 {
+		fmt.Fprintln(w, "shard needs at least 3 nodes")
+		return
+	}
+	names := map[string]string{}
+	for i := range tn.Len() {
+		if n := tn.Node(i); n != nil {
+			names[n.ID().String()] = fmt.Sprintf("node %d", i)
+		}
+	}
+	fmt.Fprintf(w, "\nscenario shard: %s (481 MB of weights, 16 layers) is larger than any node's %d MiB budget;\n"+
+		"node 0 plans it as a pipeline of layer ranges over the nodes that announce it (the first request loads each stage's layers)\n",
+		shardModel, testnet.DefaultMemoryBudget>>20)
+	for i, prompt := range []string{"tell me about meshes", "and about pipelines"} {
+		began := time.Now()
+		var text strings.Builder
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		out, err := chat(rctx, "http://"+router.APIAddr(), chatRequest{model: shardModel, prompt: prompt, maxTokens: 12},
+			func(s string) { text.WriteString(s) })
+		cancel()
+		if err != nil {
+			fmt.Fprintf(w, "  request %d refused: %v\n", i+1, err)
+			return
+		}
+		served, _ := inference.ParseRoute(out.route)
+		var plan []string
+		for _, st := range served.Stages {
+			who := names[st.Peer]
+			if who == "" {
+				who = st.Peer
+			}
+			plan = append(plan, fmt.Sprintf("%s layers %d-%d", who, st.Lo, st.Hi-1))
+		}
+		if len(plan) == 0 {
+			plan = []string{out.route}
+		}
+		fmt.Fprintf(w, "  request %d: %d tokens in %v through %s: %q\n", i+1, out.tokens,
+			time.Since(began).Round(time.Millisecond), strings.Join(plan, " -> "), text.String())
+	}
+	fmt.Fprintln(w, "  (the second request finds every stage's layers loaded: its time is the pipeline's own)")
+}
 
 // batteryDrain drains node 1's simulated battery (5 points a step) to below the
 // participation floor, holds it there, then plugs it in. Each step it prints the battery,

@@ -46,14 +46,14 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	coldStart := fs.Duration("cold-start", 0, "added to every synthetic model's load on the nodes, to show real-length cold starts (e.g. 3s)")
 	faults := fs.String("faults", "", "comma-separated faulty nodes to start, e.g. liar=1,slow=1: liars (the last nodes) alter every token they generate, and sampled verification finds them; slow nodes (just before them) wait 500ms before their first token and 30ms before each next; flaky nodes (before those) drop all their connections every 2s")
 	useWebRTC := fs.Bool("webrtc", false, "nodes send their requests to peers over WebRTC data channels (libp2p where no direct path sets up) and answer each other's WebRTC set-ups, as node --webrtc; 'meshinfer status' shows the paths")
-	scenario := fs.String("scenario", scenarioNone, "what to play after the demo: none, or battery-drain (node 1's simulated battery drains below the floor, then charges: it pauses, is skipped, comes back)")
+	scenario := fs.String("scenario", scenarioNone, "what to play after the demo: none; battery-drain (node 1's simulated battery drains below the floor, then charges: it pauses, is skipped, comes back); or shard (synth-large, too big for any node's 256 MiB budget, served by a pipeline of layer ranges across the nodes)")
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
 	switch *scenario {
-	case scenarioNone, scenarioBatteryDrain:
+	case scenarioNone, scenarioBatteryDrain, scenarioShard:
 	default:
-		fmt.Fprintf(stderr, "meshinfer testnet: --scenario %q: known scenarios are %s and %s\n", *scenario, scenarioNone, scenarioBatteryDrain)
+		fmt.Fprintf(stderr, "meshinfer testnet: --scenario %q: known scenarios are %s, %s and %s\n", *scenario, scenarioNone, scenarioBatteryDrain, scenarioShard)
 		return errUsage
 	}
 	fl, err := parseFaults(*faults)
@@ -78,7 +78,10 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	opts := testnet.Options{
 		Nodes: *nodes, Mesh: *mesh, ConsoleBase: *consoleBase, APIBase: *apiBase, Heartbeat: *heartbeat,
 		Version: version, Seed: *seed, Cloud: *cloud, CloudLatency: *cloudLatency, ColdStart: *coldStart,
-		Sensors: *scenario != scenarioNone, Faults: fl, WebRTC: *useWebRTC,
+		Sensors: *scenario == scenarioBatteryDrain, Faults: fl, WebRTC: *useWebRTC,
+	}
+	if *scenario == scenarioShard {
+		opts.ModelsFor = shardModels
 	}
 	if fl.Liars > 0 {
 		// Verification voters must be established peers on hosts apart (10 minutes known,
@@ -132,8 +135,11 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "\nconverged in %s: every node holds every other node's verified capability vector\n",
 		time.Since(start).Round(time.Millisecond))
 	demo(ctx, stdout, tn)
-	if *scenario == scenarioBatteryDrain {
+	switch *scenario {
+	case scenarioBatteryDrain:
 		batteryDrain(ctx, stdout, tn, *heartbeat)
+	case scenarioShard:
+		shard(ctx, stdout, tn)
 	}
 	if n := tn.Node(0); n != nil && n.ConsoleAddr() != "" {
 		fmt.Fprintf(stdout, "try: meshinfer status --console %s   (Ctrl-C stops the testnet)\n\n", n.ConsoleAddr())
