@@ -27,6 +27,8 @@ bench:
 	$(GO) test -run='^$$' -bench=. ./mesh/... ./reputation/
 	$(GO) test -run='^$$' -bench=Coordinator -benchtime=300x ./transport/gateway/client/
 	$(GO) test -run='^$$' -bench=. -benchtime=300x ./transport/webrtc/
+	$(GO) test -run='^$$' -bench='S1|S2' ./transport/stage/
+	$(GO) test -run='^$$' -bench=Sharded ./inference/synth/
 
 # Each fuzz target for 60 s (T3 in docs/reliability.md: not part of CI; seeds run in `make test`).
 FUZZTIME ?= 60s
