@@ -54,7 +54,7 @@ const apiKeyEnv = "MESHINFER_API_KEY"
 
 func runChat(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("chat [flags] PROMPT", chatSynopsis, stderr)
-	api := fs.String("api", "http://127.0.0.1:9337", "the node's API base URL")
+	api := fs.String("api", "http://127.0.0.1:9337", "the node's API base URL (host:port alone means http://host:port)")
 	model := fs.String("model", "synth-tiny", "model to use (GET /v1/models lists them)")
 	maxTokens := fs.Int("max-tokens", 64, "most tokens to generate")
 	seed := fs.Int64("seed", 0, "sampling seed (same seed, same prompt: same answer)")
@@ -95,6 +95,9 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 	}
 	if *gatewayURL != "" && *device == "" && !*noDevice {
 		*device = derivedDevice(*dataDir, stderr)
+	}
+	if !strings.Contains(*api, "://") {
+		*api = "http://" + *api // as printed by 'meshinfer testnet' and 'meshinfer node'
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
