@@ -47,6 +47,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshinfer/meshinfer/mesh/announce"
+
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 
@@ -440,7 +442,9 @@ func (t *Testnet) dropConnections(n *node.Node) {
 func (t *Testnet) Cloud() *Cloud { return t.cloud }
 
 // Converged reports whether every running node holds a fresh (not stale) verified vector
-// of every other running node, and has been connected to it (a routing candidate).
+// of every other running node, and has been connected to it (a routing candidate) unless it
+// has its fill of connections (announce.DefaultContactLowWater: past it, a node contacts a
+// peer it heard of only for a model no contacted peer offers).
 func (t *Testnet) Converged() bool {
 	nodes := t.Running()
 	for _, n := range nodes {
@@ -450,7 +454,7 @@ func (t *Testnet) Converged() bool {
 				continue
 			}
 			e, ok := n.Registry().Get(other.ID(), now)
-			if !ok || e.Stale || !e.Contacted {
+			if !ok || e.Stale || !e.Contacted && len(n.Host().Network().Peers()) < announce.DefaultContactLowWater {
 				return false
 			}
 		}

@@ -103,9 +103,13 @@ type rig struct {
 	attacker host.Host
 	attKey   crypto.PrivKey
 	topic    *pubsub.Topic
+	contacts chan peer.ID // pending peers the victim tried to contact
 }
 
-func newRig(t *testing.T, seenTTL time.Duration) *rig {
+func newRig(t *testing.T, seenTTL time.Duration) *rig { return newRigLowWater(t, seenTTL, 0) }
+
+// newRigLowWater is newRig with the victim's ContactLowWater (0: the default).
+func newRigLowWater(t *testing.T, seenTTL time.Duration, lowWater int) *rig {
 	t.Helper()
 	vKey, aKey := newKey(t), newKey(t)
 	vh, ah := newHost(t, vKey), newHost(t, aKey)
@@ -123,12 +127,21 @@ func newRig(t *testing.T, seenTTL time.Duration) *rig {
 	// Contacting a pending peer never ends within a test (a DHT lookup that takes its
 	// time): pending peers stay pending, and what a test sees is the validator's and the
 	// sync's doing, not a drop.
-	slowContact := func(ctx context.Context, _ peer.ID) error { <-ctx.Done(); return ctx.Err() }
+	r := &rig{contacts: make(chan peer.ID, 64)}
+	slowContact := func(ctx context.Context, p peer.ID) error {
+		select {
+		case r.contacts <- p:
+		default:
+		}
+		<-ctx.Done()
+		return ctx.Err()
+	}
 	rep, err := reputation.New(reputation.DefaultParams())
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(vh, vps, vKey, reg, fixedSource{}, Params{Mesh: testMesh, Heartbeat: time.Minute, Contact: slowContact, Observer: rep})
+	a, err := New(vh, vps, vKey, reg, fixedSource{}, Params{Mesh: testMesh, Heartbeat: time.Minute, Contact: slowContact, Observer: rep,
+		ContactLowWater: lowWater})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +154,8 @@ func newRig(t *testing.T, seenTTL time.Duration) *rig {
 		t.Fatal(err)
 	}
 	waitFor(t, "attacker to see the victim on the topic", func() bool { return len(topic.ListPeers()) == 1 })
-	return &rig{victim: a, reg: reg, rep: rep, attacker: ah, attKey: aKey, topic: topic}
+	r.victim, r.reg, r.rep, r.attacker, r.attKey, r.topic = a, reg, rep, ah, aKey, topic
+	return r
 }
 
 // send publishes data from the attacker and waits until the victim's validator has judged it.
@@ -482,5 +496,54 @@ func TestMissedHeartbeatsLowerTheScore(t *testing.T) {
 	want := reputation.NeutralScore + 3*reputation.DefaultHeartbeatMissedWeight
 	if got := r.rep.Score(att, start.Add(3*time.Minute+3*time.Second)); reason != "heartbeat_missed" || got < want-0.5 || got > want+0.5 {
 		t.Fatalf("after 3 missed heartbeats: score %.2f (reason %q), want about %.1f", got, reason, want)
+	}
+}
+
+// TestPendingPeersContactedOnlyWhenNeeded: with its fill of connections (ContactLowWater 1:
+// the attacker's connection is enough), the victim contacts a pending peer only if it offers
+// a model no contacted peer offers.
+func TestPendingPeersContactedOnlyWhenNeeded(t *testing.T) {
+	r := newRigLowWater(t, 2*time.Minute, 1)
+	now := time.Now()
+	withModel := func(key crypto.PrivKey, name string) func(*caps.Vector) {
+		return func(v *caps.Vector) {
+			v.Models = []caps.Model{{Name: name, State: caps.ModelWarm}}
+			if err := caps.Sign(key, v); err != nil { // signed edits after signing: sign again
+				t.Fatal(err)
+			}
+		}
+	}
+	// The attacker, connected, offers model m.
+	if got := r.send(t, signed(t, r.attKey, 10, now, time.Minute, withModel(r.attKey, "m"))); got.Accepted != 1 {
+		t.Fatalf("attacker's vector: %+v", got)
+	}
+	waitFor(t, "the attacker contacted", func() bool { e, ok := r.reg.Get(r.attacker.ID(), now); return ok && e.Contacted })
+	same, other := newKey(t), newKey(t)
+	sameID, _ := peer.IDFromPrivateKey(same)
+	otherID, _ := peer.IDFromPrivateKey(other)
+	r.attacker.SetStreamHandler(SyncProtocol(testMesh), func(s network.Stream) {
+		frame.Write(s, signed(t, same, 5, now, time.Minute, withModel(same, "m")))
+		frame.Write(s, signed(t, other, 5, now, time.Minute, withModel(other, "rare")))
+		s.Close()
+	})
+	if n, err := r.victim.syncFrom(context.Background(), r.attacker.ID()); err != nil || n != 2 {
+		t.Fatalf("sync = %d, %v; want both vectors held", n, err)
+	}
+	select {
+	case p := <-r.contacts:
+		if p != otherID {
+			t.Fatalf("contacted %s, want only the peer with the model nobody offers (%s)", p, otherID)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the peer offering a new model was never contacted")
+	}
+	r.victim.sweep(time.Now()) // a sweep queues pending peers again: still not the redundant one
+	select {
+	case p := <-r.contacts:
+		t.Fatalf("contacted %s (redundant: %v)", p, p == sameID)
+	default:
+	}
+	if !r.reg.Pending(sameID) {
+		t.Fatal("the redundant peer should stay pending")
 	}
 }

@@ -30,6 +30,10 @@ const (
 	// DefaultHeartbeat is the re-announcement period. 15 s detects a silent peer in about
 	// 31 s (two misses plus a grace second), against mesh-llm's ~41 s.
 	DefaultHeartbeat = 15 * time.Second
+	// DefaultContactLowWater is how many connections a node wants before it contacts pending
+	// peers only for models it has no contacted peer for: 32, B6's bound on connections per
+	// node (docs/benchmarks.md), and enough candidates for the router's weighted choice.
+	DefaultContactLowWater = 32
 	// DefaultMinGap is the least time between two publishes of this node: join and change
 	// triggers inside it fold into one message, so a burst of joins costs one announcement.
 	DefaultMinGap = time.Second
@@ -77,6 +81,9 @@ type Params struct {
 	// connected to), finding its addresses if it must; nil uses the host's Connect with the
 	// addresses in its peerstore. A peer that cannot be contacted is dropped.
 	Contact func(ctx context.Context, p peer.ID) error
+	// ContactLowWater is how many connections this node wants before it contacts a pending
+	// peer only for a model no contacted peer offers (DefaultContactLowWater when 0).
+	ContactLowWater int
 	// Observer, when set, is told of each missed heartbeat of a contacted peer, and of each
 	// announcement or sync answer that breaks the rules, against the peer at fault (the
 	// message's signed author, the sync server).
@@ -140,6 +147,9 @@ func New(h host.Host, ps *pubsub.PubSub, key crypto.PrivKey, reg *registry.Regis
 	}
 	if p.Now == nil {
 		p.Now = time.Now
+	}
+	if p.ContactLowWater <= 0 {
+		p.ContactLowWater = DefaultContactLowWater
 	}
 	if p.Contact == nil {
 		p.Contact = func(ctx context.Context, id peer.ID) error { return h.Connect(ctx, peer.AddrInfo{ID: id}) }
@@ -317,8 +327,12 @@ func (a *Announcer) sweep(now time.Time) {
 		a.val.raise(g.Peer, g.Seq, now)
 	}
 	pending := a.reg.PendingPeers()
+	var offered map[string]bool
+	if len(pending) > 0 && len(a.h.Network().Peers()) >= a.params.ContactLowWater {
+		offered = a.reg.ContactedModels(now)
+	}
 	for _, p := range pending {
-		a.contactLater(p)
+		a.contactIfNeeded(p, offered)
 	}
 	a.qmu.Lock()
 	for p := range a.failures { // peers no longer pending: contacted, evicted or forgotten
@@ -390,9 +404,28 @@ func (a *Announcer) connected(p peer.ID) bool {
 
 // contactLater queues p to be contacted if the registry holds it pending and it is not
 // queued yet. A full queue drops it; the next heartbeat queues it again.
+//
+// A pending peer is contacted only while it is needed: this node has fewer than
+// ContactLowWater connections, or the peer offers a model no contacted peer offers. So a node
+// of a large mesh connects to enough peers to route well and to every model there is, not to
+// every peer it hears of.
 func (a *Announcer) contactLater(p peer.ID) {
+	a.contactIfNeeded(p, nil)
+}
+
+// contactIfNeeded is contactLater with the models of contacted peers already gathered (nil:
+// gathered here, if needed).
+func (a *Announcer) contactIfNeeded(p peer.ID, offered map[string]bool) {
 	if !a.reg.Pending(p) {
 		return
+	}
+	if len(a.h.Network().Peers()) >= a.params.ContactLowWater {
+		if offered == nil {
+			offered = a.reg.ContactedModels(a.params.Now())
+		}
+		if !a.reg.OffersOtherModels(p, offered) {
+			return
+		}
 	}
 	a.qmu.Lock()
 	defer a.qmu.Unlock()

@@ -495,6 +495,37 @@ func (r *Registry) PendingPeers() []peer.ID {
 	return out
 }
 
+// ContactedModels returns the names of the models fresh contacted peers announce.
+func (r *Registry) ContactedModels(now time.Time) map[string]bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[string]bool)
+	for _, e := range r.entries {
+		if e.contacted && now.Sub(e.lastSeen) < r.params.StaleAfter {
+			for _, m := range e.vec.Models {
+				out[m.Name] = true
+			}
+		}
+	}
+	return out
+}
+
+// OffersOtherModels reports whether p's vector announces a model not in offered.
+func (r *Registry) OffersOtherModels(p peer.ID, offered map[string]bool) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.entries[p]
+	if !ok {
+		return false
+	}
+	for _, m := range e.vec.Models {
+		if !offered[m.Name] {
+			return true
+		}
+	}
+	return false
+}
+
 // Wire returns the signed wire forms of up to maxN fresh, contacted peers other than skip,
 // at most maxBytes in all, as they were received. The slices are shared and must not be
 // modified.
