@@ -52,7 +52,9 @@ func stream(t *testing.T, api, body string, header http.Header, onToken func(n i
 	defer deadline.Stop()
 	r := streamResult{status: resp.StatusCode, route: resp.Header.Get("X-Meshinfer-Route")}
 	if resp.StatusCode != 200 {
-		var e struct{ Error struct{ Code, Message string } }
+		var e struct {
+			Error struct{ Code, Message string }
+		}
 		json.NewDecoder(resp.Body).Decode(&e)
 		r.errCode, r.errMsg = e.Error.Code, e.Error.Message
 		return r

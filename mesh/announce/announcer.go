@@ -118,7 +118,7 @@ type Announcer struct {
 	qmu      sync.Mutex
 	queued   map[peer.ID]bool
 	failures map[peer.ID]int // failed contacts of pending peers, under qmu
-	born     time.Time // when New ran (syncLoop pulls twice while the node is young)
+	born     time.Time       // when New ran (syncLoop pulls twice while the node is young)
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 	closed   atomic.Bool

@@ -102,9 +102,9 @@ type decider struct {
 	// positions bounds the request's prompt and completion, as a pipeline's stages are
 	// sized for it (the executor opens them with the same bound).
 	positions int
-	params reputation.Params
-	mode   reputation.RouteMode
-	sc     *Scratch // never nil
+	params    reputation.Params
+	mode      reputation.RouteMode
+	sc        *Scratch // never nil
 
 	allowMesh, allowCloud bool
 }
