@@ -31,9 +31,10 @@ const (
 	// 31 s (two misses plus a grace second), against mesh-llm's ~41 s.
 	DefaultHeartbeat = 15 * time.Second
 	// DefaultContactLowWater is how many connections a node wants before it contacts pending
-	// peers only for models it has no contacted peer for: 32, B6's bound on connections per
-	// node (docs/benchmarks.md), and enough candidates for the router's weighted choice.
-	DefaultContactLowWater = 32
+	// peers only for models it has no contacted peer for: 16, discovery's own low water, so
+	// contacts add no connections a node would not make anyway (docs/benchmarks.md B6 bounds
+	// a node of a 100-node mesh to 32), and enough candidates for the router's weighted choice.
+	DefaultContactLowWater = 16
 	// DefaultMinGap is the least time between two publishes of this node: join and change
 	// triggers inside it fold into one message, so a burst of joins costs one announcement.
 	DefaultMinGap = time.Second
@@ -416,16 +417,8 @@ func (a *Announcer) contactLater(p peer.ID) {
 // contactIfNeeded is contactLater with the models of contacted peers already gathered (nil:
 // gathered here, if needed).
 func (a *Announcer) contactIfNeeded(p peer.ID, offered map[string]bool) {
-	if !a.reg.Pending(p) {
+	if !a.reg.Pending(p) || !a.needed(p, offered) {
 		return
-	}
-	if len(a.h.Network().Peers()) >= a.params.ContactLowWater {
-		if offered == nil {
-			offered = a.reg.ContactedModels(a.params.Now())
-		}
-		if !a.reg.OffersOtherModels(p, offered) {
-			return
-		}
 	}
 	a.qmu.Lock()
 	defer a.qmu.Unlock()
@@ -437,6 +430,19 @@ func (a *Announcer) contactIfNeeded(p peer.ID, offered map[string]bool) {
 		a.queued[p] = true
 	default:
 	}
+}
+
+// needed reports whether pending peer p is worth a connection: this node has fewer than
+// ContactLowWater connections, or p offers a model no contacted peer offers (offered: the
+// contacted peers' models, gathered here when nil).
+func (a *Announcer) needed(p peer.ID, offered map[string]bool) bool {
+	if len(a.h.Network().Peers()) < a.params.ContactLowWater {
+		return true
+	}
+	if offered == nil {
+		offered = a.reg.ContactedModels(a.params.Now())
+	}
+	return a.reg.OffersOtherModels(p, offered)
 }
 
 // contactLoop connects to pending peers: one that answers becomes contacted (a routing
@@ -458,8 +464,8 @@ func (a *Announcer) contactLoop(ctx context.Context) {
 }
 
 func (a *Announcer) contact(ctx context.Context, p peer.ID) {
-	if !a.reg.Pending(p) {
-		return // connected meanwhile, or gone
+	if !a.reg.Pending(p) || !a.needed(p, nil) {
+		return // connected meanwhile, gone, or no longer needed (the queue filled up before)
 	}
 	cctx, cancel := context.WithTimeout(ctx, contactTimeout)
 	err := a.params.Contact(cctx, p)

@@ -52,9 +52,10 @@
 // answer) makes its author pending in the registry, not a routing candidate. Up to
 // contactWorkers pending peers at a time are connected to through Params.Contact (the node
 // passes its DHT-routed host); one that answers becomes contacted. Once the node has
-// ContactLowWater (32) connections, a pending peer is contacted only if it offers a model no
-// contacted peer offers: a node of a large mesh connects to enough peers and to every model,
-// not to every peer it hears of (B6's bound of 32 connections a node). Pending peers are
+// ContactLowWater (16) connections, a pending peer is contacted only if it offers a model no
+// contacted peer offers (checked when queued and again before the dial): a node of a large
+// mesh connects to enough peers and to every model, not to every peer it hears of (B6's
+// bound of 32 connections a node). Pending peers are
 // queued again every heartbeat; one whose contact failed contactAttempts (3) times is dropped and
 // refused for a while (registry.Unreachable), and its seq is kept in the high-water mark so
 // a sync answer cannot bring its last vector back.
