@@ -31,10 +31,11 @@ const (
 	// 31 s (two misses plus a grace second), against mesh-llm's ~41 s.
 	DefaultHeartbeat = 15 * time.Second
 	// DefaultContactLowWater is how many connections a node wants before it contacts pending
-	// peers only for models it has no contacted peer for: 16, discovery's own low water, so
-	// contacts add no connections a node would not make anyway (docs/benchmarks.md B6 bounds
-	// a node of a 100-node mesh to 32), and enough candidates for the router's weighted choice.
-	DefaultContactLowWater = 16
+	// peers only for models it has no contacted peer for: 8, enough candidates for the
+	// router's weighted choice and its three attempts, and few enough that a 100-node mesh on
+	// one machine stays within docs/benchmarks.md B6 (each connection costs a TLS handshake,
+	// buffers and goroutines).
+	DefaultContactLowWater = 8
 	// DefaultMinGap is the least time between two publishes of this node: join and change
 	// triggers inside it fold into one message, so a burst of joins costs one announcement.
 	DefaultMinGap = time.Second

@@ -52,7 +52,7 @@
 // answer) makes its author pending in the registry, not a routing candidate. Up to
 // contactWorkers pending peers at a time are connected to through Params.Contact (the node
 // passes its DHT-routed host); one that answers becomes contacted. Once the node has
-// ContactLowWater (16) connections, a pending peer is contacted only if it offers a model no
+// ContactLowWater (8) connections, a pending peer is contacted only if it offers a model no
 // contacted peer offers (checked when queued and again before the dial): a node of a large
 // mesh connects to enough peers and to every model, not to every peer it hears of (B6's
 // bound of 32 connections a node). Pending peers are
