@@ -24,9 +24,11 @@ import (
 )
 
 // Verification and metering of pipelines (verify.go, meter.go) on virtual time, over
-// in-memory peers that run the real synthetic model: stages run their layer ranges on a
-// backend of their own, this node heads, and a lying stage alters the hidden states it
-// returns.
+// in-memory peers that run the real synthetic model: stages run their layer ranges, this
+// node heads, and a lying stage alters the hidden states it returns. The peers share one
+// backend, loaded once before the test's bubbles (under -race materializing synth-small's
+// weights for each peer of each case took most of a minute): its weights are the same on
+// every node by construction, and each stage session has its own KV cache.
 
 // pipeModel is synth-small: 18 MB in 4 layers, so a 10 MiB budget holds 2 layers and
 // nothing less than two such peers holds the model (testnet/shard_test.go).
@@ -164,7 +166,23 @@ type pipelineWorld struct {
 	rep  *reputation.Store
 }
 
-func newPipelineWorld(t *testing.T, cfg Config, rep *reputation.Store, nodes []meshNode) *pipelineWorld {
+// loadedModel is synth-small loaded whole, and the digest of its output for pipeReq: what
+// every honest plan must give.
+func loadedModel(t *testing.T) (*synth.Backend, inference.Digest) {
+	t.Helper()
+	b, err := synth.New(pipeModel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := pipeReq()
+	h := inference.NewDigester()
+	if _, err := b.Generate(context.Background(), &req, func(tok inference.Token) error { h.Add(tok); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return b, h.Sum()
+}
+
+func newPipelineWorld(t *testing.T, b *synth.Backend, cfg Config, rep *reputation.Store, nodes []meshNode) *pipelineWorld {
 	t.Helper()
 	preset, _ := synth.LookupPreset(pipeModel)
 	shape := preset.Shape()
@@ -173,10 +191,6 @@ func newPipelineWorld(t *testing.T, cfg Config, rep *reputation.Store, nodes []m
 	var reg entries
 	now := time.Now()
 	for i, m := range nodes {
-		b, err := synth.New(pipeModel)
-		if err != nil {
-			t.Fatal(err)
-		}
 		var sb inference.StageBackend = switchable{b, m.id.String(), net}
 		if m.lies {
 			sb = lyingStages{b}
@@ -203,22 +217,19 @@ func newPipelineWorld(t *testing.T, cfg Config, rep *reputation.Store, nodes []m
 				Load: caps.Load{Accepting: true},
 			}})
 	}
-	head, err := synth.New(pipeModel)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Peers, cfg.Registry, cfg.Rep, cfg.Head, cfg.Pipelines = net, reg, rep, head, net
+	cfg.Peers, cfg.Registry, cfg.Rep, cfg.Head, cfg.Pipelines = net, reg, rep, b, net
 	cfg.PeerAddr = func(p peer.ID) netip.Addr { return addrs[p] }
 	d := newExecutor(t, cfg)
 	snap, _ := d.snapshot(context.Background(), now)
 	return &pipelineWorld{d: d, net: net, snap: snap, rep: rep}
 }
 
-// pipeReq is the request the tests run: short, sampled at a temperature.
+// pipeReq is the request the tests run: a short prompt and 3 tokens (the cost of a
+// generation grows with both, 20 times over under -race), sampled at a temperature.
 func pipeReq() inference.Request {
-	seed, maxTok, temp := int64(11), 6, 0.8
+	seed, maxTok, temp := int64(11), 3, 0.8
 	return inference.Request{Model: pipeModel, Seed: &seed, MaxTokens: &maxTok, Temperature: &temp,
-		Messages: []inference.Message{{Role: inference.RoleUser, Content: "route this through a pipeline"}}}
+		Messages: []inference.Message{{Role: inference.RoleUser, Content: "hi"}}}
 }
 
 // pipeline is the two-stage plan of a over layers [0, 2) and b over [2, 4).
@@ -239,21 +250,6 @@ func (w *pipelineWorld) served(t *testing.T, tg route.Target) *run {
 		t.Fatal(err)
 	}
 	return r
-}
-
-// reference is what the model outputs for the request on one honest node.
-func pipeReference(t *testing.T) inference.Digest {
-	t.Helper()
-	b, err := synth.New(pipeModel)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := pipeReq()
-	h := inference.NewDigester()
-	if _, err := b.Generate(context.Background(), &req, func(tok inference.Token) error { h.Add(tok); return nil }); err != nil {
-		t.Fatal(err)
-	}
-	return h.Sum()
 }
 
 // A pipeline's result is verified on another plan: a peer holding the model whole if a
@@ -301,12 +297,13 @@ func TestVerifyPipelines(t *testing.T) {
 			[]meshNode{{id: "a"}, {id: "b"}, {id: "c"}},
 			pipeline("a", "b"), console.Verification{Sampled: 1, Skipped: 1}, nil, nil, false},
 	}
+	b, truth := loadedModel(t)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				w := newPipelineWorld(t, verifyAll, integrityStore(t), tt.nodes)
+				w := newPipelineWorld(t, b, verifyAll, integrityStore(t), tt.nodes)
 				r := w.served(t, tt.served)
-				if lied := inference.DigestOf(r.sent) != pipeReference(t); lied != tt.lie {
+				if lied := inference.DigestOf(r.sent) != truth; lied != tt.lie {
 					t.Fatalf("the client's output differs from the model's: %v, want %v", lied, tt.lie)
 				}
 				if !w.d.maybeVerify(r, nil) {
@@ -362,6 +359,7 @@ func (m meterLog) Countersign(string) (string, string, error) {
 // pipeline's route, its tokens, no receipt asked of the stages and none refused; sampled,
 // the event waits for the verdict, and a lying stage's task is metered as failed.
 func TestPipelineMeteredAtTheHead(t *testing.T) {
+	b, truth := loadedModel(t)
 	for _, liar := range []bool{false, true} {
 		name := "honest stages"
 		if liar {
@@ -376,7 +374,7 @@ func TestPipelineMeteredAtTheHead(t *testing.T) {
 				// others, a mismatch's third plan the last two. With liar, the first stage
 				// of the client's pipeline lies, whichever peer the router picks for it.
 				nodes := []meshNode{{id: "a"}, {id: "b"}, {id: "c"}, {id: "d"}, {id: "e"}, {id: "f"}}
-				w := newPipelineWorld(t, cfg, integrityStore(t), nodes)
+				w := newPipelineWorld(t, b, cfg, integrityStore(t), nodes)
 				if liar {
 					w.net.lieOnNext()
 				}
@@ -390,7 +388,7 @@ func TestPipelineMeteredAtTheHead(t *testing.T) {
 				if err != nil || len(at.Stages) != 2 {
 					t.Fatalf("served at %+v: %v; want a pipeline of 2 stages", at, err)
 				}
-				if lied := inference.DigestOf(toks) != pipeReference(t); lied != liar {
+				if lied := inference.DigestOf(toks) != truth; lied != liar {
 					t.Fatalf("the client's output differs from the model's: %v, want %v", lied, liar)
 				}
 				synctest.Wait() // the verification, then the meter's write
@@ -426,9 +424,10 @@ func TestPipelineMeteredAtTheHead(t *testing.T) {
 // stages get no verification event. The second plan's first stage lies, whichever peers
 // Decide picks for it.
 func TestVerifyPipelineLyingVoter(t *testing.T) {
+	b, _ := loadedModel(t)
 	synctest.Test(t, func(t *testing.T) {
 		nodes := []meshNode{{id: "a"}, {id: "b"}, {id: "c"}, {id: "d"}, {id: "e"}, {id: "f"}}
-		w := newPipelineWorld(t, verifyAll, integrityStore(t), nodes)
+		w := newPipelineWorld(t, b, verifyAll, integrityStore(t), nodes)
 		r := w.served(t, pipeline("a", "b"))
 		w.net.lieOnNext()
 		if v := w.d.verify(r); v != inference.VerdictPassed {
