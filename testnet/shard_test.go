@@ -319,7 +319,7 @@ func TestCoordinatorVerifiesAPipelineOnAnotherPlan(t *testing.T) {
 		if lie {
 			sw.lieNext.Store(true)
 		}
-		body := routedBody("synth-small", 6, int64(40+round), nil)
+		body := routedBody("synth-small", 3, int64(40+round), nil)
 		r := stream(t, coord.APIAddr(), body, auth, nil)
 		if r.errCode != "" || !r.done || !strings.HasPrefix(r.final.Route, "pipeline:") {
 			t.Fatalf("round %d: %+v", round, r)
@@ -356,7 +356,7 @@ func TestCoordinatorVerifiesAPipelineOnAnotherPlan(t *testing.T) {
 		outcome string
 		verdict inference.Verdict
 		tokens  int
-	}{{gateway.OutcomeCompleted, inference.VerdictPassed, 6}, {gateway.OutcomeVerificationFailed, inference.VerdictFailed, 0}}
+	}{{gateway.OutcomeCompleted, inference.VerdictPassed, 3}, {gateway.OutcomeVerificationFailed, inference.VerdictFailed, 0}}
 	for i, e := range events {
 		if len(events) != 2 || e.Peer != routes[i] || e.Model != "synth-small" || e.Outcome != want[i].outcome ||
 			e.Verification != want[i].verdict || e.Verified != (i == 0) || e.Receipt != "" || e.TokensOut != want[i].tokens {
@@ -368,7 +368,7 @@ func TestCoordinatorVerifiesAPipelineOnAnotherPlan(t *testing.T) {
 		t.Fatalf("usage %v: %v", usage, err)
 	}
 	for _, u := range usage {
-		if u.Requests != 2 || u.Failed != 1 || u.TokensOut != 6 {
+		if u.Requests != 2 || u.Failed != 1 || u.TokensOut != 3 {
 			t.Fatalf("usage %+v: want 2 requests, the lying pipeline's failed and its tokens not counted", u)
 		}
 	}
