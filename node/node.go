@@ -87,6 +87,7 @@ type Node struct {
 	infer     *infer.Server
 	part      *partGate              // participation: consent, policy, live conditions
 	receipts  *receipts.Log          // tasks served for peers; nil without a data dir
+	receiptQ  *receiptQueue          // writes receipts to the log; nil without it
 	rtc       *webrtc.Transport      // WebRTC direct paths (webrtc.go)
 	dialer    host.Host              // host, with addresses of unconnected peers found in the DHT
 	budget    int64                  // bytes of memory for mesh work (Config.MemoryBudget, or the default share)
@@ -232,6 +233,7 @@ func (n *Node) start() error {
 			}
 			n.closers = append(n.closers, n.receipts.Close)
 			q := newReceiptQueue(n.receipts)
+			n.receiptQ = q
 			n.closers = append(n.closers, q.stop)
 			opts = append(opts, infer.WithOnServed(func(t infer.ServedTask) { q.add(n.servedReceipt(t)) }))
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/inference/synth"
+	"github.com/meshinfer/meshinfer/mesh/receipts"
 	"github.com/meshinfer/meshinfer/node/console"
 	"github.com/meshinfer/meshinfer/transport/stage"
 )
@@ -35,10 +36,29 @@ func (n *Node) startStages() error {
 	if n.stages == nil {
 		return nil
 	}
-	n.stageSrv = stage.NewServer(n.host, admittedStages{n}, stage.WithServerObserver(n.rep),
-		stage.WithKVBudget(n.budget))
+	opts := []stage.ServerOption{stage.WithServerObserver(n.rep), stage.WithKVBudget(n.budget), stage.WithClock(n.cfg.Now)}
+	if q := n.receiptQ; q != nil {
+		// Each stage session is receipted like a served task, once it has ended (its
+		// handler goroutine; the server's Close waits for it, before the queue stops).
+		opts = append(opts, stage.WithOnSessionEnd(func(e stage.SessionEnd) { q.add(n.stageReceipt(e)) }))
+	}
+	n.stageSrv = stage.NewServer(n.host, admittedStages{n}, opts...)
 	n.closers = append(n.closers, func() error { n.stageSrv.Close(); return nil })
 	return nil
+}
+
+// stageReceipt is the receipt of one stage session: a pipeline stage's part of a task,
+// made out to the pipeline's head (mesh/receipts: Receipt.Stage).
+func (n *Node) stageReceipt(e stage.SessionEnd) receipts.Receipt {
+	outcome := receipts.Completed // the chain closed in order
+	if e.Outcome != stage.OutcomeClosed {
+		outcome = e.Outcome
+	}
+	return receipts.Receipt{
+		Time: n.cfg.Now().UTC(), Requester: e.Head.String(), Model: e.Model,
+		Stage:      &receipts.Stage{Lo: e.Lo, Hi: e.Hi, Steps: e.Steps, Positions: e.Positions},
+		DurationMS: e.Duration.Milliseconds(), Outcome: outcome,
+	}
 }
 
 // admittedStages is the node's stage backend behind its participation policy and memory

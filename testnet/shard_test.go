@@ -2,13 +2,19 @@ package testnet
 
 import (
 	"context"
+	"fmt"
+	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/mesh/receipts"
 	"github.com/meshinfer/meshinfer/node"
+	"github.com/meshinfer/meshinfer/transport/gateway"
 )
 
 // TestPipelineServesAModelNoNodeHolds: three nodes announce synth-small (18 MB in 4 layers,
@@ -166,5 +172,207 @@ func TestPipelineLosesAStageMidStream(t *testing.T) {
 		if s.Peer == victimID {
 			t.Fatalf("the second pipeline %q still uses the killed node %d", r.final.Route, victim)
 		}
+	}
+}
+
+// stageBudgets gives node 0 (the router, serving nothing) no budget and every other node
+// 10 MiB: two of synth-small's four layers, so every pipeline of it has two stages.
+func stageBudgets(i int, cfg *node.Config) {
+	if i > 0 {
+		cfg.MemoryBudget = 10 << 20
+	}
+}
+
+// servesSmall: node 0 serves nothing, the others synth-small.
+func servesSmall(i int) []string {
+	if i == 0 {
+		return nil
+	}
+	return []string{"synth-small"}
+}
+
+// Each stage of a pipeline receipts its part like a served task: after one request, each
+// stage node's log holds one verified receipt, made out to the head, for the layers the
+// route names for it, with the steps and positions it ran.
+func TestStagesReceiptTheirParts(t *testing.T) {
+	tn := start(t, Options{Nodes: 3, NoConsole: true, Heartbeat: time.Second, ModelsFor: servesSmall,
+		Configure: func(i int, cfg *node.Config) {
+			stageBudgets(i, cfg)
+			cfg.VerifySample = node.VerifyOff // no other plan to open sessions
+		}})
+	within(t, 20*time.Second, "converge", tn.Converged)
+	router := tn.Node(0)
+	body := routedBody("synth-small", 6, 3, nil)
+	r := stream(t, router.APIAddr(), body, nil, nil)
+	if r.errCode != "" || !r.done || r.text() != reference(t, body) {
+		t.Fatalf("%+v", r)
+	}
+	served, ok := inference.ParseRoute(r.final.Route)
+	if !ok || len(served.Stages) != 2 {
+		t.Fatalf("served at %q, want a pipeline of 2 stages", r.final.Route)
+	}
+	var parts []receipts.Stage
+	for _, hop := range served.Stages {
+		idx := slices.IndexFunc([]int{1, 2}, func(i int) bool { return tn.Node(i).ID().String() == hop.Peer }) + 1
+		if idx == 0 {
+			t.Fatalf("stage %s is not a node of the testnet", hop.Peer)
+		}
+		var got []receipts.Receipt
+		// Receipts are written within a second of the session's end, off its path.
+		within(t, 10*time.Second, fmt.Sprintf("node %d's receipt", idx), func() bool {
+			got = got[:0]
+			err := receipts.Read(filepath.Join(tn.DataDir(idx), receipts.File), func(rc receipts.Receipt, err error) bool {
+				if err != nil {
+					t.Errorf("node %d's log: %v", idx, err)
+				} else {
+					got = append(got, rc)
+				}
+				return true
+			})
+			return err == nil && len(got) > 0
+		})
+		rc := got[0]
+		if len(got) != 1 || rc.Stage == nil || rc.Requester != router.ID().String() || rc.Server != hop.Peer ||
+			rc.Model != "synth-small" || rc.Outcome != receipts.Completed || rc.Stage.Lo != hop.Lo || rc.Stage.Hi != hop.Hi ||
+			rc.Stage.Steps < 2 || rc.Stage.Positions <= rc.Stage.Steps {
+			t.Fatalf("node %d (%s[%d-%d]) logged %d receipts, the first %+v (stage %+v)", idx, hop.Peer, hop.Lo, hop.Hi-1, len(got), rc, rc.Stage)
+		}
+		parts = append(parts, *rc.Stage)
+	}
+	// Both stages ran every step of the one generation.
+	if parts[0].Steps != parts[1].Steps || parts[0].Positions != parts[1].Positions {
+		t.Fatalf("the stages ran %+v and %+v", parts[0], parts[1])
+	}
+}
+
+// switchedStages are every stage node's backend, lying or not by a switch the test owns:
+// lieNext makes a liar of whichever node opens the next stage session (the first stage of
+// the next pipeline), for good.
+type switchedStages struct {
+	lieNext atomic.Bool
+	liar    atomic.Int32 // the node lieNext made a liar; 0: none yet
+}
+
+func (s *switchedStages) wrap(i int) func(inference.StageBackend) inference.StageBackend {
+	return func(b inference.StageBackend) inference.StageBackend { return switchedBackend{b, s, int32(i)} }
+}
+
+type switchedBackend struct {
+	inference.StageBackend
+	s    *switchedStages
+	node int32
+}
+
+func (b switchedBackend) OpenStage(ctx context.Context, model string, lo, hi, maxPositions int) (inference.StageSession, error) {
+	if b.s.lieNext.CompareAndSwap(true, false) {
+		b.s.liar.Store(b.node)
+	}
+	ss, err := b.StageBackend.OpenStage(ctx, model, lo, hi, maxPositions)
+	if err != nil || b.s.liar.Load() != b.node {
+		return ss, err
+	}
+	return lyingStage{ss}, nil
+}
+
+// lyingStage returns its hidden states rotated by one value: the layers after it and the
+// head compute on garbage (a norm would undo a shift or a scale).
+type lyingStage struct{ inference.StageSession }
+
+func (l lyingStage) Forward(ctx context.Context, hidden []float32, n int) ([]float32, error) {
+	out, err := l.StageSession.Forward(ctx, hidden, n)
+	if err != nil {
+		return nil, err
+	}
+	return append(out[1:len(out):len(out)], out[0]), nil
+}
+
+// A coordinator verifies a pipeline's result on another plan and meters it at the head.
+// Six nodes of 10 MiB serve synth-small in pipelines of two: the client's, a second plan
+// of two others, and a third of the last two for a mismatch. Honest, the task passes and
+// is metered as served by its pipeline; then the first stage of the client's next
+// pipeline lies: the client's output differs from the model's, two other pipelines outvote
+// it, the task is metered as failed (zero tokens), and no stage is penalized, the lying
+// one included, since which stage lied is not known from outputs.
+func TestCoordinatorVerifiesAPipelineOnAnotherPlan(t *testing.T) {
+	var sw switchedStages
+	c := &coordinators{t: t, keys: map[int]string{}}
+	tn := start(t, Options{Nodes: 7, NoConsole: true, Heartbeat: time.Second, ModelsFor: servesSmall, DistinctHosts: true,
+		Configure: func(i int, cfg *node.Config) {
+			stageBudgets(i, cfg)
+			if i == 0 {
+				c.configure(i, cfg) // coordinator, every mesh task verified, voters vetted at once
+				return
+			}
+			cfg.WrapStages = sw.wrap(i)
+		}})
+	within(t, 20*time.Second, "converge", tn.Converged)
+	coord := tn.Node(0)
+	var stageNodes []*node.Node
+	for i := 1; i < 7; i++ {
+		stageNodes = append(stageNodes, tn.Node(i))
+	}
+	connectTo(t, coord, stageNodes...) // voters must be connected; a head dials its first stage only
+	auth := http.Header{"Authorization": {"Bearer " + c.key(0)}}
+
+	var routes []string
+	for round, lie := range []bool{false, true} {
+		if lie {
+			sw.lieNext.Store(true)
+		}
+		body := routedBody("synth-small", 3, int64(40+round), nil)
+		r := stream(t, coord.APIAddr(), body, auth, nil)
+		if r.errCode != "" || !r.done || !strings.HasPrefix(r.final.Route, "pipeline:") {
+			t.Fatalf("round %d: %+v", round, r)
+		}
+		if lied := r.text() != reference(t, body); lied != lie {
+			t.Fatalf("round %d: the client's output differs from the model's: %v, want %v", round, lied, lie)
+		}
+		within(t, 20*time.Second, "verdict", func() bool {
+			return coord.Status().Routing.Verification.Sampled == uint64(round+1) && verificationsInFlight(coord) == 0
+		})
+		routes = append(routes, r.final.Route)
+	}
+	liar := int(sw.liar.Load())
+	if liar == 0 || !strings.Contains(routes[1], tn.Node(liar).ID().String()+"[0-") {
+		t.Fatalf("the liar is node %d, not the first stage of %s", liar, routes[1])
+	}
+	if v := coord.Status().Routing.Verification; v.Passed != 1 || v.Failed != 1 || v.Inconclusive+v.Skipped != 0 {
+		t.Fatalf("verification %+v: want the honest pipeline passed and the lying one failed", v)
+	}
+	for i := 1; i < 7; i++ {
+		if _, excluded := peerScore(t, coord, tn.Node(i)); excluded {
+			t.Fatalf("node %d excluded: a pipeline's stages take no integrity penalty", i)
+		}
+	}
+
+	usageFile := filepath.Join(tn.DataDir(0), gateway.UsageFile)
+	var events []gateway.MeterEvent
+	within(t, 10*time.Second, "both tasks metered", func() bool {
+		events = events[:0]
+		gateway.ReadEvents(usageFile, func(e gateway.MeterEvent) { events = append(events, e) })
+		return len(events) >= 2
+	})
+	want := []struct {
+		outcome string
+		verdict inference.Verdict
+		tokens  int
+	}{{gateway.OutcomeCompleted, inference.VerdictPassed, 3}, {gateway.OutcomeVerificationFailed, inference.VerdictFailed, 0}}
+	for i, e := range events {
+		if len(events) != 2 || e.Peer != routes[i] || e.Model != "synth-small" || e.Outcome != want[i].outcome ||
+			e.Verification != want[i].verdict || e.Verified != (i == 0) || e.Receipt != "" || e.TokensOut != want[i].tokens {
+			t.Fatalf("event %d of %d: %+v; want served at %s, %s, verification %s", i, len(events), e, routes[i], want[i].outcome, want[i].verdict)
+		}
+	}
+	usage, err := gateway.ReadUsage(usageFile)
+	if err != nil || len(usage) != 1 {
+		t.Fatalf("usage %v: %v", usage, err)
+	}
+	for _, u := range usage {
+		if u.Requests != 2 || u.Failed != 1 || u.TokensOut != 3 {
+			t.Fatalf("usage %+v: want 2 requests, the lying pipeline's failed and its tokens not counted", u)
+		}
+	}
+	if n := coord.Status().Routing.ReceiptsRefused; n != 0 {
+		t.Fatalf("%d receipts refused: a pipeline has none", n)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -72,12 +73,17 @@ func runReceipts(args []string, stdout, stderr io.Writer) error {
 		}
 		totals.Add(r)
 		if !*asJSON && !*verifyOnly {
-			model := r.Model
-			if model == "" {
+			model := r.Label() // a pipeline stage's part: the model and its layers, "synth-large[0-7]"
+			if r.Model == "" {
 				model = "-" // the requester let the router choose
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", r.Time.Local().Format(time.DateTime), shortID(r.Requester),
-				model, r.TokensIn, r.TokensOut, roundDuration(time.Duration(r.DurationMS)*time.Millisecond), r.Outcome)
+			in, out := strconv.Itoa(r.TokensIn), strconv.Itoa(r.TokensOut)
+			if r.Stage != nil {
+				// A stage sees hidden states, not tokens: the positions it ran, in steps.
+				in, out = fmt.Sprintf("%d pos", r.Stage.Positions), fmt.Sprintf("%d steps", r.Stage.Steps)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Time.Local().Format(time.DateTime), shortID(r.Requester),
+				model, in, out, roundDuration(time.Duration(r.DurationMS)*time.Millisecond), r.Outcome)
 		}
 		return true
 	})
@@ -143,11 +149,18 @@ func renderTotals(w io.Writer, t receipts.Totals) {
 	fmt.Fprintf(w, "served for others  %d tasks: %d completed, %d failed, from %s to %s\n", t.Tasks, t.Completed, t.Failed,
 		t.First.Local().Format(time.DateTime), t.Last.Local().Format(time.DateTime))
 	fmt.Fprintf(w, "tokens             %d in, %d out\n", t.TokensIn, t.TokensOut)
+	if t.Stages > 0 {
+		fmt.Fprintf(w, "pipeline stages    %d of those tasks: %d positions in %d steps through layer ranges\n", t.Stages, t.Positions, t.Steps)
+	}
 	fmt.Fprintf(w, "time               %s\n", roundDuration(t.Duration))
 	fmt.Fprintln(w, "by model")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, m := range slices.Sorted(maps.Keys(t.ByModel)) {
 		s := t.ByModel[m]
+		if s.Steps > 0 || s.Positions > 0 {
+			fmt.Fprintf(tw, "  %s\t%d tasks\t%d completed\t%d pos\t%d steps\t%s\n", m, s.Tasks, s.Completed, s.Positions, s.Steps, roundDuration(s.Duration))
+			continue
+		}
 		fmt.Fprintf(tw, "  %s\t%d tasks\t%d completed\t%d in\t%d out\t%s\n", m, s.Tasks, s.Completed, s.TokensIn, s.TokensOut, roundDuration(s.Duration))
 	}
 	tw.Flush()

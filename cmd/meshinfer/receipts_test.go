@@ -178,3 +178,41 @@ func TestReceiptsFlags(t *testing.T) {
 		}
 	}
 }
+
+// A pipeline stage's parts show as the model with its layers, with the positions and steps
+// it ran in place of tokens, and are totalled apart per range.
+func TestReceiptsShowsStageParts(t *testing.T) {
+	_, head := newPeerID(t)
+	dir := writeReceipts(t, head)
+	key, _, err := node.LoadOrCreateIdentity(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := receipts.Open(dir, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 5, 1, 13, 0, 0, 0, time.UTC)
+	for i, st := range []receipts.Stage{{Lo: 0, Hi: 8, Steps: 9, Positions: 20}, {Lo: 0, Hi: 8, Steps: 3, Positions: 12}} {
+		if err := l.Append(receipts.Receipt{Time: t0.Add(time.Duration(i) * time.Minute), Requester: head, Model: "synth-large",
+			DurationMS: 200, Outcome: receipts.Completed, Stage: &st}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l.Close()
+
+	code, stdout, stderr := runCmd(t, "receipts", "--data-dir", dir)
+	if code != 0 {
+		t.Fatalf("exit code = %d, want 0\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	wantContains(t, "stdout", stdout, "synth-large[0-7]", "20 pos", "9 steps", "5 tasks: 4 completed, 1 failed",
+		"pipeline stages    2 of those tasks: 32 positions in 12 steps", "32 pos", "12 steps")
+	code, stdout, _ = runCmd(t, "receipts", "--data-dir", dir, "--json")
+	var tot receipts.Totals
+	if err := json.Unmarshal([]byte(stdout), &tot); code != 0 || err != nil {
+		t.Fatalf("--json: exit %d, %v\n%s", code, err, stdout)
+	}
+	if r := tot.ByModel["synth-large[0-7]"]; r.Tasks != 2 || r.Steps != 12 || r.Positions != 32 || tot.Stages != 2 || tot.Tasks != 5 {
+		t.Errorf("--json totals %+v", tot)
+	}
+}

@@ -12,7 +12,15 @@
 //	 "server":"12D3KooW…","seq":7,"sig":"ed25519:…"}
 //
 // (shown wrapped; a line has no whitespace). A task whose requester asked for a receipt has
-// "result":"sha256:…" (the digest of the output sent, inference.Digest) after outcome. time
+// "result":"sha256:…" (the digest of the output sent, inference.Digest) after outcome. A
+// pipeline stage's part of a task has, after model,
+//
+//	"stage":{"lo":0,"hi":8,"steps":9,"positions":20}
+//
+// the layers [lo, hi) it ran, its steps and the positions run over them (its KV cache's
+// length at the end); its requester is the pipeline's head and its token counts are 0 (a
+// stage sees hidden states, not tokens). Other receipts have no stage member, so lines
+// written before it existed read and verify as they always did. time
 // is when the task ended, RFC 3339 in UTC;
 // requester and server are peer IDs; outcome is "completed" or the task's error code
 // (peer_lost, timeout, client_disconnected, …); seq numbers the lines of one node's log 1, 2,
@@ -27,7 +35,8 @@
 //
 // where Domain is "meshinfer/receipt/v1\n" and body is the canonical encoding of the receipt
 // without sig: encoding/json's output for the Receipt struct with sig left out, that is
-// the fields in the order above, no whitespace, time in RFC 3339 with the fraction's trailing
+// the fields in the order above (stage, when present, after model; its members in the
+// order shown), no whitespace, time in RFC 3339 with the fraction's trailing
 // zeros removed and a "Z" zone. Every line is exactly body with its closing "}" replaced by
 // `,"sig":"ed25519:…"}`, so another tool verifies a line with no JSON re-encoding:
 //

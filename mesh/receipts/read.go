@@ -70,13 +70,16 @@ func (sc *scanState) deliver(n int, line []byte, fn func(Receipt, error) bool) b
 	return fn(r, nil)
 }
 
-// Tally sums a set of receipts.
+// Tally sums a set of receipts. Steps and Positions sum the stage parts among them
+// (Receipt.Stage).
 type Tally struct {
 	Tasks     int           `json:"tasks"`
 	Completed int           `json:"completed"`
 	TokensIn  int64         `json:"tokens_in"`
 	TokensOut int64         `json:"tokens_out"`
 	Duration  time.Duration `json:"duration_ns"`
+	Steps     int64         `json:"stage_steps,omitempty"`
+	Positions int64         `json:"stage_positions,omitempty"`
 }
 
 func (t *Tally) add(r Receipt) {
@@ -87,9 +90,15 @@ func (t *Tally) add(r Receipt) {
 	t.TokensIn += int64(r.TokensIn)
 	t.TokensOut += int64(r.TokensOut)
 	t.Duration += time.Duration(r.DurationMS) * time.Millisecond
+	if r.Stage != nil {
+		t.Steps += int64(r.Stage.Steps)
+		t.Positions += int64(r.Stage.Positions)
+	}
 }
 
-// Totals sums a log. Failed counts every outcome but Completed.
+// Totals sums a log. Failed counts every outcome but Completed. Stages counts the tasks
+// that were a pipeline stage's part (counted in Tasks too, with their steps and positions
+// in Steps and Positions); ByModel has them under their Label ("synth-large[0-7]").
 type Totals struct {
 	Tasks       int              `json:"tasks"`
 	Completed   int              `json:"completed"`
@@ -97,6 +106,9 @@ type Totals struct {
 	TokensIn    int64            `json:"tokens_in"`
 	TokensOut   int64            `json:"tokens_out"`
 	Duration    time.Duration    `json:"duration_ns"`
+	Stages      int              `json:"stages,omitempty"`
+	Steps       int64            `json:"stage_steps,omitempty"`
+	Positions   int64            `json:"stage_positions,omitempty"`
 	First       time.Time        `json:"first,omitzero"` // time of the earliest receipt
 	Last        time.Time        `json:"last,omitzero"`  // time of the latest receipt
 	ByModel     map[string]Tally `json:"by_model"`
@@ -120,15 +132,21 @@ func (t *Totals) Add(r Receipt) {
 	t.TokensIn += int64(r.TokensIn)
 	t.TokensOut += int64(r.TokensOut)
 	t.Duration += time.Duration(r.DurationMS) * time.Millisecond
+	if r.Stage != nil {
+		t.Stages++
+		t.Steps += int64(r.Stage.Steps)
+		t.Positions += int64(r.Stage.Positions)
+	}
 	if t.First.IsZero() || r.Time.Before(t.First) {
 		t.First = r.Time
 	}
 	if r.Time.After(t.Last) {
 		t.Last = r.Time
 	}
-	m := t.ByModel[r.Model]
+	label := r.Label()
+	m := t.ByModel[label]
 	m.add(r)
-	t.ByModel[r.Model] = m
+	t.ByModel[label] = m
 	q := t.ByRequester[r.Requester]
 	q.add(r)
 	t.ByRequester[r.Requester] = q

@@ -37,13 +37,19 @@ const sigMember = `,"sig":"`
 
 // Receipt is one task served for another peer. It holds no prompt or output content.
 type Receipt struct {
-	Time       time.Time `json:"time"`        // when the task ended, UTC
-	Requester  string    `json:"requester"`   // peer ID of the peer served
-	Model      string    `json:"model"`       // the model that ran
-	TokensIn   int       `json:"tokens_in"`   // prompt tokens
-	TokensOut  int       `json:"tokens_out"`  // completion tokens
-	DurationMS int64     `json:"duration_ms"` // from admission to the end of the task
-	Outcome    string    `json:"outcome"`     // Completed or the error code
+	Time      time.Time `json:"time"`      // when the task ended, UTC
+	Requester string    `json:"requester"` // peer ID of the peer served
+	Model     string    `json:"model"`     // the model that ran
+	// Stage, present on the receipt of a pipeline stage's part of a task, is the layer
+	// range it ran and how much: the requester is then the pipeline's head, and the token
+	// counts are 0 (a stage sees hidden states, not tokens). Absent from every other
+	// receipt, which keeps receipts written before it existed, and their signatures, as
+	// they were.
+	Stage      *Stage `json:"stage,omitempty"`
+	TokensIn   int    `json:"tokens_in"`   // prompt tokens
+	TokensOut  int    `json:"tokens_out"`  // completion tokens
+	DurationMS int64  `json:"duration_ms"` // from admission to the end of the task
+	Outcome    string `json:"outcome"`     // Completed or the error code
 	// Result is the digest of the output sent (inference.Digest's string form), present when
 	// the requester asked for a receipt: the same task's line in the log and the receipt the
 	// requester got carry the same time and result.
@@ -51,6 +57,25 @@ type Receipt struct {
 	Server string `json:"server"`        // peer ID of the node that served and signed
 	Seq    uint64 `json:"seq,omitempty"` // 1, 2, … within the file; absent from a task receipt
 	Sig    string `json:"sig,omitempty"`
+}
+
+// Stage is a pipeline stage's part of a task: layers [Lo, Hi) of the model, run for Steps
+// steps over Positions positions in all (the prompt's at the first step, then one per
+// generated token: the length of the stage's KV cache at the end).
+type Stage struct {
+	Lo        int `json:"lo"`
+	Hi        int `json:"hi"`
+	Steps     int `json:"steps"`
+	Positions int `json:"positions"`
+}
+
+// Label is model with r's layer range when r is a stage's part, inclusive like a
+// pipeline's route: "synth-large[0-7]"; model alone otherwise.
+func (r *Receipt) Label() string {
+	if r.Stage == nil {
+		return r.Model
+	}
+	return fmt.Sprintf("%s[%d-%d]", r.Model, r.Stage.Lo, r.Stage.Hi-1)
 }
 
 // Errors reported for a line by Read, inside a *LineError.
@@ -93,6 +118,8 @@ func validate(r *Receipt) error {
 		return errors.New("negative count")
 	case r.Result != "" && !validResult(r.Result):
 		return errors.New("result is not sha256: and 64 lowercase hex digits")
+	case r.Stage != nil && (r.Stage.Lo < 0 || r.Stage.Hi <= r.Stage.Lo || r.Stage.Steps < 0 || r.Stage.Positions < 0):
+		return errors.New("stage is not a layer range [lo, hi) with counts of at least 0")
 	}
 	return nil
 }

@@ -118,8 +118,9 @@ type Verification struct {
 	Sampled uint64 `json:"sampled"`
 	// Passed counts verifications where every execution gave the same output.
 	Passed uint64 `json:"passed"`
-	// Failed counts verifications that settled a mismatch two to one: the odd peer out,
-	// the serving peer or a verifier, took an integrity penalty.
+	// Failed counts verifications that settled a mismatch two to one: the odd plan out,
+	// the serving one or a verifier's, took an integrity penalty if it was one peer (a
+	// pipeline's stages take none: node/dispatch/verify.go).
 	Failed uint64 `json:"failed"`
 	// Inconclusive counts mismatches nobody could settle (no third peer, three different
 	// outputs) and verifications cut short by a transport failure; nobody is penalized.

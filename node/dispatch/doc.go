@@ -13,9 +13,9 @@
 //   - a speculative decision (a cold local model, the cloud allowed) loads the local model
 //     while a cloud stream starts: whichever comes first, local ready or the cloud's first
 //     token, serves, and a losing cloud stream is cancelled;
-//   - a sample of the requests one peer served, of models this node knows to be
-//     deterministic, is verified afterwards on other peers, vetted ones only, two out of
-//     three deciding (verify.go);
+//   - a sample of the requests one plan served (a peer, or a pipeline of stages), of
+//     models this node knows to be deterministic, is verified afterwards on other plans of
+//     vetted peers only, two out of three deciding (verify.go);
 //   - a coordinator's thin client can get its tokens straight from the serving peer over
 //     WebRTC; the executor picks the peer, relays the set-up and checks and meters the
 //     peer's receipt (direct.go).

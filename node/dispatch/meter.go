@@ -23,9 +23,12 @@ type Meter interface {
 }
 
 // meter records the meter event of r's request (result res, error err): with the serving
-// peer's receipt when it holds, after the verification's verdict when it is verified.
+// peer's receipt when it holds, after the verification's verdict when it is verified. A
+// pipeline's request is metered here, at its head, like any other: its event's peer is the
+// route ("pipeline:<peer>[0-7],…"), and it has no task receipt (each stage logs its part in
+// its own receipts log), so none is asked for or refused.
 func (d *Executor) meter(r *run, res inference.Result, err error, ev gateway.MeterEvent) {
-	if err == nil && r.last.Tier == inference.TierMesh {
+	if err == nil && r.last.Tier == inference.TierMesh && len(r.last.Stages) == 0 {
 		sent := inference.DigestOf(r.sent)
 		if _, ok := d.receiptFor(r, res, &sent); ok {
 			ev.Receipt = res.Receipt

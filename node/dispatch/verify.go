@@ -19,29 +19,51 @@ import (
 
 // Sampled verification of mesh results.
 //
-// When a request completes on a peer, for a model this node knows to be deterministic, and
-// the client got the whole stream from that one peer (no resumption), the executor draws
-// whether to verify it: with probability Config.VerifySample, or Config.VerifyProbationSample
-// when that is higher and the peer scores below probationScore. A verification runs in the
+// A plan is what served a request on the mesh: one peer holding the model whole, or a
+// pipeline of stages (pipeline.go), each a peer holding a range of its layers, headed by
+// this node. When a request completes on a plan, for a model this node knows to be
+// deterministic, and the client got the whole stream from that one plan (no resumption),
+// the executor draws whether to verify it: with probability Config.VerifySample, or
+// Config.VerifyProbationSample when that is higher and a peer of the plan (the lowest
+// scoring, for a pipeline) scores below probationScore. A verification runs in the
 // background, owned by the executor (bg and bgWG: Close cancels it and waits), at most
 // maxVerifications at a time, and never delays the client's response:
 //
-//  1. a second peer serving the same model, a vetted voter (below), picked by route.Decide
-//     over the request's own snapshot without the first peer, runs the identical request:
-//     the same inference.Request through the same peer client as ordinary work, so that a
-//     peer cannot tell a verification from a task;
-//  2. the digests of the two outputs (token ids and texts) are compared; equal, both peers
-//     get reputation.VerificationPassed;
-//  3. different, a third peer, vetted too and on another host than the first two, runs it
-//     and two out of three decide (inference.Judge): the odd one out gets
-//     VerificationFailed, the two that agree VerificationPassed. No third voter, or three
-//     different outputs, is inconclusive and penalizes nobody; so is an execution that
-//     fails (timeout, peer lost...): a transport fault says nothing about integrity.
+//  1. another plan, made of vetted voters only (below), picked by route.Decide over the
+//     request's own snapshot narrowed to them, runs the identical request: the same
+//     inference.Request through the same peer client (or the same stage protocol, this node
+//     heading) as ordinary work, so that a peer cannot tell a verification from a task.
+//     Decide makes it one peer holding the model whole if a vetted one does, else a
+//     pipeline over vetted peers;
+//  2. the digests of the two outputs (token ids and texts) are compared; equal, every peer
+//     of both plans gets reputation.VerificationPassed;
+//  3. different, a third plan, vetted too and apart from the first two (below), runs it
+//     and two out of three decide (inference.Judge): the plans that agree get
+//     VerificationPassed for each of their peers, and the odd one out is judged by what
+//     it is (next section). No third plan, or three different outputs, is inconclusive
+//     and penalizes nobody; so is an execution that fails (timeout, peer lost, a stage
+//     refusing...): a transport fault says nothing about integrity.
 //
-// With the default reputation parameters one VerificationFailed (-70 points) takes any peer
-// below the exclusion threshold (at most 100 - 70 = 30 < 40), so a liar leaves the candidate
-// set after its first failed verification, and stays out for about a day (12 h half-life).
-// That weight is why who may vote matters as much as who is checked.
+// The verdict of the task is the same whatever the plans are: failed when the plan that
+// served the client is the odd one out (a coordinator meters the task as zero), passed when
+// another plan is, inconclusive or skipped otherwise.
+//
+// # Who is penalized: a plan of one peer only
+//
+// The odd plan's peer gets VerificationFailed only when the plan is one peer: a peer
+// serving the model whole (or a pipeline of a single stage: its head is this node). An odd
+// pipeline of several peers proves that at least one of its stages altered what it
+// computed, not which: the head sees only what the last stage returns, and an honest stage
+// chained behind a liar passes on wrong hidden states faithfully. Penalizing every stage
+// (−70 points excludes any peer for about a day) would let one liar exclude every honest
+// peer the planner chains with it, which is a cheaper attack on honest peers than lying is
+// on clients; so the stages of an odd pipeline get no integrity event at all, neither
+// credit nor debit, and the warning logged names them. The lie is still caught where it
+// matters to the client: the task fails verification (metered as zero on a coordinator),
+// and the plans that outvoted it are credited. What this leaves open: a peer that lies
+// only as a stage of a pipeline is detected at each sampled lie but never excluded; that
+// takes telling the stages apart (replaying each stage's range alongside vetted peers),
+// which is not built.
 //
 // # Which tasks: determinism is the model's, as this node knows it
 //
@@ -54,12 +76,14 @@ import (
 // (inference.ModelInfo.Deterministic). A model this node cannot classify (an upstream model
 // it does not serve itself, whatever peers announce) is not verified: two honest peers may
 // legitimately disagree on it, and a verdict would punish one of them. Peers' announced
-// `deterministic` flags matter only to resumption (run.go), never here.
+// `deterministic` flags matter only to resumption (run.go), never here. A pipeline's output
+// is a deterministic model's exactly, token for token (transport/stage), so pipelines of
+// such models are verified like single peers.
 //
 // # Who votes: vetted peers only
 //
-// Every peer that runs the request besides the serving one is a voter, and a voter must be
-// vetted (vet), as of the verification:
+// Every peer of a plan that runs the request besides the serving one is a voter: one peer,
+// or every stage of a pipeline. A voter must be vetted (vet), as of the verification:
 //
 //   - connected: a direct libp2p connection exists now (registry Entry.Connected) and its
 //     remote address is known (Config.PeerAddr; a peer reached only through a relay has
@@ -71,22 +95,30 @@ import (
 //     reputation store, which only this node's own observations feed: a fresh identity
 //     scores 50, and reaching 60 takes about twenty tasks completed for this node within
 //     the availability half-life (10 min), fewer when it is fast or passes verifications;
-//   - diverse: on another host than the serving peer and the other voter, a host being the
-//     peer's IPv4 /24 or IPv6 /48 (hostOf; Voters.LoopbackHosts makes each loopback address
-//     a host of its own, for testnets on 127.0.0.x). A serving peer whose address is not
-//     known constrains nobody.
+//   - diverse: on another host than every peer of the plans already run (the serving
+//     plan's, the second plan's), a host being the peer's IPv4 /24 or IPv6 /48 (hostOf;
+//     Voters.LoopbackHosts makes each loopback address a host of its own, for testnets on
+//     127.0.0.x). A serving peer whose address is not known constrains nobody. The stages
+//     of one verification plan may share a host: together they are one vote.
 //
-// A sampled task with no vetted second voter is skipped (counted in skipped and in
-// skipped_unvetted when peers serving the model were there but none was vetted), and a
-// mismatch with no vetted third voter is inconclusive: nobody is penalized, or credited, by
+// and no peer of an earlier plan may be part of a later one, so the plans are disjoint: a
+// verification pipeline never reuses a stage of the pipeline it checks, which could repeat
+// that stage's lie in both outputs. A plan is usable only if every one of its peers passes;
+// a peer that fails is left out before the plan is made, so Decide plans around it when
+// the vetted peers left can still hold the model.
+//
+// A sampled task with no vetted second plan is skipped (counted in skipped and in
+// skipped_unvetted when peers serving the model were left out for vetting), and a
+// mismatch with no vetted third plan is inconclusive: nobody is penalized, or credited, by
 // a vote an unvetted peer took part in. So fresh identities cannot vote, neither to convict
 // an honest peer nor to clear each other. This raises the price of the attack, it does not
 // rule it out: reputation counts completed tasks, not checked ones, so two identities that
 // stay up for ten minutes, serve this very node about twenty tasks each (lies, while
 // nothing can check them) and sit on two networks apart from each other and from their
 // target do vote. The cost on the other side is that a node verifies nothing until two
-// peers serving the model are established on hosts apart from the serving one: a liar
-// serving a young mesh is not caught until then.
+// plans' worth of peers serving the model are established on hosts apart from the serving
+// plan's: a liar serving a young mesh is not caught until then, and a pipeline of k stages
+// needs k more vetted peers with the memory to hold the model for each vote.
 
 const (
 	// probationScore is the score (points) under which a serving peer is verified at the
@@ -193,14 +225,14 @@ func (d *Executor) vet(e registry.Entry, key string, now time.Time) (netip.Prefi
 // failed verification is metered as zero); otherwise the caller records it.
 func (d *Executor) maybeVerify(r *run, ev *gateway.MeterEvent) bool {
 	t := r.last
-	if t.Tier != inference.TierMesh || len(t.Stages) > 0 || r.resumed || !deterministicModel(r.req.Model, r.snap.Local.Models) {
-		return false // pipelines are not verified yet (issue 16, part 7)
+	if t.Tier != inference.TierMesh || r.resumed || !deterministicModel(r.req.Model, r.snap.Local.Models) {
+		return false
 	}
 	rate := d.cfg.VerifySample
 	if rate <= 0 { // VerifyOff, or no sampling
 		return false
 	}
-	if d.cfg.VerifyProbationSample > rate && d.cfg.Rep.Score(t.RepKey(), d.now()) < probationScore {
+	if d.cfg.VerifyProbationSample > rate && d.lowestScore(t) < probationScore {
 		rate = d.cfg.VerifyProbationSample
 	}
 	d.mu.Lock()
@@ -217,7 +249,7 @@ func (d *Executor) maybeVerify(r *run, ev *gateway.MeterEvent) bool {
 	d.ver.sampled.Add(1)
 	if !start {
 		d.ver.skipped.Add(1)
-		log.Debugw("verification skipped: too many running, or closing", "peer", t.Peer, "model", r.req.Model)
+		log.Debugw("verification skipped: too many running, or closing", "route", t, "model", r.req.Model)
 		if ev != nil {
 			ev.Verification = inference.VerdictSkipped
 		}
@@ -240,9 +272,9 @@ func (d *Executor) maybeVerify(r *run, ev *gateway.MeterEvent) bool {
 	return true
 }
 
-// verify checks the output r's client received against other peers' executions of the same
-// request, gives the verdict to the reputation store and returns it: passed or failed for
-// the peer that served r, inconclusive, or skipped when no vetted voter could run it.
+// verify checks the output r's client received against other plans' executions of the
+// same request, gives the verdict to the reputation store and returns it: passed or failed
+// for the plan that served r, inconclusive, or skipped when no vetted plan could run it.
 func (d *Executor) verify(r *run) inference.Verdict {
 	model := r.req.Model
 	ran := []route.Target{r.last}
@@ -251,12 +283,9 @@ func (d *Executor) verify(r *run) inference.Verdict {
 		first = *r.output // a direct task: the tokens went to the client only
 	}
 	sums := []inference.Digest{first}
-	// The hosts each next voter must stand apart from: the serving peer's (read now, just
-	// after its task, while it is still connected), then each voter's.
-	var hosts []netip.Prefix
-	if h := d.hostOfPeer(r.last.Peer); h.IsValid() {
-		hosts = append(hosts, h)
-	}
+	// The hosts each next plan must stand apart from: the serving plan's peers' (read now,
+	// just after its task, while they are still connected), then each voter's.
+	hosts := d.planHosts(r.snap, r.last)
 	for {
 		v, ok := d.pickVerifier(r, ran, hosts)
 		if !ok {
@@ -264,23 +293,23 @@ func (d *Executor) verify(r *run) inference.Verdict {
 				d.ver.skipped.Add(1)
 				if v.unvetted {
 					d.ver.skippedUnvetted.Add(1)
-					log.Debugw("verification skipped: no peer serving the model is a vetted voter", "peer", r.last.Peer, "model", model)
+					log.Debugw("verification skipped: no plan of vetted voters can run the model", "route", r.last, "model", model)
 				} else {
-					log.Debugw("verification skipped: no other peer serves the model", "peer", r.last.Peer, "model", model)
+					log.Debugw("verification skipped: no other peer serves the model", "route", r.last, "model", model)
 				}
 				return inference.VerdictSkipped
 			}
 			d.ver.inconclusive.Add(1)
-			log.Debugw("verification inconclusive: outputs differ and no vetted third peer can decide", "peer", r.last.Peer, "model", model)
+			log.Debugw("verification inconclusive: outputs differ and no vetted third plan can decide", "route", r.last, "model", model)
 			return inference.VerdictInconclusive
 		}
 		sum, err := d.replay(v.t, r)
 		if err != nil {
 			d.ver.inconclusive.Add(1)
-			log.Debugw("verification inconclusive: an execution failed", "peer", v.t.Peer, "model", model, "err", err)
+			log.Debugw("verification inconclusive: an execution failed", "route", v.t, "model", model, "err", err)
 			return inference.VerdictInconclusive
 		}
-		ran, sums, hosts = append(ran, v.t), append(sums, sum), append(hosts, v.host)
+		ran, sums, hosts = append(ran, v.t), append(sums, sum), append(hosts, v.hosts...)
 		odd, settled := inference.Judge(sums)
 		switch {
 		case settled:
@@ -291,23 +320,31 @@ func (d *Executor) verify(r *run) inference.Verdict {
 			return inference.VerdictPassed
 		case len(sums) == 3:
 			d.ver.inconclusive.Add(1)
-			log.Debugw("verification inconclusive: three different outputs", "peer", r.last.Peer, "model", model)
+			log.Debugw("verification inconclusive: three different outputs", "route", r.last, "model", model)
 			return inference.VerdictInconclusive
 		}
 	}
 }
 
-// settle records a verdict: VerificationFailed for ran[odd] (none when odd is -1),
-// VerificationPassed for every other peer that ran the request.
+// settle records a verdict: VerificationPassed for every peer of every plan in ran but
+// ran[odd], and VerificationFailed for ran[odd]'s peer when that plan is one peer (see "Who
+// is penalized"); odd is -1 when every plan agreed.
 func (d *Executor) settle(model string, ran []route.Target, odd int) {
 	now := d.now()
 	for i, t := range ran {
-		e := reputation.VerificationPassed
-		if i == odd {
-			e = reputation.VerificationFailed
-			log.Warnw("peer failed verification: its output differs from two other peers'", "peer", t.Peer, "model", model)
+		keys := planKeys(t)
+		switch {
+		case i != odd:
+			for _, k := range keys {
+				d.cfg.Rep.Observe(k, reputation.VerificationPassed, now)
+			}
+		case len(keys) == 1:
+			log.Warnw("peer failed verification: its output differs from two other plans'", "route", t, "model", model)
+			d.cfg.Rep.Observe(keys[0], reputation.VerificationFailed, now)
+		default:
+			log.Warnw("pipeline failed verification: its output differs from two other plans'; "+
+				"which of its stages lied is not known, so none is penalized", "route", t, "model", model)
 		}
-		d.cfg.Rep.Observe(t.RepKey(), e, now)
 	}
 	if odd < 0 {
 		d.ver.passed.Add(1)
@@ -316,40 +353,100 @@ func (d *Executor) settle(model string, ran []route.Target, odd int) {
 	}
 }
 
-// voterPick is pickVerifier's answer: the voter and its host, or, when there is none,
-// whether that is for want of vetting.
+// planKeys are the reputation keys of t's peers, distinct, in plan order: its one peer, or
+// each stage's.
+func planKeys(t route.Target) []string {
+	if len(t.Stages) == 0 {
+		return []string{t.RepKey()}
+	}
+	keys := make([]string, 0, len(t.Stages))
+	for _, s := range t.Stages {
+		if !slices.Contains(keys, s.Peer) {
+			keys = append(keys, s.Peer)
+		}
+	}
+	return keys
+}
+
+// lowestScore is the lowest score among t's peers.
+func (d *Executor) lowestScore(t route.Target) float64 {
+	now := d.now()
+	low := reputation.MaxScore
+	for _, k := range planKeys(t) {
+		low = min(low, d.cfg.Rep.Score(k, now))
+	}
+	return low
+}
+
+// planHosts are the hosts of t's peers as far as they are known: snap has the peer IDs of
+// a pipeline's stages.
+func (d *Executor) planHosts(snap *route.Snapshot, t route.Target) []netip.Prefix {
+	var hosts []netip.Prefix
+	add := func(p peer.ID) {
+		if h := d.hostOfPeer(p); h.IsValid() && !slices.Contains(hosts, h) {
+			hosts = append(hosts, h)
+		}
+	}
+	if len(t.Stages) == 0 {
+		add(t.Peer)
+		return hosts
+	}
+	for _, k := range planKeys(t) {
+		for _, p := range snap.Peers {
+			if peerKey(p) == k {
+				add(p.Entry.Peer)
+				break
+			}
+		}
+	}
+	return hosts
+}
+
+// peerKey is p's key in the reputation store.
+func peerKey(p route.Peer) string {
+	if p.Key != "" {
+		return p.Key
+	}
+	return p.Entry.Peer.String()
+}
+
+// voterPick is pickVerifier's answer: the plan and its peers' hosts, or, when there is
+// none, whether that is for want of vetting.
 type voterPick struct {
-	t    route.Target
-	host netip.Prefix
-	// unvetted is true when no voter was found although peers not in ran serve the model:
-	// none of them is vetted, or none on a host of its own.
+	t     route.Target
+	hosts []netip.Prefix
+	// unvetted is true when no plan was found although peers in no plan of ran serve the
+	// model: some were left out as not vetted, or on the host of a peer already run.
 	unvetted bool
 }
 
-// pickVerifier picks a vetted voter not in ran and on none of hosts to run r's request
-// again: route.Decide over the request's own snapshot, narrowed to those peers, mesh tier
-// only, this model only. Vetting and scores are as of now, so a peer excluded since the
-// request was decided is not picked.
+// pickVerifier picks a plan of vetted voters, none of them a peer of a plan in ran nor on
+// one of hosts, to run r's request again: route.Decide over the request's own snapshot,
+// narrowed to those peers, mesh tier only, this model only; one peer holding the model
+// whole if one can, else a pipeline. Vetting and scores are as of now, so a peer excluded
+// since the request was decided is not picked.
 func (d *Executor) pickVerifier(r *run, ran []route.Target, hosts []netip.Prefix) (voterPick, bool) {
 	now := d.now()
+	var used []string // the peers of the plans already run
+	for _, t := range ran {
+		used = append(used, planKeys(t)...)
+	}
 	s := *r.snap
 	s.Local, s.Cloud, s.Scratch = route.Local{}, route.Cloud{}, nil
 	s.Peers = make([]route.Peer, 0, len(r.snap.Peers))
-	var voterHosts []netip.Prefix // by index in s.Peers
-	serving := false
+	voterHosts := map[string]netip.Prefix{} // by key, the peers in s.Peers
+	serving, leftOut := false, false
 	for _, p := range r.snap.Peers {
-		if _, serves := modelIn(p.Entry.Vector, r.req.Model); !serves ||
-			slices.ContainsFunc(ran, func(t route.Target) bool { return t.Peer == p.Entry.Peer }) {
+		key := peerKey(p)
+		if _, serves := modelIn(p.Entry.Vector, r.req.Model); !serves || slices.Contains(used, key) {
 			continue
 		}
 		serving = true
-		key := p.Key
-		if key == "" {
-			key = p.Entry.Peer.String()
-		}
 		if host, ok := d.vet(p.Entry, key, now); ok && !slices.Contains(hosts, host) {
 			s.Peers = append(s.Peers, p)
-			voterHosts = append(voterHosts, host)
+			voterHosts[key] = host
+		} else {
+			leftOut = true
 		}
 	}
 	if len(s.Peers) == 0 {
@@ -363,22 +460,35 @@ func (d *Executor) pickVerifier(r *run, ran []route.Target, hosts []netip.Prefix
 		if t.Tier != inference.TierMesh {
 			continue
 		}
-		i := slices.IndexFunc(s.Peers, func(p route.Peer) bool { return p.Entry.Peer == t.Peer })
-		return voterPick{t: t, host: voterHosts[i]}, true
+		v := voterPick{t: t}
+		for _, k := range planKeys(t) {
+			if h := voterHosts[k]; !slices.Contains(v.hosts, h) {
+				v.hosts = append(v.hosts, h)
+			}
+		}
+		return v, true
 	}
-	return voterPick{}, false
+	// The vetted peers cannot hold the model together, say: the others might have.
+	return voterPick{unvetted: leftOut}, false
 }
 
-// replay runs r's request on peer t as ordinary work and returns its output's digest. The
-// outcome feeds the reputation store like any attempt's.
+// replay runs r's request on the plan t (a peer, or a pipeline this node heads) as ordinary
+// work and returns its output's digest. The outcome feeds the reputation store like any
+// attempt's.
 func (d *Executor) replay(t route.Target, r *run) (inference.Digest, error) {
 	h := inference.NewDigester()
 	m := d.measure()
-	_, err := d.peerGenerate(d.bg, t.Peer, &r.req, func(tok inference.Token) error {
+	emit := func(tok inference.Token) error {
 		m.token()
 		h.Add(tok)
 		return nil
-	}, nil)
+	}
+	var err error
+	if len(t.Stages) > 0 {
+		_, err = d.pipelineGenerate(d.bg, t, &r.req, emit)
+	} else {
+		_, err = d.peerGenerate(d.bg, t.Peer, &r.req, emit, nil)
+	}
 	d.observe(t, r.req.Model, false, err, false, m)
 	return h.Sum(), err
 }

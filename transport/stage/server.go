@@ -56,6 +56,9 @@ func WithServerObserver(o Observer) ServerOption { return func(s *Server) { s.ob
 // against the limits. It runs on the session's handler goroutine; Close waits for it.
 func WithOnSessionEnd(fn func(SessionEnd)) ServerOption { return func(s *Server) { s.onEnd = fn } }
 
+// WithClock sets the clock a SessionEnd's Duration is measured on; time.Now by default.
+func WithClock(now func() time.Time) ServerOption { return func(s *Server) { s.now = now } }
+
 // OutcomeClosed is a SessionEnd's Outcome when the chain closed the session in order (the
 // head's Pipeline.Close).
 const OutcomeClosed = "closed"
@@ -69,6 +72,9 @@ type SessionEnd struct {
 	Lo, Hi    int // the layers it ran
 	Steps     int // the steps it ran
 	Positions int // the positions it ran (its KV cache's length)
+	// Duration is from the session's admission to its end, on the server's clock
+	// (WithClock).
+	Duration time.Duration
 	// Outcome is OutcomeClosed, or the code of the failure that ended the session; Failed
 	// is then the stage the failure names (-1 the head).
 	Outcome string
@@ -94,6 +100,7 @@ type Server struct {
 	idle           time.Duration
 	observer       Observer
 	onEnd          func(SessionEnd)
+	now            func() time.Time
 
 	ctx    context.Context // cancelled by Close: every session ends
 	cancel context.CancelFunc
@@ -115,7 +122,7 @@ func NewServer(h host.Host, backend inference.StageBackend, opts ...ServerOption
 	s := &Server{
 		h: h, backend: backend, maxTotal: DefaultMaxSessions, maxPeer: DefaultMaxSessionsPerPeer,
 		forwardTimeout: DefaultStepTimeout, idle: DefaultSessionIdle, ctx: ctx, cancel: cancel,
-		sessions: make(map[sessionKey]*session), perPeer: make(map[peer.ID]int),
+		sessions: make(map[sessionKey]*session), perPeer: make(map[peer.ID]int), now: time.Now,
 	}
 	for _, o := range opts {
 		o(s)
@@ -271,6 +278,7 @@ func (s *Server) admit(from peer.ID, up network.Stream, o *open) (*session, erro
 		return nil, inference.Errorf(inference.CodeUnavailable, "model width %d is outside the protocol's bounds", shape.Width)
 	}
 	ss := newSession(s.ctx, from, o, shape)
+	ss.admitted = s.now()
 	if err := s.reserve(ss); err != nil {
 		return nil, err
 	}
@@ -358,7 +366,7 @@ func (s *Server) release(ss *session, up network.Stream, f *failure) {
 	end := SessionEnd{
 		Head: ss.open.head, From: ss.from, Index: ss.index, Model: ss.open.model,
 		Lo: ss.open.hops[0].Lo, Hi: ss.open.hops[0].Hi, Steps: ss.steps, Positions: ss.positions,
-		Outcome: OutcomeClosed,
+		Duration: s.now().Sub(ss.admitted), Outcome: OutcomeClosed,
 	}
 	if f.fault.code != "" {
 		end.Outcome, end.Failed = string(f.fault.code), f.fault.stage

@@ -41,7 +41,8 @@ type session struct {
 	ctx    context.Context // cancelled when the session ends, or by Server.Close
 	cancel context.CancelFunc
 
-	steps, positions int // run so far (the handler goroutine's)
+	steps, positions int       // run so far (the handler goroutine's)
+	admitted         time.Time // when the server admitted it (its clock), set before it runs
 
 	// ret hands the head's return stream from its attach handler to the last stage's
 	// session, once (buffered: the hand-over never blocks).

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -490,4 +491,28 @@ func TestServerCloseEndsSessions(t *testing.T) {
 // know makes h know p's addresses.
 func know(h host.Host, p host.Host) {
 	h.Peerstore().AddAddrs(p.ID(), p.Addrs(), peerstore.PermanentAddrTTL)
+}
+
+// A session's end reports its duration from admission to end on the server's clock: here
+// one that moves a minute each time it is read, read once at each end.
+func TestSessionEndDurationOnTheServersClock(t *testing.T) {
+	var reads atomic.Int64
+	clock := func() time.Time {
+		return time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC).Add(time.Duration(reads.Add(1)) * time.Minute)
+	}
+	const layers, width = 4, 8
+	c := chain{head: newHost(t)}
+	n := newStage(t, newArith(layers, width, 8), WithClock(clock))
+	know(c.head, n.h)
+	c.stages, c.hops = []*stageNode{n}, []Hop{{Peer: n.h.ID(), Lo: 0, Hi: layers}}
+	p := c.open(t, 16)
+	if _, err := generate(t.Context(), p.Forward, width, promptStates(3, width), 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if e := n.freed(t, OutcomeClosed); e.Duration != time.Minute || e.Lo != 0 || e.Hi != layers || e.Steps != 3 {
+		t.Fatalf("session end %+v: want a minute's duration, layers [0, %d), 3 steps", e, layers)
+	}
 }
