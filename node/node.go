@@ -34,6 +34,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/crypto"
 	corediscovery "github.com/libp2p/go-libp2p/core/discovery"
 	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	drouting "github.com/libp2p/go-libp2p/p2p/discovery/routing"
 	routedhost "github.com/libp2p/go-libp2p/p2p/host/routed"
@@ -376,6 +377,10 @@ func (n *Node) start() error {
 // there is none: not connected, or only through a relay (whose address is the relay's, not
 // the peer's). The executor tells verification voters' hosts apart by it.
 func (n *Node) peerAddr(p peer.ID) netip.Addr {
+	// An outbound connection's remote address is one the peer listens on; an inbound one's
+	// is where the peer dialled from, which a host with several addresses may pick
+	// otherwise. With both open (each side dialled), the outbound one decides.
+	var inbound netip.Addr
 	for _, c := range n.host.Network().ConnsToPeer(p) {
 		ra := c.RemoteMultiaddr()
 		if _, err := ra.ValueForProtocol(ma.P_CIRCUIT); err == nil {
@@ -385,11 +390,16 @@ func (n *Node) peerAddr(p peer.ID) netip.Addr {
 		if err != nil {
 			continue
 		}
-		if a, ok := netip.AddrFromSlice(ip); ok {
+		a, ok := netip.AddrFromSlice(ip)
+		switch {
+		case !ok:
+		case c.Stat().Direction == network.DirOutbound:
 			return a.Unmap()
+		case !inbound.IsValid():
+			inbound = a.Unmap()
 		}
 	}
-	return netip.Addr{}
+	return inbound
 }
 
 // randomSeed seeds the executor's draws (which peer, which task is verified) from the

@@ -60,8 +60,9 @@ func TestConfigVoters(t *testing.T) {
 func TestPeerAddr(t *testing.T) {
 	a := startTestNode(t, Config{ListenAddrs: []string{"/ip4/127.0.0.2/tcp/0"}})
 	b := startTestNode(t, Config{ListenAddrs: []string{"/ip4/127.0.0.3/tcp/0"}, Bootstrap: []peer.AddrInfo{a.AddrInfo()}})
-	within(t, 10*time.Second, "b connected to a", func() bool {
-		return a.Host().Network().Connectedness(b.ID()) == network.Connected
+	within(t, 10*time.Second, "a and b connected, each side", func() bool {
+		return a.Host().Network().Connectedness(b.ID()) == network.Connected &&
+			b.Host().Network().Connectedness(a.ID()) == network.Connected
 	})
 	if got, want := a.peerAddr(b.ID()), netip.MustParseAddr("127.0.0.3"); got != want {
 		t.Errorf("a sees b (which dialled) at %v, want %v", got, want)
