@@ -29,6 +29,11 @@ const (
 	MaxVRAMMB = 1 << 20
 	// MaxModels is the most models one node may announce.
 	MaxModels = 64
+	// MaxStages is the most layer ranges one node may announce in stages. A node of
+	// synthetic models (names of at most 11 bytes) lists 64 in under 4 KiB; 64 of 128-byte
+	// names take about 11 KiB, so a vector with both models and stages at their bounds can
+	// exceed MaxEncodedSize: a node that holds that much must list fewer.
+	MaxStages = 64
 	// MaxISA is the most ISA extensions listed.
 	MaxISA = 64
 	// MaxString is the longest free-text field (model names, CPU model, vendors), in bytes.
@@ -147,6 +152,9 @@ func (v *Vector) Validate() error {
 				m.Name, m.Layers, m.WeightBytes, m.KVBytesPerToken)
 		}
 	}
+	if err := validateStages(v.Stages, v.Models); err != "" {
+		return bad("%s", err)
+	}
 	if v.Load.InFlight < 0 || v.Load.InFlight > MaxLoad || v.Load.Queue < 0 || v.Load.Queue > MaxLoad ||
 		v.Load.Capacity < 0 || v.Load.Capacity > MaxLoad {
 		return bad("load in_flight %d capacity %d queue %d out of range", v.Load.InFlight, v.Load.Capacity, v.Load.Queue)
@@ -159,6 +167,38 @@ func (v *Vector) Validate() error {
 		return bad("validity window %d ms not in (0, %d]", ttl, MaxTTL.Milliseconds())
 	}
 	return nil
+}
+
+// validateStages checks the stages list against its bounds and the models announced beside
+// it, and says what is wrong, or "".
+func validateStages(stages []Stage, models []Model) string {
+	if len(stages) > MaxStages {
+		return fmt.Sprintf("stages has %d entries, max %d", len(stages), MaxStages)
+	}
+	type key struct {
+		model  string
+		lo, hi int
+	}
+	seen := make(map[key]bool, len(stages))
+	for _, st := range stages {
+		i := slices.IndexFunc(models, func(m Model) bool { return m.Name == st.Model })
+		if i < 0 {
+			return fmt.Sprintf("stage of model %.128q, which is not in models", st.Model)
+		}
+		if st.Lo < 0 || st.Lo >= st.Hi || st.Hi > MaxLayers || models[i].Layers > 0 && st.Hi > models[i].Layers {
+			return fmt.Sprintf("stage of %q: layers [%d, %d) are not a range of its %d layers (max %d)",
+				st.Model, st.Lo, st.Hi, models[i].Layers, MaxLayers)
+		}
+		if st.State != StageLoading && st.State != StageWarm {
+			return fmt.Sprintf("stage of %q [%d, %d): state %q unknown", st.Model, st.Lo, st.Hi, st.State)
+		}
+		k := key{st.Model, st.Lo, st.Hi}
+		if seen[k] {
+			return fmt.Sprintf("stage of %q [%d, %d) listed twice", st.Model, st.Lo, st.Hi)
+		}
+		seen[k] = true
+	}
+	return ""
 }
 
 // validate checks one GPU entry and says what is wrong, or "".
@@ -176,6 +216,12 @@ func (g *GPU) validate() string {
 const (
 	ModelWarm = "warm"
 	ModelCold = "cold"
+)
+
+// Stage states: a layer range held for pipelines is loading, then warm.
+const (
+	StageLoading = "loading"
+	StageWarm    = "warm"
 )
 
 func shortText(s string) bool {

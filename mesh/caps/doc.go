@@ -5,8 +5,9 @@
 // cpu {cores, arch, model, isa_ext}, gpu {vendor, model, vram_mb, webgpu} or null with the
 // list of every GPU beside it in gpus, npu {present, vendor}, ram, battery {present, level,
 // charging, floor} with level and floor fractions 0-1, thermal, app_state (foreground,
-// background-task, background), net {type, rtt_ms, downlink_mbps, metered}, models and load,
-// plus peer_id, seq, issued_at, expires_at and sig. Validate documents every bound; README's
+// background-task, background), net {type, rtt_ms, downlink_mbps, metered}, models, the
+// layer ranges held for pipelines in stages {model, lo, hi, state loading or warm}, and
+// load, plus peer_id, seq, issued_at, expires_at and sig. Validate documents every bound; README's
 // "Capability vector" section lists them with their units.
 //
 // The signature is "ed25519:<base64>" over Domain followed by the canonical encoding: the

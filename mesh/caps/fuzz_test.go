@@ -23,6 +23,9 @@ func FuzzDecode(f *testing.F) {
 	f.Add(bytes.ToUpper(valid))
 	f.Add([]byte(caps1Wire))
 	f.Add(marshal(f, signedVector(f, seededKey(f, 7), func(v *Vector) { *v = *mobileVector(testNow()) })))
+	f.Add(marshal(f, signedVector(f, seededKey(f, 7), func(v *Vector) {
+		v.Stages = []Stage{{Model: v.Models[0].Name, Lo: 0, Hi: 8, State: StageLoading}, {Model: v.Models[1].Name, Lo: 8, Hi: 16, State: StageWarm}}
+	})))
 	for _, fg := range forgeries(f, newForgeryKeys(f, false)) {
 		if len(fg.data) <= MaxEncodedSize+1 {
 			f.Add(fg.data)

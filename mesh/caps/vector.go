@@ -22,6 +22,9 @@ type Vector struct {
 	AppState string  `json:"app_state"` // AppStateForeground, AppStateBackgroundTask, AppStateBackground
 	Net      Net     `json:"net"`
 	Models   []Model `json:"models"`
+	// Stages lists the layer ranges this node holds for pipelines (see Stage). Left out when
+	// none: a vector without stages encodes as it did before the field existed.
+	Stages   []Stage `json:"stages,omitempty"`
 	Load     Load    `json:"load"`
 	Seq      uint64  `json:"seq"`
 	IssuedAt int64   `json:"issued_at"`  // unix milliseconds, signer's clock
@@ -98,6 +101,18 @@ type Model struct {
 	KVBytesPerToken int64 `json:"kv_bytes_per_token,omitempty"`
 }
 
+// Stage is a contiguous range of a model's layers, [Lo, Hi), that this node holds to run as
+// a pipeline stage for heads (the model is one of its models), and whether it is loaded:
+// StageLoading while its layers are being loaded, then StageWarm. A range is announced as
+// soon as its load starts; one whose load fails is no longer listed. A node holding the
+// whole model runs any range of it from the whole model, which models[] reports.
+type Stage struct {
+	Model string `json:"model"`
+	Lo    int    `json:"lo"`
+	Hi    int    `json:"hi"`
+	State string `json:"state"` // StageLoading or StageWarm
+}
+
 // Load is the node's current work.
 type Load struct {
 	InFlight int `json:"in_flight"`
@@ -166,5 +181,6 @@ func (v *Vector) Clone() *Vector {
 	c.CPU.ISAExt = slices.Clone(v.CPU.ISAExt)
 	c.GPUs = slices.Clone(v.GPUs)
 	c.Models = slices.Clone(v.Models)
+	c.Stages = slices.Clone(v.Stages)
 	return &c
 }

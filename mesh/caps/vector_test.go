@@ -219,6 +219,54 @@ func TestRoundTrip(t *testing.T) {
 	}
 }
 
+// TestStagesRoundTrip: a node holding layer ranges for pipelines announces them under
+// "stages"; a node holding none sends no "stages" at all, so its vector encodes as before
+// the field existed. A synthetic node listing MaxStages ranges stays far under
+// MaxEncodedSize.
+func TestStagesRoundTrip(t *testing.T) {
+	key := newKey(t)
+	none := marshal(t, signedVector(t, key, nil))
+	if bytes.Contains(none, []byte(`"stages"`)) {
+		t.Fatalf("a vector without stages mentions them: %s", none)
+	}
+	v := signedVector(t, key, func(v *Vector) {
+		v.Models = []Model{{Name: "synth-large", State: ModelCold, Deterministic: true, Layers: 16, WeightBytes: 481 << 20, KVBytesPerToken: 96 << 10}}
+		v.Stages = []Stage{{Model: "synth-large", Lo: 0, Hi: 8, State: StageLoading}, {Model: "synth-large", Lo: 8, Hi: 16, State: StageWarm}}
+	})
+	b, err := Encode(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `"stages":[{"model":"synth-large","lo":0,"hi":8,"state":"loading"},{"model":"synth-large","lo":8,"hi":16,"state":"warm"}]`
+	if !bytes.Contains(b, []byte(want)) {
+		t.Fatalf("wire form %s lacks %s", b, want)
+	}
+	got, err := Verify(b, testNow())
+	if err != nil {
+		t.Fatalf("Verify: %v", err)
+	}
+	if !reflect.DeepEqual(got, v) {
+		t.Fatalf("Verify returned\n%+v\nwant\n%+v", got, v)
+	}
+
+	full := signedVector(t, key, func(v *Vector) {
+		v.Models = nil
+		for _, name := range []string{"synth-tiny", "synth-small", "synth-base", "synth-large"} {
+			v.Models = append(v.Models, Model{Name: name, State: ModelCold, Deterministic: true, Layers: 16, WeightBytes: 481 << 20, KVBytesPerToken: 96 << 10})
+		}
+		v.Stages = make([]Stage, MaxStages)
+		for i := range v.Stages {
+			v.Stages[i] = Stage{Model: "synth-large", Lo: i % 16, Hi: 16, State: StageLoading}
+			if i >= 16 {
+				v.Stages[i].Model = v.Models[i/16-1].Name
+			}
+		}
+	})
+	if b, err := Encode(full); err != nil || len(b) > MaxEncodedSize/4 {
+		t.Fatalf("a synthetic node with %d stages encodes to %d bytes (%v), want under %d", MaxStages, len(b), err, MaxEncodedSize/4)
+	}
+}
+
 func TestSignIsDeterministicAndReplacesOldSig(t *testing.T) {
 	key := newKey(t)
 	v := signedVector(t, key, nil)
@@ -328,7 +376,9 @@ func TestCanonicalIgnoresSig(t *testing.T) {
 }
 
 func TestCloneDeepCopy(t *testing.T) {
-	v := signedVector(t, newKey(t), nil)
+	v := signedVector(t, newKey(t), func(v *Vector) {
+		v.Stages = []Stage{{Model: v.Models[0].Name, Lo: 0, Hi: 4, State: StageLoading}}
+	})
 	want := marshal(t, v)
 	c := v.Clone()
 	if !reflect.DeepEqual(c, v) {
@@ -343,6 +393,8 @@ func TestCloneDeepCopy(t *testing.T) {
 	c.Models[0].Name = "changed"
 	c.Models[1].State = ModelWarm
 	c.Models = append(c.Models, Model{Name: "extra", State: ModelWarm})
+	c.Stages[0].State = StageWarm
+	c.Stages = append(c.Stages, Stage{Model: "extra", Lo: 1, Hi: 2, State: StageWarm})
 	c.Seq = 99
 	if got := marshal(t, v); !bytes.Equal(got, want) {
 		t.Fatalf("mutating the clone changed the original:\n%s\nwant\n%s", got, want)
@@ -353,7 +405,8 @@ func TestCloneDeepCopy(t *testing.T) {
 	v.GPU.Vendor = "apple"
 	v.GPUs[0].Vendor = "apple"
 	v.Models[0].State = ModelCold
-	if c.CPU.ISAExt[0] != "avx2" || c.GPU.Vendor != "nvidia" || c.GPUs[0].Vendor != "amd" || c.Models[0].State != ModelWarm {
+	v.Stages[0].Hi = 3
+	if c.CPU.ISAExt[0] != "avx2" || c.GPU.Vendor != "nvidia" || c.GPUs[0].Vendor != "amd" || c.Models[0].State != ModelWarm || c.Stages[0].Hi != 4 {
 		t.Fatalf("mutating the original changed the clone: %+v", c)
 	}
 	var nilVec *Vector
@@ -398,6 +451,15 @@ func TestClonePreservesSignedEncoding(t *testing.T) {
 type boundsCase struct {
 	name string
 	mut  func(*Vector)
+}
+
+// stages returns n distinct warm layer ranges of v's first model.
+func stages(v *Vector, n int) []Stage {
+	out := make([]Stage, n)
+	for i := range out {
+		out[i] = Stage{Model: v.Models[0].Name, Lo: i, Hi: i + 1, State: StageWarm}
+	}
+	return out
 }
 
 // outOfBounds lists impossible values that are still valid JSON, so each can be signed
@@ -485,6 +547,29 @@ func outOfBounds() []boundsCase {
 			v.Models[0].Layers, v.Models[0].WeightBytes, v.Models[0].KVBytesPerToken = 8, 1<<20, 1<<21
 		}},
 		{"ram budget over total", func(v *Vector) { v.RAM.BudgetMB = v.RAM.TotalMB + 1 }},
+		{"65 stages", func(v *Vector) { v.Stages = stages(v, MaxStages+1) }},
+		{"stage of a model not announced", func(v *Vector) { v.Stages = []Stage{{Model: "other", Lo: 0, Hi: 4, State: StageWarm}} }},
+		{"stage without a model", func(v *Vector) { v.Stages = []Stage{{Lo: 0, Hi: 4, State: StageWarm}} }},
+		{"stage lo negative", func(v *Vector) { v.Stages = []Stage{{Model: v.Models[0].Name, Lo: -1, Hi: 4, State: StageWarm}} }},
+		{"stage empty range", func(v *Vector) { v.Stages = []Stage{{Model: v.Models[0].Name, Lo: 4, Hi: 4, State: StageWarm}} }},
+		{"stage range backwards", func(v *Vector) { v.Stages = []Stage{{Model: v.Models[0].Name, Lo: 8, Hi: 4, State: StageWarm}} }},
+		{"stage hi over MaxLayers", func(v *Vector) {
+			v.Stages = []Stage{{Model: v.Models[0].Name, Lo: 0, Hi: MaxLayers + 1, State: StageWarm}}
+		}},
+		{"stage hi over the model's layers", func(v *Vector) {
+			v.Models[0].Layers, v.Models[0].WeightBytes = 16, 480<<20
+			v.Stages = []Stage{{Model: v.Models[0].Name, Lo: 8, Hi: 17, State: StageWarm}}
+		}},
+		{"stage state unknown", func(v *Vector) { v.Stages = []Stage{{Model: v.Models[0].Name, Lo: 0, Hi: 4, State: "hot"}} }},
+		{"stage state a model's cold", func(v *Vector) { v.Stages = []Stage{{Model: v.Models[0].Name, Lo: 0, Hi: 4, State: ModelCold}} }},
+		{"stage state empty", func(v *Vector) { v.Stages = []Stage{{Model: v.Models[0].Name, Lo: 0, Hi: 4}} }},
+		{"stage listed twice", func(v *Vector) {
+			st := Stage{Model: v.Models[0].Name, Lo: 0, Hi: 4, State: StageWarm}
+			v.Stages = []Stage{st, st}
+		}},
+		{"stage listed twice in two states", func(v *Vector) {
+			v.Stages = []Stage{{Model: v.Models[0].Name, Lo: 0, Hi: 4, State: StageWarm}, {Model: v.Models[0].Name, Lo: 0, Hi: 4, State: StageLoading}}
+		}},
 		{"ram budget negative", func(v *Vector) { v.RAM.BudgetMB = -1 }},
 		{"in_flight negative", func(v *Vector) { v.Load.InFlight = -1 }},
 		{"capacity negative", func(v *Vector) { v.Load.Capacity = -1 }},
@@ -577,6 +662,21 @@ func TestValidate(t *testing.T) {
 				v.Models[i] = Model{Name: strings.Repeat("m", i+1), State: ModelWarm}
 			}
 		}},
+		{"no stages as []", func(v *Vector) { v.Stages = []Stage{} }},
+		{"stages loading and warm", func(v *Vector) {
+			v.Stages = []Stage{{Model: v.Models[0].Name, Lo: 0, Hi: 8, State: StageLoading}, {Model: v.Models[1].Name, Lo: 8, Hi: 16, State: StageWarm}}
+		}},
+		{"stages overlapping", func(v *Vector) {
+			v.Stages = []Stage{{Model: v.Models[0].Name, Lo: 0, Hi: 8, State: StageWarm}, {Model: v.Models[0].Name, Lo: 4, Hi: 8, State: StageWarm}}
+		}},
+		{"stage up to the model's last layer", func(v *Vector) {
+			v.Models[0].Layers, v.Models[0].WeightBytes = 16, 480<<20
+			v.Stages = []Stage{{Model: v.Models[0].Name, Lo: 8, Hi: 16, State: StageWarm}}
+		}},
+		{"stage up to MaxLayers of a model of unsaid size", func(v *Vector) {
+			v.Stages = []Stage{{Model: v.Models[0].Name, Lo: MaxLayers - 1, Hi: MaxLayers, State: StageLoading}}
+		}},
+		{"64 stages", func(v *Vector) { v.Stages = stages(v, MaxStages) }},
 		{"load max", func(v *Vector) { v.Load = Load{InFlight: MaxLoad, Capacity: MaxLoad, Queue: MaxLoad} }},
 		{"ttl 1 ms", func(v *Vector) { v.Expires = v.IssuedAt + 1 }},
 		{"ttl MaxTTL", func(v *Vector) { v.Expires = v.IssuedAt + MaxTTL.Milliseconds() }},
