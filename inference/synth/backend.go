@@ -17,8 +17,12 @@ import (
 type Backend struct {
 	names  []string          // served models, in New's order
 	models map[string]*model // read-only after New
-	// loadDelay is added to every load (WithLoadDelay).
+	// loadDelay is added to every load (WithLoadDelay), which then waits for loadGate
+	// (WithLoadGate) when it is set.
 	loadDelay time.Duration
+	loadGate  <-chan struct{}
+	// onRange is called when a stage's range starts loading or its load ends (WithOnRangeChange).
+	onRange func()
 }
 
 // Option configures a Backend.
@@ -29,6 +33,18 @@ type Option func(*Backend)
 // cold starts (speculative dispatch racing a cold model) needs them as long as real ones.
 // The wait ends early, with the model still cold, when the load's context ends.
 func WithLoadDelay(d time.Duration) Option { return func(b *Backend) { b.loadDelay = d } }
+
+// WithLoadGate holds every load, after its delay, until gate is closed: a test can watch a
+// model or a layer range while it loads. As with the delay, the wait ends early, with the
+// part still cold, when the load's context ends.
+func WithLoadGate(gate <-chan struct{}) Option { return func(b *Backend) { b.loadGate = gate } }
+
+// WithOnRangeChange calls f each time a layer range held for pipeline stages (see Ranges)
+// starts loading, and each time such a load ends, loaded or failed. It runs on the loading
+// goroutine, with no lock held, and must return quickly. Loads of whole models and of the
+// head are not reported: a node's own requests load those, and announcing them at once
+// would tell the mesh when its owner used it.
+func WithOnRangeChange(f func()) Option { return func(b *Backend) { b.onRange = f } }
 
 var (
 	_ inference.Backend      = (*Backend)(nil)
@@ -42,8 +58,11 @@ type model struct {
 
 	// loads counts materializations started, of any part, for tests of load-once.
 	loads atomic.Int64
-	// delay is the backend's load delay (WithLoadDelay).
-	delay time.Duration
+	// delay and gate hold each load (WithLoadDelay, WithLoadGate); onRange is told of the
+	// stage ranges' loads (WithOnRangeChange). Set by NewWith.
+	delay   time.Duration
+	gate    <-chan struct{}
+	onRange func()
 
 	mu sync.Mutex
 	// parts holds a slot for each part loaded or being loaded. A slot is removed when its
@@ -84,7 +103,7 @@ func NewWith(models []string, opts []Option) (*Backend, error) {
 		o(b)
 	}
 	for _, m := range b.models {
-		m.delay = b.loadDelay
+		m.delay, m.gate, m.onRange = b.loadDelay, b.loadGate, b.onRange
 	}
 	return b, nil
 }
@@ -173,6 +192,7 @@ func (m *model) load(ctx context.Context, pt part) (*weights, error) {
 		s = &slot{loading: make(chan struct{})}
 		m.parts[pt] = s
 		m.mu.Unlock()
+		m.rangeChanged(pt)
 
 		m.loads.Add(1)
 		w, err := materialize(ctx, m.preset, pt)
@@ -185,6 +205,13 @@ func (m *model) load(ctx context.Context, pt part) (*weights, error) {
 			}
 			t.Stop()
 		}
+		if err == nil && m.gate != nil {
+			select {
+			case <-m.gate:
+			case <-ctx.Done():
+				w, err = nil, ctx.Err()
+			}
+		}
 
 		m.mu.Lock()
 		if err != nil {
@@ -195,10 +222,18 @@ func (m *model) load(ctx context.Context, pt part) (*weights, error) {
 		s.loading = nil
 		m.mu.Unlock()
 		close(done)
+		m.rangeChanged(pt)
 		if err != nil {
 			return nil, fmt.Errorf("synth: loading %s: %w", what, err)
 		}
 		return w, nil
+	}
+}
+
+// rangeChanged tells onRange that the load state of pt changed, if pt is a stage's range.
+func (m *model) rangeChanged(pt part) {
+	if m.onRange != nil && pt.isRange() {
+		m.onRange()
 	}
 }
 

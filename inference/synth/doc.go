@@ -47,6 +47,8 @@
 // no others (not the other layers, not the embeddings), and they are the same numbers as in
 // the whole model. Each distinct range is loaded once and kept as long as the Backend,
 // like a whole model (a range is taken from the whole model instead when that is loaded).
+// Ranges lists the ranges loading and loaded, and WithOnRangeChange reports each change of
+// that list as it happens (a node announces it: state loading, then warm).
 // A session is one generation's KV cache for those layers, allocated at open for
 // maxPositions positions; Forward runs n positions through the layers in passes of 16, as
 // Generate runs a prompt, appends them to the cache, and fails with context_overflow past

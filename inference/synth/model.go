@@ -28,6 +28,9 @@ func headOnly() part { return part{head: true} }
 // layerRange is what a pipeline stage holds: layers [lo, hi) and no head.
 func layerRange(lo, hi int) part { return part{lo: lo, hi: hi} }
 
+// isRange reports whether pt is what a pipeline stage holds: layers and no head.
+func (pt part) isRange() bool { return !pt.head && pt.lo < pt.hi }
+
 // describe names pt of p for messages: "synth-base", "the head of synth-base" or
 // "layers 4-7 of synth-base".
 func (pt part) describe(p Preset) string {

@@ -47,6 +47,41 @@ func (b *Backend) OpenStage(ctx context.Context, model string, lo, hi, maxPositi
 	return newSession(w, lo, hi, maxPositions), nil
 }
 
+// RangeState is a layer range of a model held for pipeline stages: layers [Lo, Hi), loaded
+// or still loading.
+type RangeState struct {
+	Model  string
+	Lo, Hi int
+	Loaded bool // false while the load runs
+}
+
+// Ranges lists the layer ranges that OpenStage has loaded or is loading, by model in New's
+// order, then by Lo and Hi. A range whose load failed or was abandoned is not listed. The
+// head of a sharded generation and whole models are no stages' ranges and are never listed
+// (Models reports whole models); nor is a range a stage runs from its whole model, loaded
+// already.
+func (b *Backend) Ranges() []RangeState {
+	var out []RangeState
+	for _, name := range b.names {
+		m := b.models[name]
+		from := len(out)
+		m.mu.Lock()
+		for pt, s := range m.parts {
+			if pt.isRange() {
+				out = append(out, RangeState{Model: name, Lo: pt.lo, Hi: pt.hi, Loaded: s.w != nil})
+			}
+		}
+		m.mu.Unlock()
+		slices.SortFunc(out[from:], func(a, b RangeState) int {
+			if a.Lo != b.Lo {
+				return a.Lo - b.Lo
+			}
+			return a.Hi - b.Hi
+		})
+	}
+	return out
+}
+
 // session is a StageSession: a stack of layers with its KV cache. Forward and Close are
 // serialized; a Close during a Forward waits for it to end.
 type session struct {

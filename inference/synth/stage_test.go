@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/meshinfer/meshinfer/inference"
 )
@@ -528,4 +529,122 @@ func heapAlloc() int64 {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	return int64(ms.HeapAlloc)
+}
+
+// TestRanges: a stage's layer range is listed as loading from the moment its load starts
+// (held here by a gate) and as loaded once it is; the hook hears of both at once. A load
+// abandoned by its context leaves the list; whole models and the head are never listed,
+// nor reported.
+func TestRanges(t *testing.T) {
+	ctx := context.Background()
+	gate := make(chan struct{})
+	changes := make(chan struct{}, 16)
+	b, err := NewWith([]string{"synth-tiny", "synth-small"}, []Option{
+		WithLoadGate(gate), WithOnRangeChange(func() { changes <- struct{}{} }),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := func(what string, rs ...RangeState) {
+		t.Helper()
+		if got := b.Ranges(); !slices.Equal(got, rs) {
+			t.Fatalf("%s: Ranges() = %+v, want %+v", what, got, rs)
+		}
+	}
+	heard := func(what string) {
+		t.Helper()
+		select {
+		case <-changes:
+		default:
+			t.Fatalf("%s: the hook was not called", what)
+		}
+	}
+	// wait is for a hook call that must come (a load started on another goroutine); the
+	// bound only turns a missing call into a failure instead of a hang.
+	wait := func(what string) {
+		t.Helper()
+		select {
+		case <-changes:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the hook was not called", what)
+		}
+	}
+	want("before any load")
+
+	opened := make(chan error, 1)
+	go func() {
+		s, err := b.OpenStage(ctx, "synth-small", 2, 4, 8)
+		if err == nil {
+			s.Close()
+		}
+		opened <- err
+	}()
+	wait("the load started") // and waits for the gate
+	want("while layers 2-3 load", RangeState{Model: "synth-small", Lo: 2, Hi: 4})
+	close(gate)
+	if err := <-opened; err != nil {
+		t.Fatal(err)
+	}
+	heard("the load ended")
+	want("once loaded", RangeState{Model: "synth-small", Lo: 2, Hi: 4, Loaded: true})
+
+	// Ranges of two models, in New's order and by layers.
+	for _, r := range [][3]any{{"synth-small", 0, 2}, {"synth-tiny", 1, 2}, {"synth-small", 0, 1}} {
+		s, err := b.OpenStage(ctx, r[0].(string), r[1].(int), r[2].(int), 8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		heard("a load started")
+		heard("a load ended")
+	}
+	all := []RangeState{
+		{Model: "synth-tiny", Lo: 1, Hi: 2, Loaded: true},
+		{Model: "synth-small", Lo: 0, Hi: 1, Loaded: true}, {Model: "synth-small", Lo: 0, Hi: 2, Loaded: true},
+		{Model: "synth-small", Lo: 2, Hi: 4, Loaded: true},
+	}
+	want("four ranges", all...)
+
+	// The head and the whole model: loaded, not listed, not reported.
+	req := request("hi", 2, 0, 0)
+	req.Model = "synth-small"
+	layers, closeAll := pipeline(t, b, "synth-small", []int{0, 2, 4}, 64)
+	defer closeAll()
+	if _, _, err := runWith(t, b, req, layers); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Load(ctx, "synth-tiny"); err != nil {
+		t.Fatal(err)
+	}
+	want("after the head and a whole model loaded", all...)
+	select {
+	case <-changes:
+		t.Fatal("the hook was called for the head or a whole model")
+	default:
+	}
+
+	// An abandoned load: listed while it waits, gone once its context ends.
+	held, err := NewWith([]string{"synth-tiny"}, []Option{
+		WithLoadGate(make(chan struct{})), WithOnRangeChange(func() { changes <- struct{}{} }),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	go func() {
+		_, err := held.OpenStage(cctx, "synth-tiny", 0, 1, 8)
+		opened <- err
+	}()
+	wait("the held load started")
+	if got := held.Ranges(); !slices.Equal(got, []RangeState{{Model: "synth-tiny", Lo: 0, Hi: 1}}) {
+		t.Fatalf("while held: %+v", got)
+	}
+	cancel()
+	if err := <-opened; !errors.Is(err, context.Canceled) {
+		t.Fatalf("OpenStage of an abandoned load: %v", err)
+	}
+	heard("the abandoned load ended")
+	if got := held.Ranges(); len(got) != 0 {
+		t.Fatalf("after the load was abandoned: %+v", got)
+	}
 }
