@@ -126,6 +126,10 @@ type Config struct {
 	// SynthLoadDelay is added to every synthetic model's load, standing for reading weights
 	// from disk (synth.WithLoadDelay): the testnet uses it to show real-length cold starts.
 	SynthLoadDelay time.Duration
+	// SynthLoadGate, when set, holds every synthetic model's load (whole models and layer
+	// ranges), after SynthLoadDelay, until it is closed (synth.WithLoadGate): a test hook for
+	// watching a load in progress; nil in production.
+	SynthLoadGate <-chan struct{}
 	// Backend is what serves Models: BackendSynth or BackendOpenAI. Default: BackendSynth.
 	Backend string
 	// Upstream is the base URL of the OpenAI-compatible server (llama-server, Ollama, vLLM, a

@@ -25,7 +25,9 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	logging "github.com/ipfs/go-log/v2"
@@ -93,6 +95,8 @@ type Node struct {
 	dialer    host.Host              // host, with addresses of unconnected peers found in the DHT
 	budget    int64                  // bytes of memory for mesh work (Config.MemoryBudget, or the default share)
 	stages    inference.StageBackend // layer ranges of the synthetic models served here; nil with an upstream
+	ranges    rangeLister            // the ranges of stages loaded or loading (the synthetic backend); nil with an upstream
+	rangesSig signal                 // a range started loading or finished: re-announce (the announcer's Changed)
 	stageSrv  *stage.Server          // pipeline stages this node runs for heads; nil without stages
 	head      *synth.Backend         // the head of pipelines this node routes: every synthetic preset
 	pipelines pipelineStats
@@ -204,12 +208,15 @@ func (n *Node) start() error {
 		n.backend = ub
 		n.closers = append(n.closers, ub.Close)
 	case len(cfg.Models) > 0:
-		sb, err := synth.NewWith(cfg.Models, []synth.Option{synth.WithLoadDelay(cfg.SynthLoadDelay)})
+		sb, err := synth.NewWith(cfg.Models, []synth.Option{
+			synth.WithLoadDelay(cfg.SynthLoadDelay), synth.WithLoadGate(cfg.SynthLoadGate),
+			synth.WithOnRangeChange(n.rangesSig.fire),
+		})
 		if err != nil {
 			return fmt.Errorf("models: %w", err)
 		}
 		n.backend = sb // assigned only when non-nil: a nil *synth.Backend would be a non-nil Backend
-		n.stages = sb
+		n.stages, n.ranges = sb, sb
 	}
 	if n.stages != nil && cfg.WrapStages != nil {
 		n.stages = cfg.WrapStages(n.stages)
@@ -271,6 +278,8 @@ func (n *Node) start() error {
 	}
 	n.closers = append(n.closers, n.announcer.Close)
 	n.part.onChange(n.announcer.Changed)
+	// A stage's range is announced as soon as it starts loading and again once it is warm.
+	n.rangesSig.set(n.announcer.Changed)
 	partCtx, partCancel := context.WithCancel(context.Background())
 	var partWG sync.WaitGroup
 	partWG.Go(func() { n.part.loop(partCtx, n.probe, cfg.Heartbeat) })
@@ -576,5 +585,46 @@ func (s vectorSource) Vector(now time.Time) caps.Vector {
 		load.InFlight, load.Capacity = int(st.InFlight), st.Capacity
 	}
 	v.Models, v.Load = models, load
+	if s.n.ranges != nil {
+		v.Stages = stagesHeld(s.n.ranges.Ranges(), models)
+	}
 	return v
+}
+
+// rangeLister lists the layer ranges a backend holds for pipeline stages (synth.Backend).
+type rangeLister interface {
+	Ranges() []synth.RangeState
+}
+
+// stagesHeld is the vector's stages: the ranges of the models announced, at most
+// caps.MaxStages of them, those loading first (a range loading now is news; a warm one has
+// been announced already).
+func stagesHeld(ranges []synth.RangeState, models []caps.Model) []caps.Stage {
+	var loading, warm []caps.Stage
+	for _, r := range ranges {
+		if !slices.ContainsFunc(models, func(m caps.Model) bool { return m.Name == r.Model }) {
+			continue
+		}
+		st := caps.Stage{Model: r.Model, Lo: r.Lo, Hi: r.Hi, State: caps.StageLoading}
+		if r.Loaded {
+			st.State = caps.StageWarm
+			warm = append(warm, st)
+		} else {
+			loading = append(loading, st)
+		}
+	}
+	out := append(loading, warm...)
+	return out[:min(len(out), caps.MaxStages)]
+}
+
+// signal calls the function it was last set to, if any: the synthetic backend reports its
+// loads from the start, the announcer that hears of them exists only later.
+type signal struct{ f atomic.Pointer[func()] }
+
+func (s *signal) set(f func()) { s.f.Store(&f) }
+
+func (s *signal) fire() {
+	if f := s.f.Load(); f != nil {
+		(*f)()
+	}
 }
