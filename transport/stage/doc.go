@@ -34,11 +34,14 @@
 //	0x01 open     previous hop → stage   JSON (below)                       ≤ MaxOpenFrame
 //	0x02 hidden   forward                uvarint step, uvarint n,           ≤ 21 + 4·width·batch
 //	                                     n × width float32 little-endian
-//	0x03 ready    backward, and last     uvarint width                      ≤ MaxErrorFrame
+//	0x03 ready    backward, and last     uvarint width [, 1 timed]          ≤ MaxErrorFrame
 //	              stage → head
 //	0x04 error    either way             JSON {"stage","code","message"}    ≤ MaxErrorFrame
 //	0x05 attach   head → last stage      16-byte session ID                 = 17 bytes
 //	0x06 end      forward                nothing more                       = 1 byte
+//	0x07 timed    forward, timed         uvarint step, uvarint n,           ≤ 21 + 650 + 4·width·batch
+//	              sessions               uvarint k, k × uvarint ns,
+//	                                     n × width float32 little-endian
 //
 // The open frame's JSON:
 //
@@ -46,13 +49,31 @@
 //	 "head": the head's peer ID, "model": the model, "max_positions": P ≥ 1,
 //	 "max_batch": B in [1, P] (the most positions of one step the head sends),
 //	 "index": the receiving stage's place in the chain (0 first),
-//	 "hops": [{"peer", "lo", "hi", "addrs"}, …]}
+//	 "hops": [{"peer", "lo", "hi", "addrs"}, …],
+//	 "timing": true (optional: the head asks for the stages' times, below)}
 //
 // hops is the receiving stage's own hop (its layers [lo, hi)) followed by the rest of the
 // chain: 1 to MaxStages − index hops, with contiguous non-empty ranges; addrs (at most
 // MaxAddrsPerHop multiaddrs, optional) are the head's addresses for a hop, which a stage
 // adds for its next hop only when it knows none (for TempAddrTTL). A stage passes the frame
 // on with index + 1 and its own hop removed.
+//
+// Timed sessions. A head that wants to know what each stage's layers take per step sets
+// "timing" in its open frame; a stage that reports times passes it on in its own open
+// frame. A stage is timed when it was asked and it is the last stage or its next hop
+// answered ready with the timed flag (a 1 after the width); it then answers its previous
+// hop ready with the flag too. So the chain is timed from end to end or not at all: a
+// stage that predates timing ignores the field (JSON decoding ignores unknown fields),
+// passes none on and answers without the flag, and every stage before it and the head
+// stay untimed. In a timed session every stage writes timed frames instead of hidden
+// frames: the step's hidden frame fields plus the times of the k stages so far, in chain
+// order, each its layers' time (Forward) in that step in nanoseconds, at most
+// MaxStageTime; stage i reads a timed frame with exactly i times (stage 0 reads the
+// head's hidden frame), appends its own and writes k = i + 1. The head reads the last
+// stage's timed frame with a time for every stage. The flag is an error where it was not
+// asked for, and so is the attach's ready with it; a frame of the other kind, or with
+// another count of times, is a protocol violation. Times are what stages say: a stage can
+// misreport its own and those before it (they are for status, never for routing).
 //
 // Bounds: a session's steps carry at most batch = min(B, P, MaxStepBytes / (4·width))
 // positions, so every reader knows its hidden frames' bound before reading one; a longer

@@ -6,6 +6,7 @@ import (
 	"io"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 	ma "github.com/multiformats/go-multiaddr"
@@ -24,13 +25,19 @@ func FuzzStageFrame(f *testing.F) {
 	addr := ma.StringCast("/ip4/127.0.0.1/tcp/4001")
 	o := &open{session: [sessionIDLen]byte{1, 2, 3}, head: p1, model: "m", maxPositions: 8, maxBatch: 3, index: 1,
 		hops: []Hop{{Peer: p2, Lo: 2, Hi: 5}, {Peer: p1, Lo: 5, Hi: 9}}, addrs: [][]ma.Multiaddr{{addr}, nil}}
+	timedOpen := *o
+	timedOpen.timing = true
 	for _, seed := range [][]byte{
 		appendHiddenFrame(nil, 0, 2, []float32{1, -2, 3.5, 0, 1e-40, 7, 8, -0}),
 		appendHiddenFrame(nil, 300, 1, []float32{1, 2, 3, 4}),
-		frame.Append(nil, encodeReady(width)),
+		appendTimedFrame(nil, 0, 2, []time.Duration{0, 3 * time.Millisecond}, []float32{1, -2, 3.5, 0, 1e-40, 7, 8, -0}),
+		appendTimedFrame(nil, 7, 3, []time.Duration{MaxStageTime}, make([]float32, 3*width)),
+		frame.Append(nil, encodeReady(width, false)),
+		frame.Append(nil, encodeReady(width, true)),
 		frame.Append(nil, encodeAttach(o.session)),
 		frame.Append(nil, encodeError(stageFault{stage: 2, code: inference.CodeTimeout, msg: "slow <3>"})),
 		frame.Append(nil, encodeOpen(o)),
+		frame.Append(nil, encodeOpen(&timedOpen)),
 		frame.Append(nil, []byte{frameEnd}),
 		{0x80, 0x00}, {0x05, 0x02, 0x80, 0x00, 0x01}, {},
 	} {
@@ -51,9 +58,13 @@ func FuzzStageFrame(f *testing.F) {
 				t.Fatalf("a %d-byte frame read under a %d-byte bound", len(body), bound)
 			}
 			checkHidden(t, body, width, batch)
-			if w, err := decodeReady(body); err == nil && (w < 1 || !bytes.Equal(encodeReady(w), body)) {
-				t.Fatalf("ready %d from %x re-encodes to %x", w, body, encodeReady(w))
+			if w, timed, err := decodeReady(body, true); err == nil && (w < 1 || !bytes.Equal(encodeReady(w, timed), body)) {
+				t.Fatalf("ready %d (timed %v) from %x re-encodes to %x", w, timed, body, encodeReady(w, timed))
 			}
+			if _, timed, err := decodeReady(body, false); err == nil && timed {
+				t.Fatalf("ready %x read as timed by a reader that did not ask for times", body)
+			}
+			checkTimed(t, body, width, batch)
 			if id, err := decodeAttach(body); err == nil && !bytes.Equal(encodeAttach(id), body) {
 				t.Fatalf("attach %x re-encodes differently", body)
 			}
@@ -73,6 +84,26 @@ func checkHidden(t *testing.T, body []byte, width, batch int) {
 	}
 	if re := appendHiddenFrame(nil, step, n, h); !bytes.Equal(re, frame.Append(nil, body)) {
 		t.Fatalf("hidden frame %x re-encodes to %x", body, re)
+	}
+}
+
+func checkTimed(t *testing.T, body []byte, width, batch int) {
+	for k := range 3 {
+		step, n, times, h, err := decodeTimed(body, width, batch, k, nil)
+		if err != nil {
+			continue
+		}
+		if n < 1 || n > batch || len(h) != n*width || len(times) != k {
+			t.Fatalf("timed frame of %d positions, %d values, %d times (batch %d, width %d, %d stages)", n, len(h), len(times), batch, width, k)
+		}
+		for _, d := range times {
+			if d < 0 || d > MaxStageTime {
+				t.Fatalf("timed frame with a time of %v", d)
+			}
+		}
+		if re := appendTimedFrame(nil, step, n, times, h); !bytes.Equal(re, frame.Append(nil, body)) {
+			t.Fatalf("timed frame %x re-encodes to %x", body, re)
+		}
 	}
 }
 

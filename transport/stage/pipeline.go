@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,14 +63,39 @@ type Pipeline struct {
 	retR    *frame.Reader
 	watched chan struct{} // closed when the watcher of up has returned
 
+	// timed: every stage reports its layers' time in each step (stage 0 answered the open
+	// with the timed flag), so the output comes in timed frames.
+	timed bool
+
 	busy atomic.Bool // a Forward is running
 	// Owned by the Forward that holds busy.
 	step      uint64
 	positions int
 	buf       []byte
 
-	mu  sync.Mutex
-	err error // why no step can run: the pipeline broke, or was closed; nil while usable
+	mu     sync.Mutex
+	err    error // why no step can run: the pipeline broke, or was closed; nil while usable
+	closed bool  // Close ended it while it was usable
+	stats  Stats // the steps run, under mu (Forward writes, Stats reads)
+}
+
+// Stats is what a pipeline's steps took, as its head measured them and its stages reported
+// them.
+type Stats struct {
+	// Steps and Positions are those run to the end (a Forward of more positions than the
+	// batch is several steps).
+	Steps, Positions int
+	// RoundTrip is the time of those steps at the head, from sending a step's hidden states
+	// to stage 0 to reading the last stage's output: the stages' layers, the step's
+	// crossings (head → stage 0, stage to stage, last stage → head) and each side's framing.
+	RoundTrip time.Duration
+	// Forward is, for each stage in chain order, the time its layers took in those steps,
+	// as the stage reported it (a stage can misreport). Nil when the chain does not report
+	// times: one of its stages predates timed sessions.
+	Forward []time.Duration
+	// Err is why the pipeline broke, when it did before Close; nil while it is usable and
+	// after an orderly Close.
+	Err error
 }
 
 var _ inference.Layers = (*Pipeline)(nil).Forward
@@ -97,7 +123,7 @@ func Open(ctx context.Context, h host.Host, model string, stages []Hop, maxPosit
 	if batch <= 0 || batch > maxPositions {
 		batch = maxPositions
 	}
-	o := &open{head: h.ID(), model: model, maxPositions: maxPositions, maxBatch: batch, hops: stages}
+	o := &open{head: h.ID(), model: model, maxPositions: maxPositions, maxBatch: batch, hops: stages, timing: true}
 	rand.Read(o.session[:])
 	for _, hop := range stages {
 		o.addrs = append(o.addrs, dialable(h.Peerstore().Addrs(hop.Peer)))
@@ -187,11 +213,14 @@ func (p *Pipeline) open(ctx context.Context, h host.Host, o *open, body []byte, 
 		return nil, p.lost(0, "send open", err)
 	}
 	upR := frame.NewReader(up, MaxErrorFrame)
-	width, err := p.answer(ctx, upR, 0, false)
+	width, timed, err := p.answer(ctx, upR, 0, false)
 	if err != nil {
 		return nil, err
 	}
-	p.width, p.batch = width, maxBatch(width, o.maxPositions, batch)
+	p.width, p.batch, p.timed = width, maxBatch(width, o.maxPositions, batch), timed
+	if timed {
+		p.stats.Forward = make([]time.Duration, len(p.stages))
+	}
 
 	ret, err := h.NewStream(ctx, p.stages[last].Peer, ID)
 	if err != nil {
@@ -212,7 +241,7 @@ func (p *Pipeline) open(ctx context.Context, h host.Host, o *open, body []byte, 
 		return nil, p.lost(last, "attach", err)
 	}
 	p.retR = frame.NewReader(ret, max(frameMax, MaxErrorFrame))
-	w, err := p.answer(ctx, p.retR, last, true)
+	w, _, err := p.answer(ctx, p.retR, last, true)
 	if err != nil {
 		return nil, err
 	}
@@ -237,16 +266,17 @@ func (p *Pipeline) unreachable(ctx context.Context, i int, err error) error {
 }
 
 // answer reads stage from's answer to an open or attach from r: ready with the model's
-// width, or an error frame. The open's names a stage of the chain (stage 0 passes back
-// the refusal of a stage after it); the attach's concerns the last stage alone, whatever
-// it names. The set-up's deadline (ctx's) gives timeout.
-func (p *Pipeline) answer(ctx context.Context, r *frame.Reader, from int, attach bool) (int, error) {
+// width (and, for the open, whether the chain reports its times), or an error frame. The
+// open's names a stage of the chain (stage 0 passes back the refusal of a stage after
+// it); the attach's concerns the last stage alone, whatever it names. The set-up's
+// deadline (ctx's) gives timeout.
+func (p *Pipeline) answer(ctx context.Context, r *frame.Reader, from int, attach bool) (int, bool, error) {
 	body, err := r.Next()
 	switch {
 	case err != nil && (isTimeout(err) || ctx.Err() != nil):
-		return 0, p.stageErr(inference.CodeTimeout, from, "no answer within %v", OpenTimeout)
+		return 0, false, p.stageErr(inference.CodeTimeout, from, "no answer within %v", OpenTimeout)
 	case err != nil:
-		return 0, p.lost(from, "read answer", err)
+		return 0, false, p.lost(from, "read answer", err)
 	case len(body) > 0 && body[0] == frameError:
 		lo := 0
 		if attach {
@@ -254,18 +284,31 @@ func (p *Pipeline) answer(ctx context.Context, r *frame.Reader, from int, attach
 		}
 		f, err := decodeError(body, lo, len(p.stages))
 		if err != nil {
-			return 0, p.lost(from, "read answer", err)
+			return 0, false, p.lost(from, "read answer", err)
 		}
 		if attach {
 			f.stage = from
 		}
-		return 0, p.faultErr(f)
+		return 0, false, p.faultErr(f)
 	}
-	w, err := decodeReady(body)
+	w, timed, err := decodeReady(body, !attach)
 	if err != nil {
-		return 0, p.lost(from, "read answer", err)
+		return 0, false, p.lost(from, "read answer", err)
 	}
-	return w, nil
+	return w, timed, nil
+}
+
+// Stats returns what the pipeline's steps took so far. It may be called at any time, also
+// while a Forward runs and after Close.
+func (p *Pipeline) Stats() Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := p.stats
+	st.Forward = slices.Clone(p.stats.Forward)
+	if p.err != nil && !p.closed {
+		st.Err = p.err
+	}
+	return st
 }
 
 // Width is the model's hidden-state width: Forward takes and returns n × Width values.
@@ -317,7 +360,8 @@ func (p *Pipeline) Forward(ctx context.Context, hidden []float32, n int) ([]floa
 // roundTrip sends one step of m positions to stage 0 and reads the last stage's output.
 func (p *Pipeline) roundTrip(h []float32, m int) ([]float32, error) {
 	last := len(p.stages) - 1
-	deadline := time.Now().Add(p.stepTimeout)
+	sent := time.Now()
+	deadline := sent.Add(p.stepTimeout)
 	p.buf = appendHiddenFrame(p.buf[:0], p.step, m, h)
 	p.up.SetWriteDeadline(deadline)
 	// A failed write means the chain broke: why comes on the return stream (forward from
@@ -349,15 +393,32 @@ func (p *Pipeline) roundTrip(h []float32, m int) ([]float32, error) {
 		}
 		return nil, p.fail(p.faultErr(f))
 	}
-	step, n, out, err := decodeHidden(body, p.width, p.batch, nil)
+	var (
+		step  uint64
+		n     int
+		times []time.Duration
+		out   []float32
+	)
+	if p.timed {
+		step, n, times, out, err = decodeTimed(body, p.width, p.batch, len(p.stages), nil)
+	} else {
+		step, n, out, err = decodeHidden(body, p.width, p.batch, nil)
+	}
 	if err == nil && (step != p.step || n != m) {
 		err = fmt.Errorf("%w: output of step %d with %d positions, want step %d with %d", errProtocol, step, n, p.step, m)
 	}
 	if err != nil {
 		return nil, p.fail(p.lost(last, "read output", err))
 	}
+	took := time.Since(sent)
 	p.step++
 	p.positions += m
+	p.mu.Lock()
+	p.stats.Steps, p.stats.Positions, p.stats.RoundTrip = p.stats.Steps+1, p.stats.Positions+m, p.stats.RoundTrip+took
+	for i, d := range times {
+		p.stats.Forward[i] += d
+	}
+	p.mu.Unlock()
 	return out, nil
 }
 
@@ -393,6 +454,7 @@ func (p *Pipeline) Close() error {
 	first := p.err == nil
 	if first {
 		p.err = inference.Errorf(inference.CodeUnavailable, "pipeline closed")
+		p.closed = true
 	}
 	p.mu.Unlock()
 	switch {

@@ -55,8 +55,14 @@ const (
 	// is 512 positions of a 4096-wide model; it fits, with its frame header, in one stream's
 	// memory under go-libp2p's default resource limits (16 MiB per stream).
 	MaxStepBytes = 8 << 20
-	// maxStepHeader bounds a hidden frame's header: the type and two uvarints.
-	maxStepHeader = 1 + 2*binary.MaxVarintLen64
+	// maxStepHeader bounds a hidden frame's header: the type and two uvarints, and in a
+	// timed session the count and the times of at most MaxStages stages.
+	maxStepHeader = 1 + 2*binary.MaxVarintLen64 + maxTimes
+	// maxTimes bounds a timed frame's times: their count and MaxStages of them.
+	maxTimes = (1 + MaxStages) * binary.MaxVarintLen64
+	// MaxStageTime bounds the time one stage may report for its layers in one step: more
+	// than any step timeout (a stage's Forward past its own is cut off).
+	MaxStageTime = 10 * time.Minute
 	// OpenTimeout bounds each wait of a session's set-up: the open or attach frame after a
 	// stream opens, the next hop's answer (the rest of the chain set up behind it), the
 	// head's attach at the last stage. Loading a range of layers can take a few seconds.
@@ -89,6 +95,7 @@ const (
 	frameError  byte = 0x04 // either way: JSON wireError
 	frameAttach byte = 0x05 // head → last stage: the session ID
 	frameEnd    byte = 0x06 // forward: the session ends in order (the head closed it)
+	frameTimed  byte = 0x07 // forward, timed sessions: a hidden frame with the stages' times
 )
 
 // headStage is the stage index that names the head in an error frame.
@@ -172,6 +179,9 @@ type openMsg struct {
 	MaxBatch     int       `json:"max_batch"`     // the most positions the head sends in one step
 	Index        int       `json:"index"`         // the receiving stage's place in the chain
 	Hops         []wireHop `json:"hops"`          // the receiving stage's hop, then the rest
+	// Timing asks the stages to report their layers' time in each step (a timed session).
+	// A stage that does not know the field ignores it, and answers a ready without the flag.
+	Timing bool `json:"timing,omitempty"`
 }
 
 type wireHop struct {
@@ -191,6 +201,7 @@ type open struct {
 	index        int
 	hops         []Hop
 	addrs        [][]ma.Multiaddr // per hop
+	timing       bool             // the head asks for the stages' times
 }
 
 // stages is the chain's length.
@@ -199,7 +210,7 @@ func (o *open) stages() int { return o.index + len(o.hops) }
 func encodeOpen(o *open) []byte {
 	m := openMsg{
 		Session: hex.EncodeToString(o.session[:]), Head: o.head.String(), Model: o.model,
-		MaxPositions: o.maxPositions, MaxBatch: o.maxBatch, Index: o.index,
+		MaxPositions: o.maxPositions, MaxBatch: o.maxBatch, Index: o.index, Timing: o.timing,
 	}
 	for i, h := range o.hops {
 		wh := wireHop{Peer: h.Peer.String(), Lo: h.Lo, Hi: h.Hi}
@@ -227,7 +238,7 @@ func decodeOpen(body []byte) (*open, error) {
 	if err := json.Unmarshal(body[1:], &m); err != nil {
 		return nil, fmt.Errorf("%w: open frame: %v", errProtocol, err)
 	}
-	o := &open{model: m.Model, maxPositions: m.MaxPositions, maxBatch: m.MaxBatch, index: m.Index}
+	o := &open{model: m.Model, maxPositions: m.MaxPositions, maxBatch: m.MaxBatch, index: m.Index, timing: m.Timing}
 	if len(m.Session) != 2*sessionIDLen || hex.EncodeToString(mustHex(m.Session)) != m.Session {
 		return nil, fmt.Errorf("%w: session ID %q", errProtocol, m.Session)
 	}
@@ -311,6 +322,29 @@ func uvarint(b []byte) (uint64, []byte, bool) {
 	return x, b[k:], true
 }
 
+// appendTimedFrame appends a whole timed frame, length prefix included, to dst: step s, n
+// positions of hidden states h (n × width values), and times, the layers' time in this
+// step of each stage so far (at most MaxStages, each in [0, MaxStageTime]), in nanoseconds.
+func appendTimedFrame(dst []byte, step uint64, n int, times []time.Duration, h []float32) []byte {
+	body := 1 + uvarintLen(step) + uvarintLen(uint64(n)) + uvarintLen(uint64(len(times))) + 4*len(h)
+	for _, d := range times {
+		body += uvarintLen(uint64(d))
+	}
+	dst = slices.Grow(dst, binary.MaxVarintLen64+body)
+	dst = binary.AppendUvarint(dst, uint64(body))
+	dst = append(dst, frameTimed)
+	dst = binary.AppendUvarint(dst, step)
+	dst = binary.AppendUvarint(dst, uint64(n))
+	dst = binary.AppendUvarint(dst, uint64(len(times)))
+	for _, d := range times {
+		dst = binary.AppendUvarint(dst, uint64(d))
+	}
+	for _, v := range h {
+		dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(v))
+	}
+	return dst
+}
+
 // decodeHidden decodes a hidden frame of a session of the given width whose steps carry at
 // most batch positions: its step number, its positions n (1..batch) and exactly n × width
 // values, into dst when it has room.
@@ -322,36 +356,96 @@ func decodeHidden(body []byte, width, batch int, dst []float32) (step uint64, n 
 	if !ok {
 		return 0, 0, nil, fmt.Errorf("%w: bad step number", errProtocol)
 	}
+	n, h, err = decodeStates(rest, width, batch, dst)
+	return step, n, h, err
+}
+
+// decodeTimed decodes a timed frame of a session of the given width and batch that must
+// carry the times of exactly k stages: decodeHidden's step, positions and values, and the
+// times, each at most MaxStageTime.
+func decodeTimed(body []byte, width, batch, k int, dst []float32) (step uint64, n int, times []time.Duration, h []float32, err error) {
+	if len(body) == 0 || body[0] != frameTimed {
+		return 0, 0, nil, nil, fmt.Errorf("%w: not a timed frame", errProtocol)
+	}
+	step, rest, ok := uvarint(body[1:])
+	if !ok {
+		return 0, 0, nil, nil, fmt.Errorf("%w: bad step number", errProtocol)
+	}
 	nn, rest, ok := uvarint(rest)
 	if !ok || nn < 1 || nn > uint64(batch) {
-		return 0, 0, nil, fmt.Errorf("%w: bad position count (batch %d)", errProtocol, batch)
+		return 0, 0, nil, nil, fmt.Errorf("%w: bad position count (batch %d)", errProtocol, batch)
+	}
+	count, rest, ok := uvarint(rest)
+	if !ok || count != uint64(k) {
+		return 0, 0, nil, nil, fmt.Errorf("%w: times of %d stages, want %d", errProtocol, count, k)
+	}
+	times = make([]time.Duration, k)
+	for i := range times {
+		var d uint64
+		if d, rest, ok = uvarint(rest); !ok || d > uint64(MaxStageTime) {
+			return 0, 0, nil, nil, fmt.Errorf("%w: bad time of stage %d", errProtocol, i)
+		}
+		times[i] = time.Duration(d)
 	}
 	n = int(nn)
 	if len(rest) != 4*n*width {
-		return 0, 0, nil, fmt.Errorf("%w: %d bytes of hidden states for %d positions of width %d", errProtocol, len(rest), n, width)
+		return 0, 0, nil, nil, fmt.Errorf("%w: %d bytes of hidden states for %d positions of width %d", errProtocol, len(rest), n, width)
 	}
-	h = slices.Grow(dst[:0], n*width)[:n*width]
-	for i := range h {
-		h[i] = math.Float32frombits(binary.LittleEndian.Uint32(rest[4*i:]))
-	}
-	return step, n, h, nil
+	return step, n, times, readStates(rest, n*width, dst), nil
 }
 
-func encodeReady(width int) []byte {
-	return binary.AppendUvarint([]byte{frameReady}, uint64(width))
+// decodeStates decodes a position count (1..batch) and exactly that many positions of
+// width values from b, into dst when it has room.
+func decodeStates(b []byte, width, batch int, dst []float32) (int, []float32, error) {
+	nn, rest, ok := uvarint(b)
+	if !ok || nn < 1 || nn > uint64(batch) {
+		return 0, nil, fmt.Errorf("%w: bad position count (batch %d)", errProtocol, batch)
+	}
+	n := int(nn)
+	if len(rest) != 4*n*width {
+		return 0, nil, fmt.Errorf("%w: %d bytes of hidden states for %d positions of width %d", errProtocol, len(rest), n, width)
+	}
+	return n, readStates(rest, n*width, dst), nil
+}
+
+// readStates reads m float32 little-endian values from b, into dst when it has room.
+func readStates(b []byte, m int, dst []float32) []float32 {
+	h := slices.Grow(dst[:0], m)[:m]
+	for i := range h {
+		h[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return h
+}
+
+// encodeReady is a ready frame: the width, then, when the stage and every stage after it
+// report their times (a timed session), the uvarint 1.
+func encodeReady(width int, timed bool) []byte {
+	b := binary.AppendUvarint([]byte{frameReady}, uint64(width))
+	if timed {
+		b = append(b, 1)
+	}
+	return b
 }
 
 // decodeReady decodes a ready frame: a width of at least 1 that lets a step carry one
-// position.
-func decodeReady(body []byte) (int, error) {
+// position, and whether the session is timed. The timed flag is allowed only when the
+// reader asked for times (timing); a stage that does not report times sends none.
+func decodeReady(body []byte, timing bool) (width int, timed bool, err error) {
 	if len(body) == 0 || body[0] != frameReady {
-		return 0, fmt.Errorf("%w: not a ready frame", errProtocol)
+		return 0, false, fmt.Errorf("%w: not a ready frame", errProtocol)
 	}
 	w, rest, ok := uvarint(body[1:])
-	if !ok || len(rest) != 0 || w < 1 || w > MaxStepBytes/4 {
-		return 0, fmt.Errorf("%w: bad ready frame", errProtocol)
+	if !ok || w < 1 || w > MaxStepBytes/4 {
+		return 0, false, fmt.Errorf("%w: bad ready frame", errProtocol)
 	}
-	return int(w), nil
+	switch {
+	case len(rest) == 0:
+	case timing && len(rest) == 1 && rest[0] == 1:
+		timed = true
+	default:
+		return 0, false, fmt.Errorf("%w: bad ready frame", errProtocol)
+	}
+	return int(w), timed, nil
 }
 
 func encodeAttach(id [sessionIDLen]byte) []byte { return append([]byte{frameAttach}, id[:]...) }

@@ -1,9 +1,11 @@
 package stage
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -101,6 +103,9 @@ type Server struct {
 	observer       Observer
 	onEnd          func(SessionEnd)
 	now            func() time.Time
+	// untimed makes the stage act as one that predates timed sessions: it ignores an open's
+	// timing and answers without the flag (tests of a mixed chain).
+	untimed bool
 
 	ctx    context.Context // cancelled by Close: every session ends
 	cancel context.CancelFunc
@@ -157,6 +162,40 @@ func (s *Server) Sessions() int {
 // Stats returns a snapshot of the counters.
 func (s *Server) Stats() ServerStats {
 	return ServerStats{Sessions: s.Sessions(), Refused: s.refused.Load(), ProtocolErrors: s.protoErrs.Load()}
+}
+
+// SessionInfo describes a session a stage runs now. It carries no hidden states.
+type SessionInfo struct {
+	Head   peer.ID // the head that opened the chain
+	From   peer.ID // the previous hop
+	Index  int     // this stage's place in the chain
+	Stages int     // the chain's length
+	Model  string
+	Lo, Hi int // the layers it runs
+	// Steps and Positions are those run so far; Forward is its layers' time over them.
+	Steps, Positions int
+	Forward          time.Duration
+}
+
+// Running lists the sessions open now (admitted, their layers perhaps still loading), by
+// model, then layers, then head.
+func (s *Server) Running() []SessionInfo {
+	s.mu.Lock()
+	out := make([]SessionInfo, 0, len(s.sessions))
+	for _, ss := range s.sessions {
+		self := ss.open.hops[0]
+		ss.mu.Lock()
+		out = append(out, SessionInfo{
+			Head: ss.open.head, From: ss.from, Index: ss.index, Stages: ss.stages, Model: ss.open.model,
+			Lo: self.Lo, Hi: self.Hi, Steps: ss.steps, Positions: ss.positions, Forward: ss.forward,
+		})
+		ss.mu.Unlock()
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b SessionInfo) int {
+		return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.Lo, b.Lo), cmp.Compare(a.Hi, b.Hi), cmp.Compare(a.Head, b.Head))
+	})
+	return out
 }
 
 // handle serves a stream: an open from a previous hop, or a head's attach of its return
@@ -234,6 +273,7 @@ func (s *Server) serveOpen(from peer.ID, up network.Stream, body []byte) {
 		s.protocolError(from, up, err)
 		return
 	}
+	o.timing = o.timing && !s.untimed
 	ss, err := s.admit(from, up, o)
 	if err != nil {
 		log.Debugw("session refused", "peer", from, "model", o.model, "err", err)

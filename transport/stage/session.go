@@ -41,8 +41,15 @@ type session struct {
 	ctx    context.Context // cancelled when the session ends, or by Server.Close
 	cancel context.CancelFunc
 
-	steps, positions int       // run so far (the handler goroutine's)
-	admitted         time.Time // when the server admitted it (its clock), set before it runs
+	// timed: this stage reports its layers' time in each step, as every stage after it
+	// does (the open asked for times and the next hop answered timed): its output goes out
+	// in timed frames, and its input comes in them unless it is stage 0.
+	timed bool
+
+	// Run so far: written by the handler goroutine under mu, read by Server.Running.
+	steps, positions int
+	forward          time.Duration // its layers' time over those steps
+	admitted         time.Time     // when the server admitted it (its clock), set before it runs
 
 	// ret hands the head's return stream from its attach handler to the last stage's
 	// session, once (buffered: the hand-over never blocks).
@@ -184,14 +191,17 @@ func (s *Server) finalFailure(ss *session) *failure {
 func (s *Server) link(ss *session, up network.Stream) (network.Stream, *frame.Reader, *failure) {
 	var down network.Stream
 	var downR *frame.Reader
+	ss.timed = ss.open.timing
 	if !ss.last() {
 		var f *failure
-		if down, downR, f = s.dialNext(ss); f != nil {
+		var nextTimed bool
+		if down, downR, nextTimed, f = s.dialNext(ss); f != nil {
 			return down, nil, f
 		}
+		ss.timed = ss.timed && nextTimed
 	}
 	up.SetWriteDeadline(time.Now().Add(OpenTimeout))
-	if err := frame.Write(up, encodeReady(ss.width)); err != nil {
+	if err := frame.Write(up, encodeReady(ss.width, ss.timed)); err != nil {
 		return down, nil, s.broken(ss, sideUp, err)
 	}
 	if !ss.last() {
@@ -207,15 +217,16 @@ func (s *Server) link(ss *session, up network.Stream) (network.Stream, *frame.Re
 		return nil, nil, s.finalFailure(ss)
 	}
 	down.SetWriteDeadline(time.Now().Add(OpenTimeout))
-	if err := frame.Write(down, encodeReady(ss.width)); err != nil {
+	if err := frame.Write(down, encodeReady(ss.width, false)); err != nil {
 		return down, nil, s.broken(ss, sideDown, err)
 	}
 	return down, frame.NewReader(down, MaxErrorFrame), nil
 }
 
 // dialNext opens the next hop's session and waits for its answer: ready once the rest of
-// the chain is set up, or an error frame to pass back.
-func (s *Server) dialNext(ss *session) (network.Stream, *frame.Reader, *failure) {
+// the chain is set up (timed when it and every stage after it report their times), or an
+// error frame to pass back.
+func (s *Server) dialNext(ss *session) (network.Stream, *frame.Reader, bool, *failure) {
 	next, addrs := ss.open.hops[1], ss.open.addrs[1]
 	// The head's addresses for the next hop help only where this host knows none: a head
 	// cannot make it dial more than MaxAddrsPerHop, nor replace what it knows.
@@ -227,16 +238,16 @@ func (s *Server) dialNext(ss *session) (network.Stream, *frame.Reader, *failure)
 	down, err := s.h.NewStream(ctx, next.Peer, ID)
 	if err != nil {
 		if ss.ctx.Err() != nil {
-			return nil, nil, s.finalFailure(ss)
+			return nil, nil, false, s.finalFailure(ss)
 		}
-		return nil, nil, &failure{
+		return nil, nil, false, &failure{
 			fault: stageFault{stage: ss.index + 1, code: inference.CodeUnavailable, msg: fmt.Sprintf("open stream: %v", err)},
 			from:  sideDown, abort: true,
 		}
 	}
 	if err := down.Scope().SetService(ServiceName); err != nil {
 		down.Reset()
-		return nil, nil, &failure{fault: stageFault{stage: ss.index, code: inference.CodeOverloaded, msg: err.Error()}}
+		return nil, nil, false, &failure{fault: stageFault{stage: ss.index, code: inference.CodeOverloaded, msg: err.Error()}}
 	}
 	// The set-up's timeout or Close resets the stream, which ends the wait below.
 	stop := context.AfterFunc(ctx, func() { down.Reset() })
@@ -245,41 +256,41 @@ func (s *Server) dialNext(ss *session) (network.Stream, *frame.Reader, *failure)
 	next1.index, next1.hops, next1.addrs = ss.index+1, ss.open.hops[1:], ss.open.addrs[1:]
 	down.SetWriteDeadline(time.Now().Add(OpenTimeout))
 	if err := frame.Write(down, encodeOpen(&next1)); err != nil {
-		return down, nil, s.setUpFailure(ctx, ss, err)
+		return down, nil, false, s.setUpFailure(ctx, ss, err)
 	}
 	r := frame.NewReader(down, MaxErrorFrame)
 	down.SetReadDeadline(time.Now().Add(OpenTimeout))
 	body, err := r.Next()
 	if err != nil {
-		return down, nil, s.setUpFailure(ctx, ss, err)
+		return down, nil, false, s.setUpFailure(ctx, ss, err)
 	}
 	switch {
 	case len(body) == 0:
-		return down, nil, s.broken(ss, sideDown, fmt.Errorf("%w: empty frame in answer to open", errProtocol))
+		return down, nil, false, s.broken(ss, sideDown, fmt.Errorf("%w: empty frame in answer to open", errProtocol))
 	case body[0] == frameError:
 		f, err := decodeError(body, ss.index+1, ss.stages)
 		if err != nil {
-			return down, nil, s.broken(ss, sideDown, err)
+			return down, nil, false, s.broken(ss, sideDown, err)
 		}
-		return down, nil, &failure{fault: f, from: sideDown}
+		return down, nil, false, &failure{fault: f, from: sideDown}
 	case body[0] != frameReady:
-		return down, nil, s.broken(ss, sideDown, fmt.Errorf("%w: frame %#x in answer to open", errProtocol, body[0]))
+		return down, nil, false, s.broken(ss, sideDown, fmt.Errorf("%w: frame %#x in answer to open", errProtocol, body[0]))
 	}
-	w, err := decodeReady(body)
+	w, timed, err := decodeReady(body, ss.open.timing)
 	if err != nil {
-		return down, nil, s.broken(ss, sideDown, err)
+		return down, nil, false, s.broken(ss, sideDown, err)
 	}
 	if w != ss.width {
-		return down, nil, &failure{
+		return down, nil, false, &failure{
 			fault: stageFault{stage: ss.index + 1, code: inference.CodeUnavailable, msg: fmt.Sprintf("model width %d, the previous stage's is %d", w, ss.width)},
 			from:  sideDown, abort: true,
 		}
 	}
 	if !stop() {
-		return down, nil, s.setUpFailure(ctx, ss, context.Canceled)
+		return down, nil, false, s.setUpFailure(ctx, ss, context.Canceled)
 	}
 	down.SetDeadline(time.Time{})
-	return down, r, nil
+	return down, r, timed, nil
 }
 
 // setUpFailure classifies a failed exchange with the next hop during set-up: Close, the
@@ -355,7 +366,17 @@ func (s *Server) steps(ss *session, up, down network.Stream) {
 			return
 		}
 		// Fresh values for each step: the backend may keep what it is given.
-		got, n, h, err := decodeHidden(body, ss.width, ss.batch, nil)
+		var (
+			got   uint64
+			n     int
+			times []time.Duration
+			h     []float32
+		)
+		if ss.timed && ss.index > 0 {
+			got, n, times, h, err = decodeTimed(body, ss.width, ss.batch, ss.index, nil)
+		} else {
+			got, n, h, err = decodeHidden(body, ss.width, ss.batch, nil)
+		}
 		if err == nil && got != step {
 			err = fmt.Errorf("%w: step %d, want %d", errProtocol, got, step)
 		}
@@ -369,7 +390,12 @@ func (s *Server) steps(ss *session, up, down network.Stream) {
 			return
 		}
 		ctx, cancel := context.WithTimeout(ss.ctx, s.forwardTimeout)
+		// The layers' time is measured on the monotonic clock, as the deadlines are: it is a
+		// duration of work here, not a time anyone compares (the server's clock dates the
+		// session's end).
+		began := time.Now()
 		res, err := ss.backend.Forward(ctx, h, n)
+		took := min(time.Since(began), MaxStageTime)
 		cancel()
 		if ss.ctx.Err() != nil {
 			return
@@ -381,8 +407,14 @@ func (s *Server) steps(ss *session, up, down network.Stream) {
 			ss.fail(failure{fault: faultOf(ss.index, err)})
 			return
 		}
-		ss.steps, ss.positions = ss.steps+1, ss.positions+n
-		out = appendHiddenFrame(out[:0], step, n, res)
+		ss.mu.Lock()
+		ss.steps, ss.positions, ss.forward = ss.steps+1, ss.positions+n, ss.forward+took
+		ss.mu.Unlock()
+		if ss.timed {
+			out = appendTimedFrame(out[:0], step, n, append(times, took), res)
+		} else {
+			out = appendHiddenFrame(out[:0], step, n, res)
+		}
 		down.SetWriteDeadline(time.Now().Add(s.forwardTimeout))
 		if ss.ctx.Err() != nil {
 			return
