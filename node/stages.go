@@ -101,17 +101,19 @@ func (n *Node) OpenPipeline(ctx context.Context, model string, stages []inferenc
 		return nil, nil, err
 	}
 	n.pipelines.headed.Add(1)
-	return p.Forward, p.Close, nil
+	return p.Forward, n.pipelines.log.add(model, stages, n.cfg.Now(), p), nil
 }
 
-// pipelineStats counts the pipelines this node headed.
+// pipelineStats counts the pipelines this node headed, and keeps the last ones (pipelines.go).
 type pipelineStats struct {
 	headed, failed atomic.Uint64
+	log            headedLog
 }
 
 // pipelinesStatus is /api/status "pipelines".
 func (n *Node) pipelinesStatus() console.Pipelines {
-	out := console.Pipelines{Headed: n.pipelines.headed.Load(), OpenFailed: n.pipelines.failed.Load()}
+	out := console.Pipelines{Headed: n.pipelines.headed.Load(), OpenFailed: n.pipelines.failed.Load(),
+		Recent: n.pipelines.log.status(), Sessions: n.stageSessions()}
 	if n.stageSrv != nil {
 		st := n.stageSrv.Stats()
 		out.StageSessions, out.StageRefused, out.StageProtocolErrors = st.Sessions, st.Refused, st.ProtocolErrors

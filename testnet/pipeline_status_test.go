@@ -133,3 +133,86 @@ func TestStageRangesAnnouncedLoadingThenWarm(t *testing.T) {
 		return true
 	})
 }
+
+// TestPipelineStatus: while a pipeline streams (held at a stage's third step), the router's
+// status lists it open with its three stages and non-zero step and layer times, and each
+// stage node's status lists its session of that pipeline; once it ends, the router lists
+// it closed with every step of the generation, and the stage nodes list no session.
+func TestPipelineStatus(t *testing.T) {
+	const model = "synth-small"
+	reached := make(chan int, 4)
+	release := make(chan struct{})
+	tn := shardNodes(t, time.Second, func(i int, cfg *node.Config) {
+		cfg.WrapStages = func(b inference.StageBackend) inference.StageBackend {
+			return heldStages{StageBackend: b, node: i, step: 3, reached: reached, release: release}
+		}
+	})
+	router := tn.Node(0)
+	if pl := router.Status().Pipelines; len(pl.Recent) != 0 || len(pl.Sessions) != 0 {
+		t.Fatalf("pipelines before any request: %+v", pl)
+	}
+	body := routedBody(model, 8, 5, nil)
+	done := make(chan streamResult, 1)
+	go func() { done <- stream(t, router.APIAddr(), body, nil, nil) }()
+	select {
+	case <-reached: // stage 0 holds the third step: the prompt and one token went through
+	case <-time.After(60 * time.Second):
+		t.Fatal("no stage reached its third step")
+	}
+
+	recent := router.Status().Pipelines.Recent
+	if len(recent) != 1 {
+		t.Fatalf("the router lists %d pipelines while one runs: %+v", len(recent), recent)
+	}
+	hp := recent[0]
+	if hp.Model != model || !hp.Open || hp.Failure != "" || len(hp.Stages) != 3 || hp.Steps != 2 || hp.StepMS <= 0 ||
+		hp.HopsMS == nil || *hp.HopsMS <= 0 || hp.StartedAt == "" {
+		t.Fatalf("the running pipeline at the router: %+v", hp)
+	}
+	served, ok := inference.ParseRoute(hp.Route)
+	if !ok || len(served.Stages) != 3 {
+		t.Fatalf("route %q", hp.Route)
+	}
+	var layers float64
+	for i, s := range hp.Stages {
+		if want := served.Stages[i]; s.Peer != want.Peer || s.Lo != want.Lo || s.Hi != want.Hi || s.ForwardMS == nil || *s.ForwardMS <= 0 {
+			t.Fatalf("stage %d listed as %+v, route has %+v", i, s, want)
+		}
+		layers += *s.ForwardMS
+	}
+	if layers > hp.StepMS {
+		t.Fatalf("the stages' layers took %.3f ms a step, more than the %.3f ms round trip that holds them", layers, hp.StepMS)
+	}
+	byID := map[string]*node.Node{}
+	for i := 1; i < 4; i++ {
+		byID[tn.Node(i).ID().String()] = tn.Node(i)
+	}
+	for i, s := range hp.Stages {
+		ss := byID[s.Peer].Status().Pipelines.Sessions
+		want := 2 // stage 0 holds its third step; the others wait for it
+		if len(ss) != 1 || ss[0].Model != model || ss[0].Lo != s.Lo || ss[0].Hi != s.Hi || ss[0].Head != router.ID().String() ||
+			ss[0].Index != i || ss[0].Stages != 3 || ss[0].Steps != want || ss[0].ForwardMS <= 0 {
+			t.Fatalf("stage %d (%s) lists its sessions as %+v", i, s.Peer, ss)
+		}
+	}
+	close(release)
+
+	r := <-done
+	if r.errCode != "" || !r.done || r.final.Route != hp.Route {
+		t.Fatalf("pipeline request: %+v, want served at %s", r, hp.Route)
+	}
+	// max_tokens is reached: a step for the prompt, then one for each token but the last.
+	recent = router.Status().Pipelines.Recent
+	if len(recent) != 1 || recent[0].Open || recent[0].Failure != "" || recent[0].Route != hp.Route ||
+		len(r.tokens) != 8 || recent[0].Steps != len(r.tokens) || recent[0].StepMS <= 0 {
+		t.Fatalf("after the request (%d tokens) the router lists %+v", len(r.tokens), recent)
+	}
+	within(t, 20*time.Second, "the stage sessions freed", func() bool {
+		for _, n := range byID {
+			if len(n.Status().Pipelines.Sessions) != 0 {
+				return false
+			}
+		}
+		return true
+	})
+}

@@ -224,6 +224,55 @@ type Pipelines struct {
 	StageSessions       int    `json:"stage_sessions"`
 	StageRefused        uint64 `json:"stage_refused"`
 	StageProtocolErrors uint64 `json:"stage_protocol_errors"`
+	// Recent are the pipelines this node heads now (at most 32) and the last 8 it headed,
+	// newest first; Sessions the stage sessions it runs for heads now.
+	Recent   []HeadedPipeline `json:"recent"`
+	Sessions []StageSession   `json:"sessions"`
+}
+
+// HeadedPipeline is a pipeline this node heads or headed: its stages, and what its steps
+// took. Times are means per step (a step is the prompt, or part of it, or one token),
+// in milliseconds.
+type HeadedPipeline struct {
+	Model     string          `json:"model"`
+	Route     string          `json:"route"`      // as X-Meshinfer-Route says it: pipeline:<peer>[0-7],…
+	Open      bool            `json:"open"`       // running now
+	StartedAt string          `json:"started_at"` // RFC 3339, UTC
+	Stages    []PipelineStage `json:"stages"`     // in chain order
+	Steps     int             `json:"steps"`
+	// StepMS is a step's round trip at this node: from sending its hidden states to the first
+	// stage to reading the last stage's output.
+	StepMS float64 `json:"step_ms"`
+	// HopsMS is the part of StepMS outside the stages' layers: the step's crossings (this
+	// node → the first stage, stage to stage, the last stage → this node) and their
+	// framing. Left out, as the stages' forward_ms, when the stages do not report their times.
+	HopsMS *float64 `json:"hops_ms,omitempty"`
+	// Failure is the error code that broke the pipeline (a lost or timed-out stage, …); ""
+	// while it is open and when it ended in order.
+	Failure string `json:"failure,omitempty"`
+}
+
+// PipelineStage is one stage of a headed pipeline: a peer holding layers [Lo, Hi), and
+// the mean time of its layers per step, as it reported it.
+type PipelineStage struct {
+	Peer      string   `json:"peer"`
+	Lo        int      `json:"lo"`
+	Hi        int      `json:"hi"`
+	ForwardMS *float64 `json:"forward_ms,omitempty"`
+}
+
+// StageSession is a stage session this node runs for a head now: layers [Lo, Hi) of Model,
+// its place in the chain, the steps it ran and its layers' mean time per step, in
+// milliseconds.
+type StageSession struct {
+	Model     string  `json:"model"`
+	Lo        int     `json:"lo"`
+	Hi        int     `json:"hi"`
+	Head      string  `json:"head"`   // the head's peer ID
+	Index     int     `json:"index"`  // its place in the chain, 0 first
+	Stages    int     `json:"stages"` // the chain's length
+	Steps     int     `json:"steps"`
+	ForwardMS float64 `json:"forward_ms"`
 }
 
 // Mesh is the node's view of its mesh.

@@ -1,0 +1,150 @@
+package node
+
+import (
+	"cmp"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/node/console"
+	"github.com/meshinfer/meshinfer/transport/stage"
+)
+
+// What /api/status lists of the pipelines this node heads and the stage sessions it runs.
+const (
+	keptEnded  = 8  // the last pipelines headed that ended
+	listedOpen = 32 // the pipelines headed now, newest first
+)
+
+// headedLog keeps the pipelines this node heads now and the last keptEnded it headed.
+type headedLog struct {
+	mu    sync.Mutex
+	next  uint64
+	open  map[uint64]*headedRun
+	ended []*headedRun // oldest first
+}
+
+// headedRun is one pipeline this node headed: its chain, and its pipeline while open or
+// what its steps took once it ended.
+type headedRun struct {
+	seq     uint64
+	model   string
+	stages  []inference.StageHop
+	started time.Time
+	p       *stage.Pipeline // nil once ended
+	final   stage.Stats
+}
+
+// add records p, a pipeline of model over stages opened at now, and returns its close: it
+// closes p and keeps what its steps took. Idempotent.
+func (l *headedLog) add(model string, stages []inference.StageHop, now time.Time, p *stage.Pipeline) func() error {
+	r := &headedRun{model: model, stages: slices.Clone(stages), started: now, p: p}
+	l.mu.Lock()
+	if l.open == nil {
+		l.open = make(map[uint64]*headedRun)
+	}
+	l.next++
+	r.seq = l.next
+	l.open[r.seq] = r
+	l.mu.Unlock()
+	var once sync.Once
+	return func() error {
+		once.Do(func() {
+			p.Close()
+			st := p.Stats()
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			delete(l.open, r.seq)
+			r.p, r.final = nil, st
+			if l.ended = append(l.ended, r); len(l.ended) > keptEnded {
+				l.ended = slices.Delete(l.ended, 0, len(l.ended)-keptEnded)
+			}
+		})
+		return nil
+	}
+}
+
+// status lists the pipelines open now (at most listedOpen) and the last that ended, newest
+// first.
+func (l *headedLog) status() []console.HeadedPipeline {
+	l.mu.Lock()
+	runs := make([]*headedRun, 0, len(l.open)+len(l.ended))
+	for _, r := range l.open {
+		runs = append(runs, r)
+	}
+	slices.SortFunc(runs, func(a, b *headedRun) int { return cmp.Compare(b.seq, a.seq) })
+	runs = runs[:min(len(runs), listedOpen)]
+	for i := len(l.ended) - 1; i >= 0; i-- {
+		runs = append(runs, l.ended[i])
+	}
+	type snap struct {
+		r    headedRun
+		open bool
+	}
+	snaps := make([]snap, len(runs))
+	for i, r := range runs {
+		snaps[i] = snap{*r, r.p != nil}
+	}
+	l.mu.Unlock()
+
+	out := make([]console.HeadedPipeline, 0, len(snaps))
+	for _, s := range snaps {
+		st := s.r.final
+		if s.open {
+			st = s.r.p.Stats() // outside the log's lock: it waits for no step
+		}
+		out = append(out, headedStatus(s.r, s.open, st))
+	}
+	return out
+}
+
+// stageSessions lists the stage sessions this node runs for heads now.
+func (n *Node) stageSessions() []console.StageSession {
+	out := []console.StageSession{}
+	if n.stageSrv == nil {
+		return out
+	}
+	for _, s := range n.stageSrv.Running() {
+		ss := console.StageSession{Model: s.Model, Lo: s.Lo, Hi: s.Hi, Head: s.Head.String(), Index: s.Index,
+			Stages: s.Stages, Steps: s.Steps}
+		if s.Steps > 0 {
+			ss.ForwardMS = float64(s.Forward) / float64(s.Steps) / float64(time.Millisecond)
+		}
+		out = append(out, ss)
+	}
+	return out
+}
+
+// headedStatus is r as /api/status shows it, given what its steps took.
+func headedStatus(r headedRun, open bool, st stage.Stats) console.HeadedPipeline {
+	hp := console.HeadedPipeline{
+		Model: r.model, Route: inference.Served{Tier: inference.TierMesh, Stages: r.stages}.Route(),
+		Open: open, StartedAt: rfc3339(r.started), Steps: st.Steps,
+		Stages: make([]console.PipelineStage, len(r.stages)),
+	}
+	perStep := func(d time.Duration) float64 {
+		if st.Steps == 0 {
+			return 0
+		}
+		return float64(d) / float64(st.Steps) / float64(time.Millisecond)
+	}
+	hp.StepMS = perStep(st.RoundTrip)
+	for i, s := range r.stages {
+		hp.Stages[i] = console.PipelineStage{Peer: s.Peer, Lo: s.Lo, Hi: s.Hi}
+	}
+	if len(st.Forward) == len(r.stages) {
+		hops := st.RoundTrip
+		for i, d := range st.Forward {
+			ms := perStep(d)
+			hp.Stages[i].ForwardMS = &ms
+			hops -= d
+		}
+		ms := perStep(max(hops, 0)) // a stage may overstate its time
+		hp.HopsMS = &ms
+	}
+	if st.Err != nil {
+		hp.Failure = string(inference.CodeOf(st.Err))
+	}
+	return hp
+}
