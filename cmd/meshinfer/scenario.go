@@ -78,6 +78,9 @@ func shard(ctx context.Context, w io.Writer, tn *testnet.Testnet) {
 			time.Since(began).Round(time.Millisecond), strings.Join(plan, " -> "), text.String())
 	}
 	fmt.Fprintln(w, "  (the second request finds every stage's layers loaded: its time is the pipeline's own)")
+	if recent := router.Status().Pipelines.Recent; len(recent) > 0 {
+		fmt.Fprintf(w, "  node 0's status says: %s\n", headedWords(recent[0]))
+	}
 }
 
 // batteryDrain drains node 1's simulated battery (5 points a step) to below the
