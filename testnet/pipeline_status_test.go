@@ -137,7 +137,8 @@ func TestStageRangesAnnouncedLoadingThenWarm(t *testing.T) {
 // TestPipelineStatus: while a pipeline streams (held at a stage's third step), the router's
 // status lists it open with its three stages and non-zero step and layer times, and each
 // stage node's status lists its session of that pipeline; once it ends, the router lists
-// it closed with every step of the generation, and the stage nodes list no session.
+// it closed with every step of the generation, and the stage nodes list no session. Of
+// nine pipelines, the router lists the last eight.
 func TestPipelineStatus(t *testing.T) {
 	const model = "synth-small"
 	reached := make(chan int, 4)
@@ -215,4 +216,21 @@ func TestPipelineStatus(t *testing.T) {
 		}
 		return true
 	})
+
+	// Eight more, of one token each (one step: the prompt): the router keeps the last 8, and
+	// the first, of 8 steps, is gone.
+	for seed := range int64(8) {
+		if r := stream(t, router.APIAddr(), routedBody(model, 1, 100+seed, nil), nil, nil); r.errCode != "" || !r.done {
+			t.Fatalf("request %d: %+v", seed, r)
+		}
+	}
+	recent = router.Status().Pipelines.Recent
+	if len(recent) != 8 {
+		t.Fatalf("the router lists %d pipelines after 9, want the last 8", len(recent))
+	}
+	for i, hp := range recent {
+		if hp.Open || hp.Steps != 1 || hp.Failure != "" {
+			t.Fatalf("pipeline %d listed as %+v, want one of the last 8, of one step", i, hp)
+		}
+	}
 }
