@@ -442,6 +442,13 @@ func (s *Server) watch(ss *session, down network.Stream, r *frame.Reader) {
 		err = fmt.Errorf("%w: empty frame from the next hop", errProtocol)
 	case err == nil && !ss.last() && body[0] == frameError:
 		f, derr := decodeError(body, ss.index+1, ss.stages)
+		if derr != nil {
+			// The last stage names the head when it finds the head gone (its return stream
+			// broken): passed back like a stage's fault, nobody on the chain to blame.
+			if hf, herr := decodeError(body, headStage, headStage+1); herr == nil {
+				f, derr = hf, nil
+			}
+		}
 		if derr == nil {
 			ss.fail(failure{fault: f, from: sideDown})
 			return
