@@ -249,6 +249,13 @@ func TestOnlyTheHeadAttaches(t *testing.T) {
 // return stream (back) or on the head's stream to it (up).
 func fakeStage(t *testing.T, width int, answer func(step []byte) (back, up []byte)) host.Host {
 	t.Helper()
+	return fakeChainStage(t, width, false, false, answer)
+}
+
+// fakeChainStage is fakeStage answering the open's and the attach's ready with the given
+// timed flags.
+func fakeChainStage(t *testing.T, width int, openTimed, attachTimed bool, answer func(step []byte) (back, up []byte)) host.Host {
+	t.Helper()
 	h := newHost(t)
 	rets := make(chan network.Stream, 1)
 	h.SetStreamHandler(ID, func(st network.Stream) {
@@ -258,11 +265,11 @@ func fakeStage(t *testing.T, width int, answer func(step []byte) (back, up []byt
 			return
 		}
 		if body[0] == frameAttach {
-			frame.Write(st, encodeReady(width, false))
+			frame.Write(st, encodeReady(width, attachTimed))
 			rets <- st
 			return
 		}
-		frame.Write(st, encodeReady(width, false))
+		frame.Write(st, encodeReady(width, openTimed))
 		step, err := frame.ReadOne(st, 1<<20)
 		if err != nil {
 			st.Reset()

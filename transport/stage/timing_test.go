@@ -292,35 +292,5 @@ func TestHeadChecksTimes(t *testing.T) {
 // with the given timed flags, then the first step with back on the return stream.
 func fakeTimedStage(t *testing.T, width int, openTimed, attachTimed bool, back []byte) host.Host {
 	t.Helper()
-	h := newHost(t)
-	rets := make(chan network.Stream, 1)
-	h.SetStreamHandler(ID, func(st network.Stream) {
-		body, err := frame.ReadOne(st, MaxOpenFrame)
-		if err != nil || len(body) == 0 {
-			st.Reset()
-			return
-		}
-		if body[0] == frameAttach {
-			frame.Write(st, encodeReady(width, attachTimed))
-			rets <- st
-			return
-		}
-		frame.Write(st, encodeReady(width, openTimed))
-		if _, err := frame.ReadOne(st, 1<<20); err != nil {
-			st.Reset()
-			return
-		}
-		var ret network.Stream
-		select {
-		case ret = <-rets:
-		case <-t.Context().Done():
-			st.Reset()
-			return
-		}
-		ret.Write(back)
-		st.Read(make([]byte, 1)) // until the head resets it
-		st.Reset()
-		ret.Reset()
-	})
-	return h
+	return fakeChainStage(t, width, openTimed, attachTimed, func([]byte) ([]byte, []byte) { return back, nil })
 }
