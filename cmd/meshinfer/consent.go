@@ -250,27 +250,35 @@ func isThermalState(s string) bool {
 	return false
 }
 
-// byteUnits are the units parseBytes accepts, decimal and binary, longest first.
+// byteUnits are the units of amounts of bytes on the command line, decimal and binary (k, m,
+// g and t alone are binary), longest first.
 var byteUnits = []struct {
 	suffix string
 	mult   int64
 }{
 	{"kib", 1 << 10}, {"mib", 1 << 20}, {"gib", 1 << 30}, {"tib", 1 << 40},
 	{"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"tb", 1e12}, {"b", 1},
+	{"k", 1 << 10}, {"m", 1 << 20}, {"g", 1 << 30}, {"t", 1 << 40},
 }
 
-// parseBytes reads an amount of bytes: a whole number, optionally followed by a unit (B, kB,
-// MB, GB, TB, KiB, MiB, GiB, TiB; any case, a space allowed), from 0 to
-// participation.MaxBytesPerHourLimit.
-func parseBytes(s string) (int64, error) {
-	num, mult := strings.TrimSpace(s), int64(1)
+// splitUnit splits an amount of bytes into its number and its unit's multiplier (byteUnits,
+// any case, a space allowed between them); a number without a unit counts in bare.
+func splitUnit(s string, bare int64) (string, int64) {
+	num := strings.TrimSpace(s)
 	lower := strings.ToLower(num)
 	for _, u := range byteUnits {
 		if strings.HasSuffix(lower, u.suffix) {
-			num, mult = strings.TrimSpace(num[:len(num)-len(u.suffix)]), u.mult
-			break
+			return strings.TrimSpace(num[:len(num)-len(u.suffix)]), u.mult
 		}
 	}
+	return num, bare
+}
+
+// parseBytes reads an amount of bytes: a whole number, optionally followed by a unit
+// (byteUnits), from 0 to
+// participation.MaxBytesPerHourLimit.
+func parseBytes(s string) (int64, error) {
+	num, mult := splitUnit(s, 1)
 	n, err := strconv.ParseInt(num, 10, 64)
 	if err != nil || n < 0 {
 		return 0, fmt.Errorf("not an amount of bytes: give a whole number, optionally with a unit (500MB, 2GB, 1GiB)")

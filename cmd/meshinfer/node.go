@@ -12,7 +12,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-	"unicode"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
@@ -299,21 +298,14 @@ func (b byteSize) String() string {
 }
 
 func (b *byteSize) Set(s string) error {
-	num := strings.TrimRightFunc(s, unicode.IsLetter)
-	unit := strings.ToLower(strings.TrimSpace(s[len(num):]))
-	f, err := strconv.ParseFloat(strings.TrimSpace(num), 64)
+	num, mult := splitUnit(s, 1<<20)
+	f, err := strconv.ParseFloat(num, 64)
 	if err != nil || !(f > 0) {
-		return fmt.Errorf("%q: want a positive size such as 512MiB or 4GiB", s)
+		return fmt.Errorf("%q: want a positive size such as 512MiB or 4GiB (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)", s)
 	}
-	mult := map[string]float64{"": 1 << 20, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
-		"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-	m, ok := mult[unit]
-	if !ok {
-		return fmt.Errorf("%q: unknown unit %q; use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB", s, unit)
-	}
-	if f*m > float64(1<<62) {
+	if f*float64(mult) > float64(1<<62) {
 		return fmt.Errorf("%q: too large", s)
 	}
-	*b = byteSize(f * m)
+	*b = byteSize(f * float64(mult))
 	return nil
 }
