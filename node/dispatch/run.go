@@ -113,7 +113,7 @@ func (r *run) serve(ctx context.Context, dec route.Decision) (inference.Result, 
 // failed: each costs a regeneration of what was already sent.
 const maxReplans = 2
 
-// replan decides the run's request afresh after the pipeline failed failed a stage and
+// replan decides the run's request afresh after the pipeline failed lost a stage and
 // returns the new pipeline, if it differs.
 func (r *run) replan(ctx context.Context, failed route.Target) (route.Target, bool) {
 	now := r.d.now()
