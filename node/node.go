@@ -191,9 +191,12 @@ func (n *Node) start() error {
 		return fmt.Errorf("start capability probe: %w", err)
 	}
 	n.closers = append(n.closers, n.probe.Close)
+	// One reading at start: the default memory budget and the first participation
+	// observation below.
+	first := n.probe.Probe(cfg.Now())
 	n.budget = cfg.MemoryBudget
 	if n.budget <= 0 {
-		n.budget = int64(float64(n.probe.Probe(cfg.Now()).RAM.FreeMB<<20) * DefaultMemoryShare)
+		n.budget = int64(float64(first.RAM.FreeMB<<20) * DefaultMemoryShare)
 	}
 
 	if n.rep, err = reputation.New(reputation.DefaultParams()); err != nil {
@@ -229,7 +232,7 @@ func (n *Node) start() error {
 	}
 	// The first observation now, so that the first announcement already says whether this
 	// node accepts work; the loop started below observes every heartbeat after that.
-	n.part.observe(n.probe.Probe(cfg.Now()), cfg.Now())
+	n.part.observe(first, cfg.Now())
 	var direct *directServer
 	if n.backend != nil {
 		opts := []infer.ServerOption{infer.WithAdmission(n.part.admit), infer.WithSigner(n.signTask), infer.WithServerObserver(n.rep)}
