@@ -3,6 +3,7 @@ package testnet
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -80,13 +81,15 @@ func TestPipelineServesAModelNoNodeHolds(t *testing.T) {
 }
 
 // heldStages holds every stage session at its step'th Forward (the prompt is step 1) until
-// the test releases it, after telling the test which node reached it first.
+// the test releases it, after telling the test which node reached it first. firsts, when
+// not nil, gets the positions of each session's first Forward, if it has room.
 type heldStages struct {
 	inference.StageBackend
 	node    int
 	step    int
 	reached chan<- int
 	release <-chan struct{}
+	firsts  chan<- int
 }
 
 func (h heldStages) OpenStage(ctx context.Context, model string, lo, hi, maxPositions int) (inference.StageSession, error) {
@@ -104,7 +107,13 @@ type heldSession struct {
 }
 
 func (s *heldSession) Forward(ctx context.Context, hidden []float32, n int) ([]float32, error) {
-	if s.steps++; s.steps == s.h.step {
+	if s.steps++; s.steps == 1 && s.h.firsts != nil {
+		select {
+		case s.h.firsts <- n:
+		default:
+		}
+	}
+	if s.steps == s.h.step {
 		select {
 		case s.h.reached <- s.h.node:
 		default:
@@ -124,7 +133,7 @@ func (s *heldSession) Forward(ctx context.Context, hidden []float32, n int) ([]f
 // identical to a single-node run.
 func TestPipelineLosesAStageMidStream(t *testing.T) {
 	const model = "synth-small"
-	reached := make(chan int, 4)
+	reached, firsts := make(chan int, 4), make(chan int, 64)
 	release := make(chan struct{})
 	tn := start(t, Options{Nodes: 5, NoConsole: true, Heartbeat: time.Second,
 		ModelsFor: func(i int) []string {
@@ -137,7 +146,7 @@ func TestPipelineLosesAStageMidStream(t *testing.T) {
 			// Three stages of 2+1+1 layers out of four candidates: one spare.
 			cfg.MemoryBudget = []int64{0, 10 << 20, 10 << 20, 5 << 20, 5 << 20}[i]
 			cfg.WrapStages = func(b inference.StageBackend) inference.StageBackend {
-				return heldStages{StageBackend: b, node: i, step: 5, reached: reached, release: release}
+				return heldStages{StageBackend: b, node: i, step: 5, reached: reached, release: release, firsts: firsts}
 			}
 		},
 	})
@@ -172,6 +181,18 @@ func TestPipelineLosesAStageMidStream(t *testing.T) {
 		if s.Peer == victimID {
 			t.Fatalf("the second pipeline %q still uses the killed node %d", r.final.Route, victim)
 		}
+	}
+	// The second pipeline was given the prompt and the tokens already sent as one batch
+	// (a replay), not the prompt alone to generate them again: its sessions' first steps
+	// are at least 3 positions longer than the first pipeline's.
+	// Every session of both pipelines has had its first step by now.
+	lo, hi := math.MaxInt, 0
+	for len(firsts) > 0 {
+		n := <-firsts
+		lo, hi = min(lo, n), max(hi, n)
+	}
+	if hi < lo+3 {
+		t.Fatalf("first steps of %d to %d positions: the second pipeline did not replay the tokens sent", lo, hi)
 	}
 }
 

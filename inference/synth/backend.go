@@ -3,6 +3,7 @@ package synth
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -257,7 +258,7 @@ func (b *Backend) Generate(ctx context.Context, req *inference.Request, emit fun
 	// The cache needs no slot for the last sampled token: it is never fed back.
 	local := newSession(w, 0, m.preset.Layers, len(prompt)+budget-1)
 	defer local.Close()
-	return generate(ctx, m, w, local.Forward, req, prompt, budget, emit)
+	return generate(ctx, m, w, local.Forward, req, prompt, nil, budget, emit)
 }
 
 // GenerateWith is Generate, with every layer computed by layers instead of here: the head
@@ -277,15 +278,35 @@ func (b *Backend) Generate(ctx context.Context, req *inference.Request, emit fun
 // An error from layers ends the generation and is returned wrapped (CodeOf and errors.Is
 // see it); a result of the wrong size is an unavailable *inference.Error.
 func (b *Backend) GenerateWith(ctx context.Context, req *inference.Request, layers inference.Layers, emit func(inference.Token) error) (inference.Result, error) {
+	return b.ReplayWith(ctx, req, layers, nil, emit)
+}
+
+// ReplayWith is GenerateWith continuing a cut generation (inference.Head): replay is the
+// ids of the tokens the client has, a prefix of what GenerateWith emits for req. The
+// prompt and the replayed tokens go through layers as one batch; each replayed token then
+// takes the place of a pick (the sampler draws what the pick would have) and passes the stop
+// strings like a sampled one, so the tokens after them are GenerateWith's. Every token is
+// emitted from index 0. Replayed ids that are not tokens of the vocabulary, or more than the
+// completion's budget, are an invalid_request error.
+func (b *Backend) ReplayWith(ctx context.Context, req *inference.Request, layers inference.Layers, replay []int, emit func(inference.Token) error) (inference.Result, error) {
 	m, prompt, budget, err := b.prepare(ctx, req)
 	if err != nil {
 		return inference.Result{}, err
+	}
+	if len(replay) >= budget {
+		return inference.Result{}, inference.Errorf(inference.CodeInvalidRequest,
+			"%d tokens to replay leave none of the completion's %d to generate", len(replay), budget)
+	}
+	for _, id := range replay {
+		if id < 0 || id >= m.preset.Vocab || id == idEOT || !m.tok.sampleable[id] {
+			return inference.Result{}, inference.Errorf(inference.CodeInvalidRequest, "token id %d cannot be replayed: not a token %s samples", id, m.preset.Name)
+		}
 	}
 	w, err := m.get(ctx, headOnly())
 	if err != nil {
 		return inference.Result{}, err
 	}
-	return generate(ctx, m, w, layers, req, prompt, budget, emit)
+	return generate(ctx, m, w, layers, req, prompt, replay, budget, emit)
 }
 
 // prepare does Generate's checks, in its order, and returns the model, the prompt's tokens
@@ -310,10 +331,11 @@ func (b *Backend) prepare(ctx context.Context, req *inference.Request) (*model, 
 	return m, prompt, min(req.EffectiveMaxTokens(), p.Context-len(prompt)), nil
 }
 
-// generate is the generation loop of Generate and GenerateWith: head holds the head's
-// weights, layers runs every layer.
+// generate is the generation loop of Generate, GenerateWith and ReplayWith: head holds the
+// head's weights, layers runs every layer, replay are tokens to take instead of the first
+// picks (fewer than budget, sampleable ids), run through the layers with the prompt.
 func generate(ctx context.Context, m *model, head *weights, layers inference.Layers, req *inference.Request,
-	prompt []int, budget int, emit func(inference.Token) error) (inference.Result, error) {
+	prompt, replay []int, budget int, emit func(inference.Token) error) (inference.Result, error) {
 	p := m.preset
 	d := p.Dim
 	logits, xn := make([]float32, p.Vocab), make([]float32, d)
@@ -337,7 +359,7 @@ func generate(ctx context.Context, m *model, head *weights, layers inference.Lay
 		head.logits(logits, xn, out[(n-1)*d:])
 		return nil
 	}
-	if err := step(prompt, 0); err != nil {
+	if err := step(append(slices.Clip(prompt), replay...), 0); err != nil {
 		return inference.Result{}, fmt.Errorf("synth: prompt: %w", err)
 	}
 	smp := newSampler(req.EffectiveTemperature(), req.EffectiveTopP(), req.EffectiveSeed(), m.tok.sampleable)
@@ -348,7 +370,13 @@ func generate(ctx context.Context, m *model, head *weights, layers inference.Lay
 		return inference.Result{FinishReason: fr, Usage: usage}
 	}
 	for {
-		id := smp.pick(logits)
+		var id int
+		if k := usage.CompletionTokens; k < len(replay) {
+			id = replay[k]
+			smp.skip()
+		} else {
+			id = smp.pick(logits)
+		}
 		if id == idEOT {
 			if err := emitAll(emit, stop.flush()); err != nil {
 				return inference.Result{}, err
@@ -368,6 +396,9 @@ func generate(ctx context.Context, m *model, head *weights, layers inference.Lay
 				return inference.Result{}, err
 			}
 			return result(inference.FinishLength), nil
+		}
+		if usage.CompletionTokens <= len(replay) {
+			continue // a replayed token: in the layers already, with the prompt
 		}
 		if err := step([]int{id}, len(prompt)+usage.CompletionTokens-1); err != nil {
 			return inference.Result{}, fmt.Errorf("synth: generation: %w", err)

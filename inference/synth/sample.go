@@ -110,6 +110,15 @@ func (s *sampler) walk(target float64, seq func(func(int) bool)) int {
 	return last
 }
 
+// skip stands for a pick whose token is known already (a replayed token): it draws the
+// uniform number that pick would have, so the picks after it are those of the run it
+// continues.
+func (s *sampler) skip() {
+	if s.temp > 0 {
+		s.rng.Float64()
+	}
+}
+
 func (s *sampler) argmax(logits []float32) int {
 	best, bestL := -1, float32(math.Inf(-1))
 	for id, l := range logits {

@@ -148,6 +148,28 @@ func TestShardedIdentical(t *testing.T) {
 			if len(calls) == 0 || calls[0] != res.Usage.PromptTokens || slices.ContainsFunc(calls[1:], func(n int) bool { return n != 1 }) {
 				t.Fatalf("%s over %v: calls of %v positions, want the prompt's %d then 1 each", name, sp.bounds, calls, res.Usage.PromptTokens)
 			}
+			// Cut after k tokens, the generation replayed on a fresh pipeline gives the
+			// same output, the prompt and the k tokens going through in one call.
+			for _, k := range []int{1, len(want) / 2, len(want) - 1} {
+				if k < 1 || k >= len(want) || want[k-1].Index != k-1 {
+					continue
+				}
+				layers, closeAll = pipeline(t, sharded, sp.model, sp.bounds, b.models[sp.model].preset.Context)
+				calls = calls[:0]
+				got, res, err := collect(t, func(emit func(inference.Token) error) (inference.Result, error) {
+					return sharded.ReplayWith(context.Background(), req, counted, ids(want[:k]), emit)
+				})
+				closeAll()
+				if err != nil {
+					t.Fatalf("%s over %v replaying %d tokens: %v", name, sp.bounds, k, err)
+				}
+				if !slices.Equal(got, want) || res != wantRes {
+					t.Fatalf("%s over %v replaying %d tokens:\n%q %+v\nGenerate:\n%q %+v", name, sp.bounds, k, text(got), res, text(want), wantRes)
+				}
+				if len(calls) == 0 || calls[0] != res.Usage.PromptTokens+k || slices.ContainsFunc(calls[1:], func(n int) bool { return n != 1 }) {
+					t.Fatalf("%s over %v replaying %d tokens: calls of %v positions, want %d then 1 each", name, sp.bounds, k, calls, res.Usage.PromptTokens+k)
+				}
+			}
 		}
 		return wantRes
 	}
@@ -207,6 +229,16 @@ func TestGenerateWithHead(t *testing.T) {
 	} {
 		if toks, _, err := runWith(t, b, tt.req, never); inference.CodeOf(err) != tt.want || len(toks) != 0 {
 			t.Errorf("%d tokens, err %v; want %s", len(toks), err, tt.want)
+		}
+	}
+	// Tokens to replay that no run could have sampled: the end of text, ids out of the
+	// vocabulary, or as many as the completion's budget.
+	for _, replay := range [][]int{{idEOT}, {p.Vocab}, {-1}, {idByteBase + 'a', idByteBase + 'b', idByteBase + 'c'}} {
+		_, _, err := collect(t, func(emit func(inference.Token) error) (inference.Result, error) {
+			return b.ReplayWith(context.Background(), request("x", 3, 0, 0), never, replay, emit)
+		})
+		if inference.CodeOf(err) != inference.CodeInvalidRequest {
+			t.Errorf("replaying %v: %v, want invalid_request", replay, err)
 		}
 	}
 	if m.loads.Load() != 0 {

@@ -170,7 +170,24 @@ func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, er
 		r.sent = append(r.sent, tok)
 		return nil
 	}
-	res, err = r.d.runOn(ctx, t, &r.req, forward, &r.via)
+	if len(t.Stages) > 0 && skip > 0 {
+		// A pipeline takes the stream on from the tokens the client has, prefilled as one
+		// batch (the stages' caches rebuilt in one pass); the head still emits them, and
+		// forward checks them against what was sent like any resumed prefix.
+		r.via = inference.TransportLibp2p
+		replay := make([]int, skip)
+		for i, tok := range r.sent {
+			replay[i] = tok.ID
+		}
+		res, err = r.d.pipelineReplay(ctx, t, &r.req, replay, forward)
+		if inference.CodeOf(err) == inference.CodeInvalidRequest {
+			// The request was served this far; ids the head cannot replay (a peer's
+			// tokens that are none of the model's) mean the stream was not the model's.
+			mismatch = fmt.Errorf("%w: %v", errResumeMismatch, err)
+		}
+	} else {
+		res, err = r.d.runOn(ctx, t, &r.req, forward, &r.via)
+	}
 	r.d.observe(t, r.req.Model, r.coldAt(t), err, emitErr != nil, m)
 	switch {
 	case err == nil:
