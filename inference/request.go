@@ -147,6 +147,16 @@ type Request struct {
 	// Prefs are the routing preferences, resolved by the API (body, headers, node
 	// defaults). They steer this node's router and never travel to a peer.
 	Prefs Prefs `json:"-"`
+	// Replay, on a request that continues a cut stream, holds the ids of the tokens the
+	// client already has, in order: a backend that can, prefills them with the prompt in
+	// one batch instead of generating them again, then samples on as the uninterrupted run
+	// would have. Either way a backend emits every token from index 0 (the replayed ones
+	// first), so one that ignores Replay (an upstream API, which streams text, not ids)
+	// gives the same stream for a deterministic model, only later. Fewer than the
+	// completion budget, none negative (Validate). The executor sets it when it resumes a
+	// stream (node/dispatch); the OpenAI API never reads it from a client, and the peer
+	// protocol carries it (transport/infer).
+	Replay []int `json:"-"`
 }
 
 // EffectiveMaxTokens is the completion budget: MaxCompletionTokens if set, else MaxTokens if
@@ -357,6 +367,14 @@ func (r *Request) Validate(limits Limits) error {
 	}
 	if p := r.TopP; p != nil && !(*p > 0 && *p <= 1) {
 		return invalid("top_p must be in (0, 1], got %g", *p)
+	}
+	if n := len(r.Replay); n > 0 && n >= r.EffectiveMaxTokens() {
+		return invalid("%d tokens to replay leave none of the completion's %d to generate", n, r.EffectiveMaxTokens())
+	}
+	for _, id := range r.Replay {
+		if id < 0 {
+			return invalid("token id %d cannot be replayed", id)
+		}
 	}
 	if len(r.Stop) > MaxStop {
 		return invalid("%d stop strings, limit %d", len(r.Stop), MaxStop)

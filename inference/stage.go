@@ -62,14 +62,7 @@ type Layers func(ctx context.Context, hidden []float32, n int) ([]float32, error
 
 // Head runs a generation whose layers are computed elsewhere: tokenization, embeddings,
 // the final norm and output projection, sampling and stop strings, with Generate's
-// contract, every layer computed by calling layers.
-//
-// ReplayWith is GenerateWith continuing a generation that was cut: replay holds the ids of
-// the tokens the client already has, in order. It prefills the prompt and them as one batch
-// (a replacement pipeline's stages rebuild their KV caches in one pass, not a token at a
-// time), then samples on; it emits every token from index 0, the replayed ones first, with
-// exactly the output GenerateWith would have had, provided replay is a prefix of it.
+// contract (Request.Replay included), every layer computed by calling layers.
 type Head interface {
 	GenerateWith(ctx context.Context, req *Request, layers Layers, emit func(Token) error) (Result, error)
-	ReplayWith(ctx context.Context, req *Request, layers Layers, replay []int, emit func(Token) error) (Result, error)
 }

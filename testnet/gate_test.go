@@ -2,6 +2,7 @@ package testnet
 
 import (
 	"context"
+	"slices"
 	"sync"
 
 	"github.com/meshinfer/meshinfer/inference"
@@ -16,6 +17,16 @@ type tokenGate struct {
 	mu   sync.Mutex
 	at   int           // index of the token held back; -1 when disarmed
 	open chan struct{} // closed by the open func Hold returned
+	// replays are the lengths of the replays (inference.Request.Replay) of the requests
+	// the gated backends were given, when not empty, in order.
+	replays []int
+}
+
+// Replays returns the lengths of the replays the gated backends were given so far.
+func (g *tokenGate) Replays() []int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.replays)
 }
 
 func newTokenGate() *tokenGate { return &tokenGate{at: -1} }
@@ -58,6 +69,11 @@ type gated struct {
 }
 
 func (b gated) Generate(ctx context.Context, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
+	if n := len(req.Replay); n > 0 {
+		b.g.mu.Lock()
+		b.g.replays = append(b.g.replays, n)
+		b.g.mu.Unlock()
+	}
 	return b.Backend.Generate(ctx, req, func(tok inference.Token) error {
 		if ch := b.g.wait(tok.Index); ch != nil {
 			select {

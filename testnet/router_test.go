@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -361,6 +362,11 @@ func TestStreamResumesAfterPeerKilled(t *testing.T) {
 		}
 		if r.final.Route == killed || r.final.Attempts < 2 {
 			t.Fatalf("run %d: final route %s after %d attempts; killed %s", run, r.final.Route, r.final.Attempts, killed)
+		}
+		// The peer that took the stream on was given the tokens sent to replay, not
+		// asked to generate them again.
+		if !slices.Contains(gate.Replays(), killAt) {
+			t.Fatalf("run %d: replays %v, want one of the %d tokens sent", run, gate.Replays(), killAt)
 		}
 	}
 	// Each run resumes at least once; a resumption can itself fail (a peer killed in an

@@ -258,7 +258,7 @@ func (b *Backend) Generate(ctx context.Context, req *inference.Request, emit fun
 	// The cache needs no slot for the last sampled token: it is never fed back.
 	local := newSession(w, 0, m.preset.Layers, len(prompt)+budget-1)
 	defer local.Close()
-	return generate(ctx, m, w, local.Forward, req, prompt, nil, budget, emit)
+	return generate(ctx, m, w, local.Forward, req, prompt, budget, emit)
 }
 
 // GenerateWith is Generate, with every layer computed by layers instead of here: the head
@@ -278,35 +278,15 @@ func (b *Backend) Generate(ctx context.Context, req *inference.Request, emit fun
 // An error from layers ends the generation and is returned wrapped (CodeOf and errors.Is
 // see it); a result of the wrong size is an unavailable *inference.Error.
 func (b *Backend) GenerateWith(ctx context.Context, req *inference.Request, layers inference.Layers, emit func(inference.Token) error) (inference.Result, error) {
-	return b.ReplayWith(ctx, req, layers, nil, emit)
-}
-
-// ReplayWith is GenerateWith continuing a cut generation (inference.Head): replay is the
-// ids of the tokens the client has, a prefix of what GenerateWith emits for req. The
-// prompt and the replayed tokens go through layers as one batch; each replayed token then
-// takes the place of a pick (the sampler draws what the pick would have) and passes the stop
-// strings like a sampled one, so the tokens after them are GenerateWith's. Every token is
-// emitted from index 0. Replayed ids that are not tokens of the vocabulary, or more than the
-// completion's budget, are an invalid_request error.
-func (b *Backend) ReplayWith(ctx context.Context, req *inference.Request, layers inference.Layers, replay []int, emit func(inference.Token) error) (inference.Result, error) {
 	m, prompt, budget, err := b.prepare(ctx, req)
 	if err != nil {
 		return inference.Result{}, err
-	}
-	if len(replay) >= budget {
-		return inference.Result{}, inference.Errorf(inference.CodeInvalidRequest,
-			"%d tokens to replay leave none of the completion's %d to generate", len(replay), budget)
-	}
-	for _, id := range replay {
-		if id < 0 || id >= m.preset.Vocab || id == idEOT || !m.tok.sampleable[id] {
-			return inference.Result{}, inference.Errorf(inference.CodeInvalidRequest, "token id %d cannot be replayed: not a token %s samples", id, m.preset.Name)
-		}
 	}
 	w, err := m.get(ctx, headOnly())
 	if err != nil {
 		return inference.Result{}, err
 	}
-	return generate(ctx, m, w, layers, req, prompt, replay, budget, emit)
+	return generate(ctx, m, w, layers, req, prompt, budget, emit)
 }
 
 // prepare does Generate's checks, in its order, and returns the model, the prompt's tokens
@@ -325,17 +305,31 @@ func (b *Backend) prepare(ctx context.Context, req *inference.Request) (*model, 
 		return nil, nil, 0, inference.Errorf(inference.CodeContextOverflow,
 			"prompt needs at least %d tokens, %s has a context window of %d", len(prompt), p.Name, p.Context)
 	}
+	budget := min(req.EffectiveMaxTokens(), p.Context-len(prompt))
+	if len(req.Replay) >= budget {
+		return nil, nil, 0, inference.Errorf(inference.CodeInvalidRequest,
+			"%d tokens to replay leave none of the completion's %d to generate", len(req.Replay), budget)
+	}
+	for _, id := range req.Replay {
+		if id >= p.Vocab || id == idEOT || !m.tok.sampleable[id] {
+			return nil, nil, 0, inference.Errorf(inference.CodeInvalidRequest,
+				"token id %d cannot be replayed: not a token %s samples", id, p.Name)
+		}
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, nil, 0, fmt.Errorf("synth: %w", err)
 	}
-	return m, prompt, min(req.EffectiveMaxTokens(), p.Context-len(prompt)), nil
+	return m, prompt, budget, nil
 }
 
-// generate is the generation loop of Generate, GenerateWith and ReplayWith: head holds the
-// head's weights, layers runs every layer, replay are tokens to take instead of the first
-// picks (fewer than budget, sampleable ids), run through the layers with the prompt.
+// generate is the generation loop of Generate and GenerateWith: head holds the head's
+// weights, layers runs every layer. The tokens to replay (req.Replay, checked by prepare)
+// go through the layers with the prompt, in one call; each then takes the place of a pick
+// (the sampler draws what the pick would have) and passes the stop strings like a sampled
+// one, so the tokens after them are those of the uninterrupted run.
 func generate(ctx context.Context, m *model, head *weights, layers inference.Layers, req *inference.Request,
-	prompt, replay []int, budget int, emit func(inference.Token) error) (inference.Result, error) {
+	prompt []int, budget int, emit func(inference.Token) error) (inference.Result, error) {
+	replay := req.Replay
 	p := m.preset
 	d := p.Dim
 	logits, xn := make([]float32, p.Vocab), make([]float32, d)

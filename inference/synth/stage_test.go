@@ -156,9 +156,9 @@ func TestShardedIdentical(t *testing.T) {
 				}
 				layers, closeAll = pipeline(t, sharded, sp.model, sp.bounds, b.models[sp.model].preset.Context)
 				calls = calls[:0]
-				got, res, err := collect(t, func(emit func(inference.Token) error) (inference.Result, error) {
-					return sharded.ReplayWith(context.Background(), req, counted, ids(want[:k]), emit)
-				})
+				replay := *req
+				replay.Replay = ids(want[:k])
+				got, res, err := runWith(t, sharded, &replay, counted)
 				closeAll()
 				if err != nil {
 					t.Fatalf("%s over %v replaying %d tokens: %v", name, sp.bounds, k, err)
@@ -168,6 +168,10 @@ func TestShardedIdentical(t *testing.T) {
 				}
 				if len(calls) == 0 || calls[0] != res.Usage.PromptTokens+k || slices.ContainsFunc(calls[1:], func(n int) bool { return n != 1 }) {
 					t.Fatalf("%s over %v replaying %d tokens: calls of %v positions, want %d then 1 each", name, sp.bounds, k, calls, res.Usage.PromptTokens+k)
+				}
+				// The whole model replays the same way.
+				if got, res, err := run(t, b, &replay); err != nil || !slices.Equal(got, want) || res != wantRes {
+					t.Fatalf("%s: Generate replaying %d tokens: %v\n%q %+v", name, k, err, text(got), res)
 				}
 			}
 		}
@@ -234,10 +238,9 @@ func TestGenerateWithHead(t *testing.T) {
 	// Tokens to replay that no run could have sampled: the end of text, ids out of the
 	// vocabulary, or as many as the completion's budget.
 	for _, replay := range [][]int{{idEOT}, {p.Vocab}, {-1}, {idByteBase + 'a', idByteBase + 'b', idByteBase + 'c'}} {
-		_, _, err := collect(t, func(emit func(inference.Token) error) (inference.Result, error) {
-			return b.ReplayWith(context.Background(), request("x", 3, 0, 0), never, replay, emit)
-		})
-		if inference.CodeOf(err) != inference.CodeInvalidRequest {
+		req := request("x", 3, 0, 0)
+		req.Replay = replay
+		if _, _, err := runWith(t, b, req, never); inference.CodeOf(err) != inference.CodeInvalidRequest {
 			t.Errorf("replaying %v: %v, want invalid_request", replay, err)
 		}
 	}

@@ -26,14 +26,6 @@ type PipelineOpener interface {
 // peer in reputation (the pipeline itself has no reputation key), and the error, naming
 // the stage, fails the attempt over like a peer's.
 func (d *Executor) pipelineGenerate(ctx context.Context, t route.Target, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
-	return d.pipelineReplay(ctx, t, req, nil, emit)
-}
-
-// pipelineReplay is pipelineGenerate continuing a cut stream: replay holds the ids of the
-// tokens the client has, which the head prefills with the prompt in one batch through the
-// new chain (inference.Head's ReplayWith) instead of generating them again a token at a
-// time. It emits every token from index 0, like a regeneration.
-func (d *Executor) pipelineReplay(ctx context.Context, t route.Target, req *inference.Request, replay []int, emit func(inference.Token) error) (inference.Result, error) {
 	if d.cfg.Head == nil || d.cfg.Pipelines == nil {
 		return inference.Result{}, inference.Errorf(inference.CodeUnavailable, "this node cannot head a pipeline")
 	}
@@ -44,7 +36,7 @@ func (d *Executor) pipelineReplay(ctx context.Context, t route.Target, req *infe
 		return inference.Result{}, err
 	}
 	defer closeChain()
-	res, err := d.cfg.Head.ReplayWith(ctx, req, layers, replay, emit)
+	res, err := d.cfg.Head.GenerateWith(ctx, req, layers, emit)
 	if err != nil {
 		d.blameStage(req.Model, err)
 		return inference.Result{}, err

@@ -170,23 +170,19 @@ func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, er
 		r.sent = append(r.sent, tok)
 		return nil
 	}
-	if len(t.Stages) > 0 && skip > 0 {
-		// A pipeline takes the stream on from the tokens the client has, prefilled as one
-		// batch (the stages' caches rebuilt in one pass); the head still emits them, and
-		// forward checks them against what was sent like any resumed prefix.
-		r.via = inference.TransportLibp2p
-		replay := make([]int, skip)
-		for i, tok := range r.sent {
-			replay[i] = tok.ID
-		}
-		res, err = r.d.pipelineReplay(ctx, t, &r.req, replay, forward)
-		if inference.CodeOf(err) == inference.CodeInvalidRequest {
-			// The request was served this far; ids the head cannot replay (a peer's
-			// tokens that are none of the model's) mean the stream was not the model's.
-			mismatch = fmt.Errorf("%w: %v", errResumeMismatch, err)
-		}
-	} else {
-		res, err = r.d.runOn(ctx, t, &r.req, forward, &r.via)
+	req := &r.req
+	if skip > 0 {
+		// The target takes the stream on from the tokens the client has: one that can
+		// (the built-in models, here, on a peer or heading a pipeline) prefills them with
+		// the prompt as one batch, one that cannot generates them again. Either way they
+		// come back first, checked against what was sent and skipped by forward.
+		req = r.replaying()
+	}
+	res, err = r.d.runOn(ctx, t, req, forward, &r.via)
+	if skip > 0 && inference.CodeOf(err) == inference.CodeInvalidRequest {
+		// The request was served this far: ids a backend cannot replay (tokens a peer
+		// sent that are none of the model's) mean the stream was not the model's.
+		mismatch = fmt.Errorf("%w: %v", errResumeMismatch, err)
 	}
 	r.d.observe(t, r.req.Model, r.coldAt(t), err, emitErr != nil, m)
 	switch {
@@ -235,6 +231,21 @@ func (d *Executor) peerGenerate(ctx context.Context, p peer.ID, req *inference.R
 		return d.viaWebRTC(ctx, p, req, emit, via)
 	}
 	return d.cfg.Peers.Generate(ctx, p, req, emit)
+}
+
+// replaying is the run's request continuing the stream the client has (Request.Replay):
+// the ids of the tokens sent, or none when a token's id is not known (an upstream's).
+func (r *run) replaying() *inference.Request {
+	req := r.req
+	req.Replay = make([]int, len(r.sent))
+	for i, tok := range r.sent {
+		if tok.ID < 0 {
+			req.Replay = nil
+			break
+		}
+		req.Replay[i] = tok.ID
+	}
+	return &req
 }
 
 // deterministic reports whether t serves the run's model deterministically.

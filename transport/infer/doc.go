@@ -7,7 +7,8 @@
 // Every message is a frame (internal/frame): an unsigned varint length, then the body. The
 // first body byte is the frame type.
 //
-//	client → server   0x01 request   JSON of inference.Request          ≤ MaxRequestFrame
+//	client → server   0x01 request   JSON of inference.Request, with     ≤ MaxRequestFrame
+//	                                 "replay" (below)
 //	                  0x05 request   the same, asking for a signed receipt
 //	                  then nothing: the client keeps its write side open until the
 //	                  terminal frame; closing or resetting it earlier cancels the request
@@ -15,6 +16,13 @@
 //	                  0x03 done      JSON {"finish_reason", "usage",     ≤ MaxTerminalFrame
 //	                                       "receipt" (0x05 only)}
 //	                  0x04 error     JSON {"code", "message"}           ≤ MaxTerminalFrame
+//
+// A request that continues a cut stream carries "replay": the ids of the tokens its client
+// already has (inference.Request.Replay). The server's backend may prefill them with the
+// prompt instead of generating them again; either way the answer is the whole completion
+// from index 0. A client leaves replay out when it would push the frame past
+// MaxRequestFrame; a server checks it like the rest of the request (fewer ids than
+// max_tokens, none negative; the backend checks them against its vocabulary).
 //
 // A receipt (0x05; a coordinator asks on every request) is the server's signed task receipt
 // (mesh/receipts: its peer ID, the requester's, the model, token counts, and the digest of

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -321,5 +323,82 @@ func TestShutdownEndsGenerations(t *testing.T) {
 	srv.Close()
 	if err := <-errc; inference.CodeOf(err) != inference.CodeShuttingDown {
 		t.Fatalf("err %v, want shutting_down", err)
+	}
+}
+
+// replaySeen is a backend that notes the replay of each request it serves.
+type replaySeen struct {
+	inference.Backend
+	seen chan []int
+}
+
+func (r replaySeen) Generate(ctx context.Context, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
+	r.seen <- req.Replay
+	return r.Backend.Generate(ctx, req, emit)
+}
+
+// A request that continues a cut stream carries its replay to the server's backend, which
+// answers with the whole completion from index 0, identical to an uninterrupted run; a
+// replay the server's checks refuse is an invalid_request error.
+func TestReplayCrossesTheWire(t *testing.T) {
+	be, err := synth.New(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := replaySeen{Backend: be, seen: make(chan []int, 4)}
+	ch, sh := newHost(t), newHost(t)
+	srv := NewServer(sh, seen)
+	t.Cleanup(func() { srv.Close() })
+	connect(t, ch, sh)
+	client := NewClient(ch)
+
+	var local []inference.Token
+	if _, err := be.Generate(context.Background(), request(24), collect(&local)); err != nil {
+		t.Fatal(err)
+	}
+	req := request(24)
+	for _, tok := range local[:10] {
+		req.Replay = append(req.Replay, tok.ID)
+	}
+	var remote []inference.Token
+	if _, err := client.Generate(context.Background(), sh.ID(), req, collect(&remote)); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-seen.seen; !slices.Equal(got, req.Replay) {
+		t.Fatalf("the server's backend saw replay %v, want %v", got, req.Replay)
+	}
+	if !slices.Equal(remote, local) {
+		t.Fatalf("replayed stream:\n%+v\nuninterrupted:\n%+v", remote, local)
+	}
+
+	req.Replay = []int{-1}
+	if _, err := client.Generate(context.Background(), sh.ID(), req, collect(&remote)); inference.CodeOf(err) != inference.CodeInvalidRequest {
+		t.Fatalf("replaying id -1: %v, want invalid_request", err)
+	}
+}
+
+// A replay that would push a request frame past MaxRequestFrame is left out: the frame
+// stays within its bound and the server generates the tokens again.
+func TestReplayLeftOutOfAFullFrame(t *testing.T) {
+	req := request(4000)
+	req.Messages[0].Content = strings.Repeat("x", MaxRequestFrame-1000)
+	req.Replay = make([]int, 3000)
+	for i := range req.Replay {
+		req.Replay[i] = 1000 + i
+	}
+	body, err := encodeRequest(req, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := decodeRequest(body)
+	if len(body) > MaxRequestFrame || err != nil || got.Replay != nil {
+		t.Fatalf("frame of %d bytes (bound %d), err %v, replay of %d ids", len(body), MaxRequestFrame, err, len(got.Replay))
+	}
+	req.Messages[0].Content = "short"
+	if body, err = encodeRequest(req, false); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err = decodeRequest(body); err != nil || !slices.Equal(got.Replay, req.Replay) {
+		t.Fatalf("a frame with room lost its replay: err %v, %d ids", err, len(got.Replay))
 	}
 }

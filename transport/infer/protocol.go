@@ -116,8 +116,21 @@ type wireError struct {
 	Message string `json:"message"`
 }
 
+// wireRequest is a request frame's JSON: the request's, with "replay" (the ids of
+// inference.Request.Replay, which the OpenAI API never takes from a client) beside its
+// fields.
+type wireRequest struct {
+	*inference.Request
+	Replay []int `json:"replay,omitempty"`
+}
+
 func encodeRequest(req *inference.Request, wantReceipt bool) ([]byte, error) {
-	b, err := json.Marshal(req)
+	b, err := json.Marshal(wireRequest{req, req.Replay})
+	if err == nil && len(b)+1 > MaxRequestFrame && len(req.Replay) > 0 {
+		// A replay is an optimization: a request it would push past the frame bound goes
+		// without it, and the server generates the tokens again.
+		b, err = json.Marshal(req)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("encode request: %w", err)
 	}
@@ -134,9 +147,11 @@ func decodeRequest(body []byte) (req *inference.Request, wantReceipt bool, err e
 		return nil, false, fmt.Errorf("%w: first frame is not a request", errProtocol)
 	}
 	req = new(inference.Request)
-	if err := json.Unmarshal(body[1:], req); err != nil {
+	w := wireRequest{Request: req}
+	if err := json.Unmarshal(body[1:], &w); err != nil {
 		return nil, false, inference.Errorf(inference.CodeInvalidRequest, "request frame: %v", err)
 	}
+	req.Replay = w.Replay
 	return req, body[0] == frameRequestReceipt, nil
 }
 
