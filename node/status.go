@@ -49,8 +49,9 @@ func (n *Node) Status() console.Status {
 		inf.Overloaded, inf.ClientDisconnected = st.Overloaded, st.ClientDisconnected
 	}
 	var routing console.Routing
+	migration := console.Migration{Decisions: map[string]uint64{}, Recent: []console.MigrationDecision{}}
 	if n.exec != nil {
-		routing = n.exec.Routing()
+		routing, migration = n.exec.Routing(), n.exec.Migration()
 		gs := n.gate.Stats()
 		routing.LocalOnly = console.LocalOnly{Served: gs.Served, Refused: gs.Refused, Failed: gs.Failed}
 	}
@@ -60,6 +61,7 @@ func (n *Node) Status() console.Status {
 		Participation: n.part.status(),
 		WebRTC:        n.webrtcStatus(),
 		Pipelines:     n.pipelinesStatus(),
+		Migration:     migration,
 		RoutingAffinity: console.RoutingAffinity{TargetReputation: console.TargetReputation{
 			PenalizedTargets: rs.PenalizedTargets, RoutesPenalized: rs.RoutesPenalized,
 			CoolingTargets: rs.CoolingTargets, ExcludedPeers: rs.ExcludedPeers,

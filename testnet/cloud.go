@@ -80,7 +80,7 @@ type cloudDispatcher struct{ c *Cloud }
 func (d cloudDispatcher) Models(ctx context.Context) []openai.Model {
 	var out []openai.Model
 	for _, m := range d.c.models {
-		out = append(out, openai.Model{ID: m, Warm: true, Routes: []string{"local"}})
+		out = append(out, openai.Model{ID: m, Warm: true, Routes: []string{"local"}, Deterministic: true})
 	}
 	return out
 }

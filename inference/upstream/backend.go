@@ -101,7 +101,7 @@ type Backend struct {
 	// under the backend's own context (never a caller's: a client that hangs up must not
 	// leave "nothing warm" behind), so that no routing decision waits on the upstream.
 	listMu     sync.Mutex
-	listing    map[string]struct{}
+	listing    map[string]bool // listed model → deterministic
 	listedAt   time.Time
 	refreshing bool
 	// The refresh goroutine's owner is the backend: Close cancels bg and waits for it.
@@ -185,21 +185,23 @@ func (b *Backend) Close() error {
 }
 
 // Models lists the configured models; Warm is true for those the upstream's latest GET
-// /v1/models listed. It answers from memory and never fails: before the first listing, and
-// while the upstream does not answer, every model is cold (see the package documentation).
+// /v1/models listed, and Deterministic for those it listed with meshinfer's
+// "meshinfer":{"deterministic":true} (another meshinfer node, serving a built-in model). It
+// answers from memory and never fails: before the first listing, and while the upstream
+// does not answer, every model is cold (see the package documentation).
 func (b *Backend) Models(context.Context) ([]inference.ModelInfo, error) {
 	listed := b.cachedListing()
 	infos := make([]inference.ModelInfo, 0, len(b.names))
 	for _, name := range b.names {
-		_, warm := listed[name]
-		infos = append(infos, inference.ModelInfo{Name: name, Warm: warm})
+		det, warm := listed[name]
+		infos = append(infos, inference.ModelInfo{Name: name, Warm: warm, Deterministic: det})
 	}
 	return infos, nil
 }
 
 // cachedListing returns the latest listing and, when it is listingTTL old (or there is
 // none yet), starts one refresh in the background unless one is running.
-func (b *Backend) cachedListing() map[string]struct{} {
+func (b *Backend) cachedListing() map[string]bool {
 	b.listMu.Lock()
 	defer b.listMu.Unlock()
 	stale := b.listedAt.IsZero() || time.Since(b.listedAt) >= listingTTL
@@ -220,8 +222,9 @@ func (b *Backend) cachedListing() map[string]struct{} {
 	return b.listing
 }
 
-// listed returns the ids the upstream lists, or nil when it cannot tell.
-func (b *Backend) listed(ctx context.Context) map[string]struct{} {
+// listed returns the ids the upstream lists, each with whether it says the model is
+// deterministic, or nil when it cannot tell.
+func (b *Backend) listed(ctx context.Context) map[string]bool {
 	ctx, cancel := context.WithTimeout(ctx, b.modelsTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.base+"/v1/models", nil)
@@ -239,15 +242,18 @@ func (b *Backend) listed(ctx context.Context) map[string]struct{} {
 	}
 	var list struct {
 		Data []struct {
-			ID string `json:"id"`
+			ID        string `json:"id"`
+			Meshinfer struct {
+				Deterministic bool `json:"deterministic"`
+			} `json:"meshinfer"`
 		} `json:"data"`
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, maxModelsBody)).Decode(&list); err != nil {
 		return nil
 	}
-	ids := make(map[string]struct{}, len(list.Data))
+	ids := make(map[string]bool, len(list.Data))
 	for _, m := range list.Data {
-		ids[m.ID] = struct{}{}
+		ids[m.ID] = m.Meshinfer.Deterministic
 	}
 	return ids
 }

@@ -95,7 +95,8 @@ func TestModels(t *testing.T) {
 	}
 	waitWarm(t, b)
 	got, err = b.Models(context.Background())
-	want := []inference.ModelInfo{{Name: testModel, Warm: true}, {Name: "llama-3-8b", Warm: false}}
+	// The upstream, a meshinfer API, says its built-in model is deterministic.
+	want := []inference.ModelInfo{{Name: testModel, Warm: true, Deterministic: true}, {Name: "llama-3-8b", Warm: false}}
 	if err != nil || !slices.Equal(got, want) {
 		t.Errorf("Models = %+v, %v; want %+v", got, err, want)
 	}

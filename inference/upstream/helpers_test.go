@@ -45,7 +45,7 @@ func (d *synthDispatcher) Models(ctx context.Context) []openai.Model {
 	infos, _ := d.b.Models(ctx) // never fails
 	out := make([]openai.Model, 0, len(infos))
 	for _, m := range infos {
-		out = append(out, openai.Model{ID: m.Name, Warm: m.Warm, Routes: []string{"local"}})
+		out = append(out, openai.Model{ID: m.Name, Warm: m.Warm, Routes: []string{"local"}, Deterministic: m.Deterministic})
 	}
 	return out
 }

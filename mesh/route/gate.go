@@ -31,10 +31,12 @@ import (
 // replacement's prefill and decode rates (DefaultGatePrefillRate, DefaultTokensPerSec when
 // not measured):
 //
-//	live_transfer  RTT + KV bytes ÷ bandwidth + rest ÷ decode
-//	replay         RTT + ctx ÷ prefill + rest ÷ decode
-//	restart_peer   RTT + prompt ÷ prefill + (generated + rest) ÷ decode
+//	live_transfer  RTT + cold + KV bytes ÷ bandwidth + rest ÷ decode
+//	replay         RTT + cold + ctx ÷ prefill + rest ÷ decode
+//	restart_peer   RTT + cold + prompt ÷ prefill + (generated + rest) ÷ decode
 //	restart_cloud  cloud TTFT + (generated + rest) ÷ cloud tokens/s
+//
+// where cold is the replacement's time to load the model (0 when it is warm there).
 //
 // Live transfer is counted as if the stream stopped for the whole copy, though the leaving
 // node keeps decoding during its pre-copy: the estimate is high by at most the tokens it
@@ -58,9 +60,10 @@ import (
 //     best one would take more than MaxMoveBudgetShare of the remaining budget (the
 //     request's deadline, GateInput.Budget; 0 is none): a migration that eats most of what
 //     is left has no room for its own failure.
-//  4. Without the cloud, the best migration is taken when it ends within the budget; when
-//     none does, or none is possible, the choice is move_none and the caller ends the
-//     request with a typed error.
+//  4. Without the cloud, the best migration is taken, even one that may not end within the
+//     budget (rest is the completion budget left, an upper bound: the model may stop
+//     sooner, and ending the request now is no better than trying); when no migration is
+//     possible the choice is none and the caller ends the request with the cut's error.
 type MoveOption string
 
 // The gate's choices (GateDecision.Choice). The names are those of /api/status.migration.
@@ -105,6 +108,8 @@ type GateInput struct {
 	RTT time.Duration
 	// PrefillRate and DecodeRate are the replacement's measured rates (tokens/s).
 	PrefillRate, DecodeRate float64
+	// ColdStart is the replacement's time to load the model; 0 when it is warm there.
+	ColdStart time.Duration
 
 	// Cloud: the request's privacy allows the cloud tier and this node has one.
 	Cloud bool
@@ -128,6 +133,17 @@ type GateDecision struct {
 	Why string
 }
 
+// Possible returns the estimate of each option possible (those Options holds above 0).
+func (d GateDecision) Possible() map[MoveOption]time.Duration {
+	out := make(map[MoveOption]time.Duration, len(d.Options))
+	for i, est := range d.Options {
+		if est > 0 {
+			out[gateOrder[i]] = est
+		}
+	}
+	return out
+}
+
 // gateOrder is GateDecision.Options's order.
 var gateOrder = [4]MoveOption{MoveLiveTransfer, MoveReplay, MoveRestartPeer, MoveRestartCloud}
 
@@ -135,7 +151,7 @@ var gateOrder = [4]MoveOption{MoveLiveTransfer, MoveReplay, MoveRestartPeer, Mov
 func Gate(in GateInput) GateDecision {
 	prefill := rateOr(in.PrefillRate, DefaultGatePrefillRate)
 	decode := rateOr(in.DecodeRate, DefaultTokensPerSec)
-	rtt := max(in.RTT, 0)
+	rtt := max(in.RTT, 0) + min(max(in.ColdStart, 0), maxEstimate)
 	prompt, gen, rest := max(in.PromptTokens, 0), max(in.Generated, 0), max(in.Remaining, 0)
 
 	var d GateDecision
@@ -174,9 +190,6 @@ func Gate(in GateInput) GateDecision {
 		d.Why = fmt.Sprintf("%s (%v) would take over %.0f %% of the %v left", gateOrder[best], d.Options[best], 100*MaxMoveBudgetShare, in.Budget)
 	case best < 0:
 		d.Choice, d.Why = MoveNone, "no peer can take the session and the cloud is not allowed"
-	case in.Budget > 0 && d.Options[best] > in.Budget:
-		d.Choice, d.Estimate = MoveNone, d.Options[best]
-		d.Why = fmt.Sprintf("%s (%v) cannot end within the %v left and the cloud is not allowed", gateOrder[best], d.Options[best], in.Budget)
 	default:
 		d.Choice, d.Estimate = gateOrder[best], d.Options[best]
 		d.Why = fmt.Sprintf("%s is the fastest way on (%v)", gateOrder[best], d.Options[best])

@@ -86,11 +86,15 @@ type Peer struct {
 
 // Cloud is the cloud tier.
 type Cloud struct {
-	Enabled      bool          // configured, and privacy/consent checks are the caller's: Enabled means usable
-	Models       []string      // models the cloud serves; empty means any name may be tried
-	TTFT         time.Duration // measured time to first token (EWMA) or configured; 0 = Tuning default
-	TokensPerSec float64       // 0 = Tuning default
-	USDPerMTok   float64       // cost per million tokens, prompt + completion
+	Enabled bool     // configured, and privacy/consent checks are the caller's: Enabled means usable
+	Models  []string // models the cloud serves; empty means any name may be tried
+	// Deterministic lists the models the cloud says it serves deterministically (another
+	// meshinfer node's API says so of the built-in models): a cut stream may be resumed
+	// there. Decide does not read it.
+	Deterministic []string
+	TTFT          time.Duration // measured time to first token (EWMA) or configured; 0 = Tuning default
+	TokensPerSec  float64       // 0 = Tuning default
+	USDPerMTok    float64       // cost per million tokens, prompt + completion
 }
 
 // Tuning holds the router's estimates and limits. A zero (or negative) field takes

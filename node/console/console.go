@@ -54,6 +54,56 @@ type Status struct {
 	WebRTC *WebRTC `json:"webrtc,omitempty"`
 	// Pipelines are the pipelines of layer ranges this node heads or serves a stage of.
 	Pipelines Pipelines `json:"pipelines"`
+	// Migration is how the cut generations of this node's requests went on.
+	Migration Migration `json:"migration"`
+}
+
+// Migration is what the viability gate (mesh/route Gate) decided for the streams of this
+// node's requests cut mid-way: how many of each choice, and the last decisions with their
+// inputs, estimate and what really happened.
+type Migration struct {
+	// Decisions counts the decisions by choice: live_transfer, replay, restart_peer,
+	// restart_cloud, none.
+	Decisions map[string]uint64   `json:"decisions"`
+	Recent    []MigrationDecision `json:"recent"`
+}
+
+// MigrationDecision is one gate decision. Times are in milliseconds.
+type MigrationDecision struct {
+	At     time.Time `json:"at"`
+	Model  string    `json:"model"`
+	Choice string    `json:"choice"`
+	Why    string    `json:"why"`
+	// Inputs are the figures the gate had; OptionsMS the estimate of every option that was
+	// possible; EstimateMS the chosen one's.
+	Inputs     GateInputs         `json:"inputs"`
+	OptionsMS  map[string]float64 `json:"options_ms"`
+	EstimateMS float64            `json:"estimate_ms"`
+	// TookMS is the time from the decision to the request's end, Outcome how it ended
+	// ("completed", an error code, or "running"), Route where its last attempt ran.
+	TookMS  float64 `json:"took_ms"`
+	Outcome string  `json:"outcome"`
+	Route   string  `json:"route,omitempty"`
+}
+
+// GateInputs are a gate decision's inputs (mesh/route GateInput); 0 is not measured.
+type GateInputs struct {
+	PromptTokens  int     `json:"prompt_tokens"`
+	Generated     int     `json:"generated"`
+	Remaining     int     `json:"remaining"`
+	Deterministic bool    `json:"deterministic"`
+	SourceUp      bool    `json:"source_up"`
+	KVBytes       int64   `json:"kv_bytes"`
+	Replacement   bool    `json:"replacement"`
+	BandwidthMbps float64 `json:"bandwidth_mbps"`
+	RTTMS         float64 `json:"rtt_ms"`
+	PrefillTPS    float64 `json:"prefill_tps"`
+	DecodeTPS     float64 `json:"decode_tps"`
+	ColdStartMS   float64 `json:"cold_start_ms"`
+	Cloud         bool    `json:"cloud"`
+	CloudTTFTMS   float64 `json:"cloud_ttft_ms"`
+	CloudTPS      float64 `json:"cloud_tps"`
+	BudgetMS      float64 `json:"budget_ms"`
 }
 
 // Routing counts what the router did with this node's API requests. Counters only: no

@@ -110,6 +110,7 @@ type Executor struct {
 
 	stats routingStats
 	ver   verification
+	migr  migrations
 
 	mu        sync.Mutex
 	rng       *rand.Rand
@@ -186,10 +187,11 @@ func (d *Executor) Close() error {
 func (d *Executor) Models(ctx context.Context) []openai.Model {
 	byID := map[string]*openai.Model{}
 	var order []string
+	var local []route.LocalModel
 	add := func(id string, where inference.Served, warm bool) {
 		m, ok := byID[id]
 		if !ok {
-			m = &openai.Model{ID: id}
+			m = &openai.Model{ID: id, Deterministic: deterministicModel(id, local)}
 			byID[id] = m
 			order = append(order, id)
 		}
@@ -197,8 +199,11 @@ func (d *Executor) Models(ctx context.Context) []openai.Model {
 		m.Warm = m.Warm || warm
 	}
 	if d.cfg.Local != nil {
-		if local, err := d.cfg.Local.Models(ctx); err == nil {
-			for _, m := range local {
+		if infos, err := d.cfg.Local.Models(ctx); err == nil {
+			for _, m := range infos {
+				local = append(local, route.LocalModel{Name: m.Name, Deterministic: m.Deterministic})
+			}
+			for _, m := range infos {
 				add(m.Name, inference.Served{Tier: inference.TierLocal}, m.Warm)
 			}
 		}
@@ -248,6 +253,16 @@ func (d *Executor) snapshot(ctx context.Context, now time.Time) (s *route.Snapsh
 	// made-up identities, and trying them would cost a request its time (registry.Entry).
 	entries := slices.DeleteFunc(d.cfg.Registry.Entries(now), func(e registry.Entry) bool { return !e.Contacted })
 	cloud := d.cfg.Cloud != nil && (d.cfg.CloudAllowed == nil || d.cfg.CloudAllowed())
+	var cloudDet []string // the models the cloud says it serves deterministically
+	if cloud {
+		if ms, err := d.cfg.Cloud.Models(ctx); err == nil {
+			for _, m := range ms {
+				if m.Deterministic {
+					cloudDet = append(cloudDet, m.Name)
+				}
+			}
+		}
+	}
 	latency := make([]time.Duration, len(entries))
 	for i, e := range entries {
 		latency[i] = d.cfg.Latency(e.Peer)
@@ -279,7 +294,7 @@ func (d *Executor) snapshot(ctx context.Context, now time.Time) (s *route.Snapsh
 	}
 	if cloud {
 		s.Cloud = route.Cloud{
-			Enabled: true, Models: d.cfg.CloudModels,
+			Enabled: true, Models: d.cfg.CloudModels, Deterministic: cloudDet,
 			TTFT: d.cloudTTFT, TokensPerSec: d.cloudTPS, USDPerMTok: d.cfg.CloudUSDPerMTok,
 		}
 	}
@@ -301,6 +316,7 @@ func (d *Executor) Generate(ctx context.Context, req *inference.Request, emit fu
 	r.req.Model = dec.Model
 	start := d.now()
 	res, err := r.serve(ctx, dec)
+	d.migr.done(r, d.now(), err)
 	d.stats.count(r.last.Tier)
 	// On a coordinator the task is metered, with the serving peer's receipt when it holds;
 	// a verified task is metered once the verification has its verdict. Checking the

@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/mesh/route"
+	"github.com/meshinfer/meshinfer/node/console"
 )
 
 // run is one request's way through its attempts.
@@ -33,6 +34,9 @@ type run struct {
 	// output is the digest of what the client received when this node never saw it (a
 	// direct task: the serving peer's receipt names it); nil: the digest of sent.
 	output *inference.Digest
+	// moves are the gate's decisions for the run's cuts (migrate.go), completed when it
+	// ends.
+	moves []*console.MigrationDecision
 }
 
 // served says where the run's latest attempt ran.
@@ -102,6 +106,13 @@ func (r *run) serve(ctx context.Context, dec route.Decision) (inference.Result, 
 				attempts = slices.Insert(slices.Clone(attempts), i+1, next)
 			}
 		}
+		// A stream cut mid-way goes on the way the viability gate picks (migrate.go).
+		if len(r.sent) > 0 {
+			var ok bool
+			if attempts, ok = r.gateCut(ctx, attempts, i); !ok {
+				break
+			}
+		}
 	}
 	if lastErr == nil {
 		lastErr = inference.Errorf(inference.CodeUnavailable, "no target could serve model %q", r.req.Model)
@@ -158,7 +169,8 @@ func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, er
 		}
 		m.token()
 		if tok.Index < skip {
-			if had := r.sent[tok.Index]; had.Text != tok.Text || had.ID != tok.ID {
+			// Ids are compared when both sides know them: an upstream streams text only.
+			if had := r.sent[tok.Index]; had.Text != tok.Text || (had.ID >= 0 && tok.ID >= 0 && had.ID != tok.ID) {
 				mismatch = fmt.Errorf("%w: token %d", errResumeMismatch, tok.Index)
 				return mismatch
 			}
@@ -266,8 +278,12 @@ func (r *run) deterministic(t route.Target) bool {
 				return deterministicIn(p.Entry.Vector, r.req.Model)
 			}
 		}
+	case inference.TierCloud:
+		// Only when the cloud says so (another meshinfer node's API does, of the
+		// built-in models): a cloud is not assumed to be.
+		return slices.Contains(r.snap.Cloud.Deterministic, r.req.Model)
 	}
-	return false // the cloud is not assumed to be
+	return false
 }
 
 // coldAt reports whether the run's model was cold at t when the request was decided.

@@ -12,7 +12,12 @@
 //
 //	GET  /v1/models            {"object":"list","data":[model…]}; each model is
 //	                           {"id","object":"model","created":0,"owned_by":"meshinfer",
-//	                            "meshinfer":{"warm":bool,"routes":["local","peer:<id>",…]}}
+//	                            "meshinfer":{"warm":bool,"routes":["local","peer:<id>",…],
+//	                                         "deterministic":bool}}
+//	                           (deterministic: the same request gives the same tokens
+//	                           wherever this node serves it, as the built-in models do;
+//	                           another node using this one as its cloud relies on it to
+//	                           resume a cut stream there)
 //	GET  /v1/models/{id}       one model object, or 404 model_not_found
 //	POST /v1/chat/completions  a chat completion, streaming or not (below)
 //

@@ -135,7 +135,7 @@ func toModelObject(m Model) modelObject {
 		routes = []string{}
 	}
 	return modelObject{ID: m.ID, Object: objectModel, OwnedBy: ownedBy,
-		Meshinfer: modelMesh{Warm: m.Warm, Routes: routes}}
+		Meshinfer: modelMesh{Warm: m.Warm, Routes: routes, Deterministic: m.Deterministic}}
 }
 
 // chat answers POST /v1/chat/completions.

@@ -327,7 +327,7 @@ func TestModels(t *testing.T) {
 	}
 	wantModel := func(warm bool) map[string]any {
 		return map[string]any{"id": testModel, "object": "model", "created": 0.0, "owned_by": "meshinfer",
-			"meshinfer": map[string]any{"warm": warm, "routes": []any{"local"}}}
+			"meshinfer": map[string]any{"warm": warm, "routes": []any{"local"}, "deterministic": true}}
 	}
 	check := func(warm bool) {
 		t.Helper()

@@ -51,7 +51,7 @@ func (d *synthDispatcher) Models(ctx context.Context) []Model {
 	infos, _ := d.b.Models(ctx) // never fails
 	out := make([]Model, 0, len(infos))
 	for _, m := range infos {
-		out = append(out, Model{ID: m.Name, Warm: m.Warm, Routes: []string{d.at.Route()}})
+		out = append(out, Model{ID: m.Name, Warm: m.Warm, Routes: []string{d.at.Route()}, Deterministic: m.Deterministic})
 	}
 	return out
 }

@@ -29,6 +29,9 @@ type Model struct {
 	ID     string   `json:"id"`
 	Warm   bool     `json:"warm"`   // warm somewhere
 	Routes []string `json:"routes"` // e.g. ["local", "peer:12D3KooW..."]
+	// Deterministic: this node serves the model deterministically wherever it routes it
+	// (the built-in models): the same request gives the same tokens every time.
+	Deterministic bool `json:"deterministic"`
 }
 
 // chatRequest is the body of POST /v1/chat/completions: the fields the mesh acts on
@@ -124,8 +127,9 @@ type modelObject struct {
 }
 
 type modelMesh struct {
-	Warm   bool     `json:"warm"`
-	Routes []string `json:"routes"`
+	Warm          bool     `json:"warm"`
+	Routes        []string `json:"routes"`
+	Deterministic bool     `json:"deterministic"`
 }
 
 // errorBody is OpenAI's error JSON.

@@ -1,0 +1,215 @@
+package dispatch
+
+import (
+	"cmp"
+	"context"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/mesh/caps"
+	"github.com/meshinfer/meshinfer/mesh/route"
+	"github.com/meshinfer/meshinfer/node/console"
+)
+
+// Moving a cut generation: when a target fails after the client got tokens, the viability
+// gate (route.Gate) picks how the stream goes on, from what this node has measured:
+//
+//   - replay on the next target that serves the model deterministically (a peer, this
+//     node, a pipeline): the tokens sent are prefilled with the prompt (Request.Replay);
+//   - restart_peer there, for a target that cannot replay (it generates them again);
+//   - restart_cloud: the cloud generates the completion again, when the request allows
+//     the cloud and the cloud says it serves the model deterministically (another
+//     meshinfer node's API says so of the built-in models, route.Cloud.Deterministic); the
+//     gate picks it only when it is strictly faster than any migration, or when a
+//     migration would take more than route.MaxMoveBudgetShare of the time left before the
+//     request's deadline;
+//   - none: nothing can continue the stream (within the deadline): the request ends with
+//     the cut's error.
+//
+// live_transfer (the leaving node sending its KV state) is not built: the gate is told the
+// source is down, so it never picks it. The inputs not measured yet take the gate's
+// defaults: the replacement's prefill and decode rates (this node's own decode rate is
+// measured when the replacement is this node), the bandwidth (not needed without live
+// transfer). Every decision is counted, and the last recentMigrations are kept with their
+// inputs, estimate and the time the request really took from there (/api/status
+// "migration").
+
+// recentMigrations is how many decisions /api/status keeps (8).
+const recentMigrations = 8
+
+// migrations is the executor's record of its gate decisions.
+type migrations struct {
+	mu     sync.Mutex
+	counts map[route.MoveOption]uint64
+	recent []*console.MigrationDecision // oldest first, at most recentMigrations
+}
+
+// gateCut decides how the run goes on after attempts[i] cut its stream: it returns the
+// attempts to go on with (the chosen target moved to i+1) and false when the gate says
+// nothing can continue the stream.
+func (r *run) gateCut(ctx context.Context, attempts []route.Target, i int) ([]route.Target, bool) {
+	next, cloud := -1, -1
+	for j := i + 1; j < len(attempts); j++ {
+		t := attempts[j]
+		switch {
+		case !r.deterministic(t):
+		case t.Tier == inference.TierCloud:
+			cloud = max(cloud, j) // the cloud is the last attempt of a decision
+		case next < 0:
+			next = j
+		}
+	}
+	now := r.d.now()
+	in := route.GateInput{
+		PromptTokens: promptTokens(&r.req), Generated: len(r.sent),
+		Remaining:     max(r.req.EffectiveMaxTokens()-len(r.sent), 0),
+		Deterministic: r.sentDet,
+		Replacement:   next >= 0,
+		Cloud:         cloud >= 0,
+		CloudTTFT:     r.snap.Cloud.TTFT, CloudRate: r.snap.Cloud.TokensPerSec,
+	}
+	if next >= 0 {
+		r.measured(attempts[next], &in)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		in.Budget = max(dl.Sub(now), time.Nanosecond)
+	}
+	dec := route.Gate(in)
+	r.d.migr.add(r, now, in, dec)
+	switch dec.Choice {
+	case route.MoveNone:
+		return attempts, false
+	case route.MoveRestartCloud:
+		return moveTo(attempts, cloud, i+1), true
+	default:
+		return moveTo(attempts, next, i+1), true
+	}
+}
+
+// measured fills in what this node knows of the replacement t, as route.Decide estimates
+// it: this node's measured decode rate and cold start when t is this node; for a peer, the
+// round trip to it (to the first stage of a pipeline), its decode rate (the default rate
+// scaled by its performance in the reputation store) and the default cold start when its
+// copy of the model is cold.
+func (r *run) measured(t route.Target, in *route.GateInput) {
+	tune := r.snap.Tune
+	switch {
+	case t.Tier == inference.TierLocal:
+		if k := slices.IndexFunc(r.snap.Local.Models, func(m route.LocalModel) bool { return m.Name == r.req.Model }); k >= 0 {
+			m := r.snap.Local.Models[k]
+			in.DecodeRate = m.TokensPerSec
+			if !m.Warm {
+				in.ColdStart = cmp.Or(m.ColdStart, tune.DefaultColdStart)
+			}
+		}
+	case t.Tier == inference.TierMesh && len(t.Stages) > 0:
+		if k := slices.IndexFunc(r.snap.Peers, func(p route.Peer) bool { return p.Entry.Peer.String() == t.Stages[0].Peer }); k >= 0 {
+			in.RTT = r.snap.Peers[k].RTT
+		}
+	case t.Tier == inference.TierMesh:
+		k := slices.IndexFunc(r.snap.Peers, func(p route.Peer) bool { return p.Entry.Peer == t.Peer })
+		if k < 0 {
+			return
+		}
+		p := r.snap.Peers[k]
+		in.RTT = p.RTT
+		perf := 1.0
+		if r.snap.Rep != nil {
+			perf = r.snap.Rep.Performance(p.Key, r.d.now())
+		}
+		in.DecodeRate = tune.DefaultTokensPerSec * min(max(perf, 0.25), 4)
+		if m, ok := modelIn(p.Entry.Vector, r.req.Model); ok && m.State != caps.ModelWarm {
+			in.ColdStart = tune.DefaultColdStart
+		}
+	}
+}
+
+// moveTo moves attempts[from] to index to (to ≤ from), on a copy.
+func moveTo(attempts []route.Target, from, to int) []route.Target {
+	out := slices.Clone(attempts)
+	t := out[from]
+	out = slices.Delete(out, from, from+1)
+	return slices.Insert(out, to, t)
+}
+
+// promptTokens estimates req's prompt as route.Decide does: content bytes ÷ 4.
+func promptTokens(req *inference.Request) int {
+	n := 0
+	for _, m := range req.Messages {
+		n += len(m.Content)
+	}
+	return n / 4
+}
+
+// add records a decision of r's, made at now; the run completes it when it ends (done).
+func (m *migrations) add(r *run, now time.Time, in route.GateInput, dec route.GateDecision) {
+	d := &console.MigrationDecision{
+		At: now.UTC(), Model: r.req.Model, Choice: string(dec.Choice), Why: dec.Why,
+		EstimateMS: ms(dec.Estimate), Outcome: "running",
+		Inputs: console.GateInputs{
+			PromptTokens: in.PromptTokens, Generated: in.Generated, Remaining: in.Remaining,
+			Deterministic: in.Deterministic, SourceUp: in.SourceUp, KVBytes: in.KVBytes,
+			Replacement: in.Replacement, BandwidthMbps: in.Bandwidth * 8 / 1e6, RTTMS: ms(in.RTT),
+			PrefillTPS: in.PrefillRate, DecodeTPS: in.DecodeRate, ColdStartMS: ms(in.ColdStart),
+			Cloud: in.Cloud, CloudTTFTMS: ms(in.CloudTTFT), CloudTPS: in.CloudRate, BudgetMS: ms(in.Budget),
+		},
+		OptionsMS: map[string]float64{},
+	}
+	for o, est := range dec.Possible() {
+		d.OptionsMS[string(o)] = ms(est)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.counts == nil {
+		m.counts = map[route.MoveOption]uint64{}
+	}
+	m.counts[dec.Choice]++
+	if len(m.recent) == recentMigrations {
+		m.recent = slices.Delete(m.recent, 0, 1)
+	}
+	m.recent = append(m.recent, d)
+	r.moves = append(r.moves, d)
+}
+
+// done completes the run's decisions: the request ended at now with err (nil: completed)
+// on the route served.
+func (m *migrations) done(r *run, now time.Time, err error) {
+	if len(r.moves) == 0 {
+		return
+	}
+	outcome := "completed"
+	if err != nil {
+		outcome = string(inference.CodeOf(err))
+	}
+	route := r.served().Route()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, d := range r.moves {
+		d.TookMS, d.Outcome, d.Route = ms(now.Sub(d.At)), outcome, route
+	}
+}
+
+// status is /api/status "migration".
+func (m *migrations) status() console.Migration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := console.Migration{Decisions: map[string]uint64{}, Recent: make([]console.MigrationDecision, 0, len(m.recent))}
+	for _, c := range []route.MoveOption{route.MoveLiveTransfer, route.MoveReplay, route.MoveRestartPeer, route.MoveRestartCloud, route.MoveNone} {
+		out.Decisions[string(c)] = m.counts[c]
+	}
+	for _, d := range m.recent {
+		c := *d
+		c.OptionsMS = maps.Clone(d.OptionsMS)
+		out.Recent = append(out.Recent, c)
+	}
+	return out
+}
+
+// Migration is the "migration" object of /api/status.
+func (d *Executor) Migration() console.Migration { return d.migr.status() }
+
+// ms is d in milliseconds.
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
