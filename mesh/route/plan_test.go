@@ -545,6 +545,12 @@ func isPermutation(perm []int) bool {
 // here from the cost model on its own.
 func checkPlan(t *testing.T, shape inference.ModelShape, positions int, cands []StageCandidate, links []StageLink, p StagePlan) {
 	t.Helper()
+	checkRange(t, shape, positions, 0, shape.Layers, cands, links, p)
+}
+
+// checkRange is checkPlan for a plan of the layers [lo, hi) (PlanRange).
+func checkRange(t *testing.T, shape inference.ModelShape, positions, lo, hi int, cands []StageCandidate, links []StageLink, p StagePlan) {
+	t.Helper()
 	link := linkMap(links)
 	if positions <= 0 {
 		positions = shape.Context
@@ -553,7 +559,6 @@ func checkPlan(t *testing.T, shape inference.ModelShape, positions int, cands []
 	for _, c := range cands {
 		byPeer[c.Peer] = c
 	}
-	lo := 0
 	seen := map[peer.ID]bool{}
 	var total time.Duration
 	prev := StageCandidate{}
@@ -588,8 +593,8 @@ func checkPlan(t *testing.T, shape inference.ModelShape, positions int, cands []
 		total += s.Compute + s.Delay
 		lo, prev = s.Hi, c
 	}
-	if lo != shape.Layers {
-		t.Fatalf("stages end at layer %d of %d", lo, shape.Layers)
+	if lo != hi {
+		t.Fatalf("stages end at layer %d, want %d", lo, hi)
 	}
 	if p.Return != prev.Delay || p.PerToken != total+p.Return {
 		t.Fatalf("return %v (last stage's delay %v), per token %v (sum %v)", p.Return, prev.Delay, p.PerToken, total+p.Return)
