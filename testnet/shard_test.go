@@ -312,8 +312,9 @@ func (l lyingStage) Forward(ctx context.Context, hidden []float32, n int) ([]flo
 // of two others, and a third of the last two for a mismatch. Honest, the task passes and
 // is metered as served by its pipeline; then the first stage of the client's next
 // pipeline lies: the client's output differs from the model's, two other pipelines outvote
-// it, the task is metered as failed (zero tokens), and no stage is penalized, the lying
-// one included, since which stage lied is not known from outputs.
+// it, the task is metered as failed (zero tokens), and each of its stages is isolated
+// among the voters' nodes: the liar is excluded, its honest partner and every other node
+// are not.
 func TestCoordinatorVerifiesAPipelineOnAnotherPlan(t *testing.T) {
 	var sw switchedStages
 	c := &coordinators{t: t, keys: map[int]string{}}
@@ -357,12 +358,13 @@ func TestCoordinatorVerifiesAPipelineOnAnotherPlan(t *testing.T) {
 	if liar == 0 || !strings.Contains(routes[1], tn.Node(liar).ID().String()+"[0-") {
 		t.Fatalf("the liar is node %d, not the first stage of %s", liar, routes[1])
 	}
-	if v := coord.Status().Routing.Verification; v.Passed != 1 || v.Failed != 1 || v.Inconclusive+v.Skipped != 0 {
-		t.Fatalf("verification %+v: want the honest pipeline passed and the lying one failed", v)
+	if v := coord.Status().Routing.Verification; v.Passed != 1 || v.Failed != 1 || v.Inconclusive+v.Skipped != 0 ||
+		v.StagesIsolated != 2 || v.StagesConvicted != 1 || v.StagesInconclusive != 0 {
+		t.Fatalf("verification %+v: want the honest pipeline passed, the lying one failed, its 2 stages isolated and 1 convicted", v)
 	}
 	for i := 1; i < 7; i++ {
-		if _, excluded := peerScore(t, coord, tn.Node(i)); excluded {
-			t.Fatalf("node %d excluded: a pipeline's stages take no integrity penalty", i)
+		if _, excluded := peerScore(t, coord, tn.Node(i)); excluded != (i == liar) {
+			t.Fatalf("node %d excluded: %v; want the liar, node %d, alone", i, excluded, liar)
 		}
 	}
 

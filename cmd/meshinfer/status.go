@@ -113,6 +113,10 @@ func renderStatus(w io.Writer, st console.Status, peers []console.Peer) {
 	v := r.Verification
 	fmt.Fprintf(w, "          verified %d sampled: %d passed, %d failed (a liar penalized), %d inconclusive, %d skipped (%d with no vetted voter)\n",
 		v.Sampled, v.Passed, v.Failed, v.Inconclusive, v.Skipped, v.SkippedUnvetted)
+	if v.StagesIsolated+v.StagesInconclusive > 0 {
+		fmt.Fprintf(w, "          outvoted pipelines' stages: %d isolated, %d of them convicted (a lying stage penalized), %d inconclusive\n",
+			v.StagesIsolated, v.StagesConvicted, v.StagesInconclusive)
+	}
 	if pl := st.Pipelines; pl.Headed+pl.OpenFailed+pl.StageRefused > 0 || pl.StageSessions+len(pl.Recent)+len(pl.Sessions) > 0 {
 		fmt.Fprintf(w, "pipeline  headed %d (%d failed to set up); running %d stage sessions for heads now, %d refused\n",
 			pl.Headed, pl.OpenFailed, pl.StageSessions, pl.StageRefused)

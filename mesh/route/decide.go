@@ -288,10 +288,32 @@ func (d *decider) plan(model string) plan {
 // its size but cannot hold it whole (PlanStages), and makes it the mesh tier's one target.
 // A mesh that cannot hold it even together leaves the tier's reason naming the shortfall.
 func (d *decider) pipeline(p *plan, model string) {
+	shape, cands := stageCandidates(d.s, model, d.now)
+	if len(cands) == 0 {
+		return
+	}
+	sp, err := PlanStages(shape, d.positions, cands, nil)
+	if err != nil {
+		p.est[1].Why = err.Error()
+		return
+	}
+	t := Target{Tier: TierMesh, Model: model, Stages: appendHops(make([]inference.StageHop, 0, len(sp.Stages)), sp)}
+	p.mesh = []Target{t}
+	perToken := min(max(sp.PerToken, time.Millisecond), maxEstimate)
+	d.estimate(&p.est[1], perToken, 1/perToken.Seconds(), d.s.MeshUSDPerMTok)
+}
+
+// stageCandidates are the peers of s that may hold a stage of model as of now, with the
+// model's shape as the first of them announces it: not stale, with spare capacity,
+// announcing the model's layers and a memory budget, and its shape (a peer announcing
+// another shape under the name is left out). A peer not accepting work, or cooling for
+// the model (a stage that failed lately cools down like any target), is a paused
+// candidate: PlanStages leaves it out.
+func stageCandidates(s *Snapshot, model string, now time.Time) (inference.ModelShape, []StageCandidate) {
 	var shape inference.ModelShape
 	var cands []StageCandidate
-	for i := range d.s.Peers {
-		sp := &d.s.Peers[i]
+	for i := range s.Peers {
+		sp := &s.Peers[i]
 		v := sp.Entry.Vector
 		if sp.Entry.Stale || v == nil || !(spareCapacity(v.Load) > 0) {
 			continue
@@ -312,30 +334,15 @@ func (d *decider) pipeline(p *plan, model string) {
 			key = sp.Entry.Peer.String()
 		}
 		score, cooling := reputation.NeutralScore, false
-		if d.s.Rep != nil {
-			score = d.s.Rep.Score(key, d.now)
-			h, ok := d.s.Rep.TargetHealth(reputation.Target{Model: model, Peer: key}, d.now)
+		if s.Rep != nil {
+			score = s.Rep.Score(key, now)
+			h, ok := s.Rep.TargetHealth(reputation.Target{Model: model, Peer: key}, now)
 			cooling = ok && h.Cooling
 		}
-		// A stage that failed lately cools down like any target: left out of the plan.
 		cands = append(cands, StageCandidate{Peer: sp.Entry.Peer, Budget: v.RAM.BudgetMB << 20,
 			Delay: max(sp.RTT, 0) / 2, Score: score, Paused: !v.Load.Accepting || cooling})
 	}
-	if len(cands) == 0 {
-		return
-	}
-	sp, err := PlanStages(shape, d.positions, cands, nil)
-	if err != nil {
-		p.est[1].Why = err.Error()
-		return
-	}
-	t := Target{Tier: TierMesh, Model: model, Stages: make([]inference.StageHop, len(sp.Stages))}
-	for i, st := range sp.Stages {
-		t.Stages[i] = inference.StageHop{Peer: st.Peer.String(), Lo: st.Lo, Hi: st.Hi}
-	}
-	p.mesh = []Target{t}
-	perToken := min(max(sp.PerToken, time.Millisecond), maxEstimate)
-	d.estimate(&p.est[1], perToken, 1/perToken.Seconds(), d.s.MeshUSDPerMTok)
+	return shape, cands
 }
 
 // meshPeer is an eligible peer as a plan needs it after Rank, so that nothing reads the

@@ -130,6 +130,11 @@
 // *ShortfallError saying how many layers, and how many bytes free on one more node, are
 // missing.
 //
+// PlanRange places a range of the layers by the same rule, and PlanAround plans a pipeline
+// in which one given stage keeps its peer and range while the other peers hold the layers
+// before and after it: how the executor isolates one stage of a pipeline that failed
+// verification (node/dispatch).
+//
 // How: the fewest stages k is the fewest largest capacities that add up to L. When every
 // boundary goes through the head, a plan's estimate is Σ (layers × time + 2 × delay) over
 // its stages whatever their order, and a dynamic programme over (stages, layers placed)

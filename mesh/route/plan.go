@@ -96,7 +96,7 @@ type StagePlan struct {
 // ShortfallError is PlanStages' answer when the eligible candidates cannot hold the model
 // even all together. Use errors.As to read it.
 type ShortfallError struct {
-	Layers     int   // the model's layers
+	Layers     int   // the model's layers (the range's, from PlanRange)
 	Positions  int   // the positions planned for (the KV cache's length)
 	Need       int64 // bytes of every layer and the whole KV cache: StageBytes of Layers
 	Held       int   // layers the eligible candidates can hold together
@@ -141,16 +141,32 @@ func StageBytes(shape inference.ModelShape, positions, layers int) int64 {
 // shape PlanStages cannot plan (Layers outside [1, MaxPlanLayers], negative sizes) or an
 // eligible peer given twice is another error.
 func PlanStages(shape inference.ModelShape, positions int, cands []StageCandidate, links []StageLink) (StagePlan, error) {
+	return PlanRange(shape, positions, 0, shape.Layers, cands, links)
+}
+
+// PlanRange places the layers [lo, hi) of shape on cands as PlanStages places a whole
+// model, by the same rule over those layers alone: Stages[0].Lo is lo and the last Hi is
+// hi. A stage's memory is the model's (StageBytes: a layer's share of the KV cache is of
+// the whole model's), and the estimate counts the range's boundaries with the head as if
+// it were the whole pipeline: the head sends to its first stage and hears back from its
+// last. A range the candidates cannot hold gets a *ShortfallError counting the range's
+// layers; a range outside [0, Layers), or empty, is another error.
+//
+// It plans the parts of a pipeline around a stage kept where it is (PlanAround).
+func PlanRange(shape inference.ModelShape, positions, lo, hi int, cands []StageCandidate, links []StageLink) (StagePlan, error) {
 	if shape.Layers < 1 || shape.Layers > MaxPlanLayers {
 		return StagePlan{}, fmt.Errorf("route: cannot plan %d layers (1 to %d)", shape.Layers, MaxPlanLayers)
 	}
 	if shape.LayerBytes < 0 || shape.KVBytesPerToken < 0 {
 		return StagePlan{}, errors.New("route: cannot plan a shape with negative sizes")
 	}
+	if lo < 0 || lo >= hi || hi > shape.Layers {
+		return StagePlan{}, fmt.Errorf("route: cannot plan layers [%d, %d) of %d", lo, hi, shape.Layers)
+	}
 	if positions <= 0 {
 		positions = max(shape.Context, 0)
 	}
-	p := planner{layers: shape.Layers, mem: newMemory(shape, positions), cands: cands}
+	p := planner{lo: lo, layers: hi - lo, mem: newMemory(shape, positions), cands: cands}
 	index := make(map[peer.ID]int, len(cands)) // the eligible peers' item indices, once sorted
 	ignored, err := p.eligible(seconds(float64(shape.LayerBytes)/DefaultStageBandwidth), index)
 	if err != nil {
@@ -163,11 +179,11 @@ func PlanStages(shape inference.ModelShape, positions int, cands []StageCandidat
 			held += it.cap
 		}
 		return StagePlan{}, &ShortfallError{
-			Layers:     shape.Layers,
+			Layers:     p.layers,
 			Positions:  positions,
-			Need:       p.mem.bytes(shape.Layers),
+			Need:       p.mem.bytes(p.layers),
 			Held:       held,
-			Short:      p.mem.bytes(shape.Layers - held),
+			Short:      p.mem.bytes(p.layers - held),
 			Candidates: len(p.items),
 			Ignored:    ignored,
 		}
@@ -187,7 +203,7 @@ func (p *planner) eligible(defaultTime time.Duration, index map[peer.ID]int) (ig
 			ignored++
 			continue
 		}
-		n := p.mem.capacity(c.Budget)
+		n := min(p.mem.capacity(c.Budget), p.layers)
 		if n == 0 {
 			continue
 		}
@@ -357,7 +373,8 @@ const head = -1
 // candidates only. Sets of stages ("members") are indices into items in increasing order;
 // orders are the same indices in pipeline order.
 type planner struct {
-	layers  int
+	lo      int // the first layer planned
+	layers  int // how many are: the model's, or a range's (PlanRange)
 	mem     memory
 	cands   []StageCandidate
 	items   []item
@@ -1015,7 +1032,7 @@ func (p *planner) plan(order []int) StagePlan {
 	members := slices.Sorted(slices.Values(order))
 	layers := p.fill(members)
 	out := StagePlan{Stages: make([]PlannedStage, 0, len(order))}
-	lo, prev := 0, head
+	lo, prev := p.lo, head
 	for _, j := range order {
 		it := &p.items[j]
 		n := layers[slices.Index(members, j)]

@@ -43,6 +43,15 @@ func (f *fleet) renderPlan(p StagePlan) []string {
 	return out
 }
 
+// renderSizes writes a plan's stages as "name layers", to compare in any order.
+func (f *fleet) renderSizes(p StagePlan) []string {
+	var out []string
+	for _, s := range p.Stages {
+		out = append(out, fmt.Sprintf("%s %d", f.names[s.Peer], s.Hi-s.Lo))
+	}
+	return out
+}
+
 // links are links between named peers: links{"a>b": 2} measured a→b at 2 ms.
 func (f *fleet) links(m map[string]float64) []StageLink {
 	var out []StageLink
@@ -157,11 +166,7 @@ func TestPlanStages(t *testing.T) {
 				t.Errorf("stages %q, want %q", r, tc.want)
 			}
 			if tc.wantSet != nil {
-				var set []string
-				for _, s := range got.Stages {
-					set = append(set, fmt.Sprintf("%s %d", f.names[s.Peer], s.Hi-s.Lo))
-				}
-				if !sameSet(set, tc.wantSet) {
+				if !sameSet(f.renderSizes(got), tc.wantSet) {
 					t.Errorf("stages %q, want %q in any order", r, tc.wantSet)
 				}
 				if tc.link == nil && !slices.IsSortedFunc(got.Stages, func(a, b PlannedStage) int { return strings.Compare(string(a.Peer), string(b.Peer)) }) {
@@ -545,6 +550,12 @@ func isPermutation(perm []int) bool {
 // here from the cost model on its own.
 func checkPlan(t *testing.T, shape inference.ModelShape, positions int, cands []StageCandidate, links []StageLink, p StagePlan) {
 	t.Helper()
+	checkRange(t, shape, positions, 0, shape.Layers, cands, links, p)
+}
+
+// checkRange is checkPlan for a plan of the layers [lo, hi) (PlanRange).
+func checkRange(t *testing.T, shape inference.ModelShape, positions, lo, hi int, cands []StageCandidate, links []StageLink, p StagePlan) {
+	t.Helper()
 	link := linkMap(links)
 	if positions <= 0 {
 		positions = shape.Context
@@ -553,7 +564,6 @@ func checkPlan(t *testing.T, shape inference.ModelShape, positions int, cands []
 	for _, c := range cands {
 		byPeer[c.Peer] = c
 	}
-	lo := 0
 	seen := map[peer.ID]bool{}
 	var total time.Duration
 	prev := StageCandidate{}
@@ -588,8 +598,8 @@ func checkPlan(t *testing.T, shape inference.ModelShape, positions int, cands []
 		total += s.Compute + s.Delay
 		lo, prev = s.Hi, c
 	}
-	if lo != shape.Layers {
-		t.Fatalf("stages end at layer %d of %d", lo, shape.Layers)
+	if lo != hi {
+		t.Fatalf("stages end at layer %d, want %d", lo, hi)
 	}
 	if p.Return != prev.Delay || p.PerToken != total+p.Return {
 		t.Fatalf("return %v (last stage's delay %v), per token %v (sum %v)", p.Return, prev.Delay, p.PerToken, total+p.Return)

@@ -158,9 +158,9 @@ type WebRTC struct {
 	Fallbacks     uint64 `json:"fallbacks"`      // attempts sent over libp2p: no path in time, or broken before the first token
 }
 
-// Verification counts sampled verification: a task served by one peer with a deterministic
-// model is run again on a second peer and the outputs compared; on a mismatch a third peer
-// decides, two out of three. Every sampled task ends in exactly one of passed, failed,
+// Verification counts sampled verification: a task served by one plan (a peer, or a
+// pipeline of stages) with a deterministic model is run again on a second plan and the
+// outputs compared; on a mismatch a third plan decides, two out of three. Every sampled task ends in exactly one of passed, failed,
 // inconclusive and skipped, so sampled = passed + failed + inconclusive + skipped once none
 // is in flight; skipped_unvetted is a part of skipped.
 type Verification struct {
@@ -169,8 +169,8 @@ type Verification struct {
 	// Passed counts verifications where every execution gave the same output.
 	Passed uint64 `json:"passed"`
 	// Failed counts verifications that settled a mismatch two to one: the odd plan out,
-	// the serving one or a verifier's, took an integrity penalty if it was one peer (a
-	// pipeline's stages take none: node/dispatch/verify.go).
+	// the serving one or a verifier's, took an integrity penalty if it was one peer; if it
+	// was a pipeline, its stages were isolated (the Stages counters below).
 	Failed uint64 `json:"failed"`
 	// Inconclusive counts mismatches nobody could settle (no third peer, three different
 	// outputs) and verifications cut short by a transport failure; nobody is penalized.
@@ -182,6 +182,20 @@ type Verification struct {
 	// none was a vetted voter (connected, established, reputed, on another host; see
 	// node/dispatch/verify.go): part of Skipped, not in addition to it.
 	SkippedUnvetted uint64 `json:"skipped_unvetted"`
+	// StagesIsolated counts the stages of outvoted pipelines that isolation settled: each
+	// stage of a pipeline that was the odd plan out runs the request again with vetted
+	// peers holding every other layer (node/dispatch/verify.go, "Who is penalized"), and is
+	// cleared or convicted.
+	StagesIsolated uint64 `json:"stages_isolated"`
+	// StagesConvicted counts the isolated stages whose output differed from the two other
+	// plans', in two runs with helpers apart: each took the integrity penalty. A part of
+	// StagesIsolated.
+	StagesConvicted uint64 `json:"stages_convicted"`
+	// StagesInconclusive counts the stages of outvoted pipelines that isolation did not
+	// settle (no vetted peers to hold the other layers, a failed run, two runs disagreeing,
+	// past the 8 stages isolated at most): nobody penalized. StagesIsolated +
+	// StagesInconclusive is the stages of every outvoted pipeline.
+	StagesInconclusive uint64 `json:"stages_inconclusive"`
 }
 
 // Participation is whether and on what terms this node contributes to the mesh.

@@ -15,7 +15,8 @@
 //     token, serves, and a losing cloud stream is cancelled;
 //   - a sample of the requests one plan served (a peer, or a pipeline of stages), of
 //     models this node knows to be deterministic, is verified afterwards on other plans of
-//     vetted peers only, two out of three deciding (verify.go);
+//     vetted peers only, two out of three deciding, and each stage of an outvoted pipeline
+//     run again alone among vetted peers to tell which lied (verify.go, isolate.go);
 //   - a coordinator's thin client can get its tokens straight from the serving peer over
 //     WebRTC; the executor picks the peer, relays the set-up and checks and meters the
 //     peer's receipt (direct.go).

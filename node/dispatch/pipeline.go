@@ -29,8 +29,7 @@ func (d *Executor) pipelineGenerate(ctx context.Context, t route.Target, req *in
 	if d.cfg.Head == nil || d.cfg.Pipelines == nil {
 		return inference.Result{}, inference.Errorf(inference.CodeUnavailable, "this node cannot head a pipeline")
 	}
-	maxPos := req.PromptTokensBound() + max(req.EffectiveMaxTokens(), 1) // as route.Decide planned
-	layers, closeChain, err := d.cfg.Pipelines.OpenPipeline(ctx, req.Model, t.Stages, maxPos)
+	layers, closeChain, err := d.cfg.Pipelines.OpenPipeline(ctx, req.Model, t.Stages, pipelinePositions(req))
 	if err != nil {
 		d.blameStage(req.Model, err)
 		return inference.Result{}, err
@@ -45,6 +44,12 @@ func (d *Executor) pipelineGenerate(ctx context.Context, t route.Target, req *in
 		d.cfg.Rep.Record(reputation.Target{Model: req.Model, Peer: s.Peer}, reputation.Success, d.now())
 	}
 	return res, nil
+}
+
+// pipelinePositions is what a pipeline's stages are sized for: req's prompt bound and its
+// completion, as route.Decide plans them.
+func pipelinePositions(req *inference.Request) int {
+	return req.PromptTokensBound() + max(req.EffectiveMaxTokens(), 1)
 }
 
 // blameStage records a failed pipeline against the stage its error names, if any. Any

@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -48,6 +49,12 @@ type meshNode struct {
 	lies    bool       // alters what it computes: a stage its hidden states, a whole peer a token
 	offline bool       // no direct connection now: not a vetted voter
 	addr    netip.Addr // zero: 10.0.i.1
+	// noBudget announces no memory budget: a whole peer serves the model whole, never a
+	// stage (route plans stages on announced budgets only).
+	noBudget bool
+	// evasive lies in its first stage session and refuses every later one: a liar that
+	// will not be isolated.
+	evasive bool
 }
 
 // stageNet is the peers of a mesh where synth-small is served by pipelines: each peer's
@@ -157,6 +164,20 @@ func (l lyingSession) Forward(ctx context.Context, hidden []float32, n int) ([]f
 	return rotated, nil
 }
 
+// evasiveStages lies in the first session it opens (lyingStages) and refuses every later
+// one as overloaded, as a stage that would rather not be isolated may.
+type evasiveStages struct {
+	inference.StageBackend
+	opened atomic.Bool
+}
+
+func (e *evasiveStages) OpenStage(ctx context.Context, model string, lo, hi, maxPositions int) (inference.StageSession, error) {
+	if e.opened.Swap(true) {
+		return nil, inference.Errorf(inference.CodeOverloaded, "stage busy")
+	}
+	return lyingStages{e.StageBackend}.OpenStage(ctx, model, lo, hi, maxPositions)
+}
+
 // pipelineWorld is an executor over a stageNet, this node heading its pipelines, and the
 // snapshot and registry of its peers as of the executor's clock.
 type pipelineWorld struct {
@@ -192,8 +213,11 @@ func newPipelineWorld(t *testing.T, b *synth.Backend, cfg Config, rep *reputatio
 	now := time.Now()
 	for i, m := range nodes {
 		var sb inference.StageBackend = switchable{b, m.id.String(), net}
-		if m.lies {
+		switch {
+		case m.lies:
 			sb = lyingStages{b}
+		case m.evasive:
+			sb = &evasiveStages{StageBackend: b}
 		}
 		net.stages[m.id.String()] = sb
 		budget := int64(stageBudgetMB)
@@ -204,6 +228,9 @@ func newPipelineWorld(t *testing.T, b *synth.Backend, cfg Config, rep *reputatio
 				tg.alter = 2
 			}
 			net.whole[m.id] = tg
+		}
+		if m.noBudget {
+			budget = 0
 		}
 		addrs[m.id] = m.addr
 		if !m.addr.IsValid() {
@@ -238,6 +265,12 @@ func pipeline(a, b peer.ID) route.Target {
 		{Peer: a.String(), Lo: 0, Hi: 2}, {Peer: b.String(), Lo: 2, Hi: 4}}}
 }
 
+// pipeline3 is the three-stage plan of a over layer [0, 1), b over [1, 2) and c over [2, 4).
+func pipeline3(a, b, c peer.ID) route.Target {
+	return route.Target{Tier: route.TierMesh, Model: pipeModel, Stages: []inference.StageHop{
+		{Peer: a.String(), Lo: 0, Hi: 1}, {Peer: b.String(), Lo: 1, Hi: 2}, {Peer: c.String(), Lo: 2, Hi: 4}}}
+}
+
 // served runs the request on t as the client's attempt did and returns the run to verify.
 func (w *pipelineWorld) served(t *testing.T, tg route.Target) *run {
 	t.Helper()
@@ -252,11 +285,20 @@ func (w *pipelineWorld) served(t *testing.T, tg route.Target) *run {
 	return r
 }
 
+// isolated is the counters of one sampled task whose odd plan was a pipeline: n of its
+// stages isolated, convicted of them convicted, and inconclusive stages not isolated.
+func isolated(n, convicted, inconclusive uint64) console.Verification {
+	return console.Verification{Sampled: 1, Failed: 1, StagesIsolated: n, StagesConvicted: convicted, StagesInconclusive: inconclusive}
+}
+
 // A pipeline's result is verified on another plan: a peer holding the model whole if a
 // vetted one does, else another pipeline of vetted peers, none of them a stage of the
-// served pipeline nor on a host of one. Two of three decide; an odd pipeline's stages are
-// not penalized (which of them lied is not known), an odd single peer is, and every peer
-// of an agreeing plan is credited.
+// served pipeline nor on a host of one. Two of three decide; an odd single peer is
+// penalized, every peer of an agreeing plan is credited, and each stage of an odd pipeline
+// is isolated: run again with every other layer on vetted peers apart from the pipeline.
+// The stage that lies is excluded by its penalty like a lying single peer, the honest
+// stages chained with it get no verification event, and a stage that cannot be isolated
+// is inconclusive: nobody penalized.
 func TestVerifyPipelines(t *testing.T) {
 	ip := netip.MustParseAddr
 	tests := []struct {
@@ -274,12 +316,27 @@ func TestVerifyPipelines(t *testing.T) {
 		{"an honest pipeline, checked by another pipeline",
 			[]meshNode{{id: "a"}, {id: "b"}, {id: "c"}, {id: "d"}},
 			pipeline("a", "b"), console.Verification{Sampled: 1, Passed: 1}, nil, []peer.ID{"a", "b", "c", "d"}, false},
-		{"a lying stage: its pipeline outvoted by two others, none of its stages penalized",
+		{"a lying last stage: its pipeline outvoted by two others, the liar convicted alone",
 			[]meshNode{{id: "a"}, {id: "b", lies: true}, {id: "c"}, {id: "d"}, {id: "e"}, {id: "f"}},
-			pipeline("a", "b"), console.Verification{Sampled: 1, Failed: 1}, nil, []peer.ID{"c", "d", "e", "f"}, true},
-		{"a lying stage outvoted by a pipeline and a whole peer",
+			pipeline("a", "b"), isolated(2, 1, 0), []peer.ID{"b"}, []peer.ID{"c", "d", "e", "f"}, true},
+		{"a lying first stage outvoted by a pipeline and a whole peer, isolated among them",
 			[]meshNode{{id: "a", lies: true}, {id: "b"}, {id: "w", whole: true}, {id: "c"}, {id: "d"}},
-			pipeline("a", "b"), console.Verification{Sampled: 1, Failed: 1}, nil, []peer.ID{"w", "c", "d"}, true},
+			pipeline("a", "b"), isolated(2, 1, 0), []peer.ID{"a"}, []peer.ID{"w", "c", "d"}, true},
+		{"a lying middle stage of three: convicted, the stages before and after it not",
+			[]meshNode{{id: "a"}, {id: "b", lies: true}, {id: "c"}, {id: "d"}, {id: "e"}, {id: "f"}, {id: "g"}},
+			pipeline3("a", "b", "c"), isolated(3, 1, 0), []peer.ID{"b"}, []peer.ID{"d", "e", "f", "g"}, true},
+		{"no vetted peer can hold the other layers: each stage inconclusive, nobody penalized",
+			[]meshNode{{id: "a"}, {id: "b", lies: true}, {id: "w", whole: true, noBudget: true}, {id: "x", whole: true, noBudget: true}},
+			pipeline("a", "b"), isolated(0, 0, 2), nil, []peer.ID{"w", "x"}, true},
+		{"a vetted helper that lies frames nobody: the second run, with other helpers, does not confirm",
+			// w and x outvote the pipeline; h1, first among equal candidates, is the first
+			// helper of each isolation run and lies as a stage; h2 helps the second runs.
+			[]meshNode{{id: "a"}, {id: "b", lies: true}, {id: "w", whole: true, noBudget: true}, {id: "x", whole: true, noBudget: true},
+				{id: "h1", lies: true}, {id: "h2"}},
+			pipeline("a", "b"), isolated(1, 1, 1), []peer.ID{"b"}, []peer.ID{"w", "x"}, true},
+		{"a liar refusing its isolation run: inconclusive for it, its honest partner cleared",
+			[]meshNode{{id: "a"}, {id: "b", evasive: true}, {id: "c"}, {id: "d"}, {id: "e"}, {id: "f"}},
+			pipeline("a", "b"), isolated(1, 0, 1), nil, []peer.ID{"c", "d", "e", "f"}, true},
 		{"a lying single peer outvoted by two pipelines is penalized",
 			[]meshNode{{id: "s", whole: true, lies: true}, {id: "c"}, {id: "d"}, {id: "e"}, {id: "f"}},
 			route.Target{Tier: route.TierMesh, Peer: "s", Model: pipeModel}, console.Verification{Sampled: 1, Failed: 1},
@@ -421,8 +478,8 @@ func TestPipelineMeteredAtTheHead(t *testing.T) {
 // A lying verification pipeline is outvoted like a lying verifier: the served pipeline's
 // output and a third plan's agree, the task passes (the verification counts as failed: it
 // settled a mismatch two to one), the peers of both are credited, and the lying plan's
-// stages get no verification event. The second plan's first stage lies, whichever peers
-// Decide picks for it.
+// stages are isolated: the liar is excluded, its partner gets no verification event. The
+// second plan's first stage lies, whichever peers Decide picks for it.
 func TestVerifyPipelineLyingVoter(t *testing.T) {
 	b, _ := loadedModel(t)
 	synctest.Test(t, func(t *testing.T) {
@@ -433,7 +490,8 @@ func TestVerifyPipelineLyingVoter(t *testing.T) {
 		if v := w.d.verify(r); v != inference.VerdictPassed {
 			t.Fatalf("verdict %s, want passed", v)
 		}
-		if got, want := w.d.verificationStatus(), (console.Verification{Failed: 1}); got != want {
+		want := console.Verification{Failed: 1, StagesIsolated: 2, StagesConvicted: 1}
+		if got := w.d.verificationStatus(); got != want {
 			t.Fatalf("counters %+v, want %+v", got, want)
 		}
 		liar := w.net.liarPeer()
@@ -441,23 +499,54 @@ func TestVerifyPipelineLyingVoter(t *testing.T) {
 			t.Fatalf("the lying stage is %q, want a peer of the second plan", liar)
 		}
 		now := time.Now()
-		var credited, neutral []string
+		var credited, neutral, excluded []string
 		for _, m := range nodes {
-			switch score := w.rep.Score(m.id.String(), now); {
+			switch key, score := m.id.String(), w.rep.Score(m.id.String(), now); {
 			case score > reputation.NeutralScore:
-				credited = append(credited, m.id.String())
+				credited = append(credited, key)
 			case score == reputation.NeutralScore:
-				neutral = append(neutral, m.id.String())
+				neutral = append(neutral, key)
+			case w.rep.Excluded(key, now):
+				excluded = append(excluded, key)
 			default:
-				t.Errorf("%s: score %v, want no penalty", m.id, score)
+				t.Errorf("%s: score %v, want a credit, nothing, or the liar's exclusion", m.id, score)
 			}
 		}
-		// The served pipeline and the third plan credited; the lying plan, the liar and its
-		// partner, neither.
+		// The served pipeline and the third plan credited; the lying plan: the liar
+		// excluded, its partner neither credited nor penalized.
 		a, b := peer.ID("a").String(), peer.ID("b").String()
 		if len(credited) != 4 || !slices.Contains(credited, a) || !slices.Contains(credited, b) ||
-			len(neutral) != 2 || !slices.Contains(neutral, liar) {
-			t.Fatalf("credited %v, no event %v (the liar %s)", credited, neutral, liar)
+			len(neutral) != 1 || !slices.Equal(excluded, []string{liar}) {
+			t.Fatalf("credited %v, no event %v, excluded %v (the liar %s)", credited, neutral, excluded, liar)
 		}
 	})
+}
+
+// Past maxIsolations stages, as many stages as that are isolated, drawn at random: distinct,
+// in pipeline order, and not always the same ones.
+func TestIsolationHops(t *testing.T) {
+	d := newExecutor(t, Config{Peers: peers{}, Registry: entries{}, Rep: newRep(t), Seed: 1})
+	var stages []inference.StageHop
+	for i := range maxIsolations + 4 {
+		stages = append(stages, inference.StageHop{Peer: fmt.Sprint("p", i), Lo: i, Hi: i + 1})
+	}
+	if got := d.isolationHops(stages[:maxIsolations]); !slices.Equal(got, stages[:maxIsolations]) {
+		t.Fatalf("%d stages: isolated %v, want every one", maxIsolations, got)
+	}
+	seen := map[int]bool{}
+	for range 20 {
+		got := d.isolationHops(stages)
+		if len(got) != maxIsolations || !slices.IsSortedFunc(got, func(x, y inference.StageHop) int { return x.Lo - y.Lo }) {
+			t.Fatalf("isolated %v: want %d stages in pipeline order", got, maxIsolations)
+		}
+		for i, h := range got {
+			if i > 0 && h.Lo == got[i-1].Lo {
+				t.Fatalf("isolated %v: stage %d twice", got, h.Lo)
+			}
+			seen[h.Lo] = true
+		}
+	}
+	if len(seen) != len(stages) {
+		t.Fatalf("over 20 draws only stages %v were isolated, of %d", seen, len(stages))
+	}
 }

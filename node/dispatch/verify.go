@@ -40,7 +40,7 @@ import (
 //  3. different, a third plan, vetted too and apart from the first two (below), runs it
 //     and two out of three decide (inference.Judge): the plans that agree get
 //     VerificationPassed for each of their peers, and the odd one out is judged by what
-//     it is (next section). No third plan, or three different outputs, is inconclusive
+//     it is: a peer is penalized, a pipeline's stages are each isolated (next section). No third plan, or three different outputs, is inconclusive
 //     and penalizes nobody; so is an execution that fails (timeout, peer lost, a stage
 //     refusing...): a transport fault says nothing about integrity.
 //
@@ -48,22 +48,61 @@ import (
 // served the client is the odd one out (a coordinator meters the task as zero), passed when
 // another plan is, inconclusive or skipped otherwise.
 //
-// # Who is penalized: a plan of one peer only
+// # Who is penalized: the liar, a peer or a stage
 //
-// The odd plan's peer gets VerificationFailed only when the plan is one peer: a peer
-// serving the model whole (or a pipeline of a single stage: its head is this node). An odd
-// pipeline of several peers proves that at least one of its stages altered what it
-// computed, not which: the head sees only what the last stage returns, and an honest stage
-// chained behind a liar passes on wrong hidden states faithfully. Penalizing every stage
-// (−70 points excludes any peer for about a day) would let one liar exclude every honest
-// peer the planner chains with it, which is a cheaper attack on honest peers than lying is
-// on clients; so the stages of an odd pipeline get no integrity event at all, neither
-// credit nor debit, and the warning logged names them. The lie is still caught where it
-// matters to the client: the task fails verification (metered as zero on a coordinator),
-// and the plans that outvoted it are credited. What this leaves open: a peer that lies
-// only as a stage of a pipeline is detected at each sampled lie but never excluded; that
-// takes telling the stages apart (replaying each stage's range alongside vetted peers),
-// which is not built.
+// An odd plan of one peer (a peer serving the model whole, or a pipeline of a single stage:
+// its head is this node) gets VerificationFailed. An odd pipeline of several peers proves
+// that at least one of its stages altered what it computed, not which: the head sees only
+// what the last stage returns, and an honest stage chained behind a liar passes on wrong
+// hidden states faithfully. Penalizing every stage (−70 points excludes any peer for about
+// a day) would let one liar exclude every honest peer the planner chains with it, a
+// cheaper attack on honest peers than lying is on clients. So each stage is isolated
+// instead (isolate.go): the identical request runs again on a pipeline in which that
+// stage keeps exactly its layers [lo, hi) and every other layer is held by vetted voters
+// (route.PlanAround), this node heading as for any pipeline. The helpers are vetted as in
+// "Who votes", none is a stage of the odd pipeline nor on the host of one (another liar of
+// the pipeline could frame the stage, or cover for it), and the peers of the two plans
+// that outvoted it may help. Then, against the digest those two plans agreed on:
+//
+//   - equal: the stage is cleared, and gets no event. It computed its range correctly in
+//     this run, but it is a stage of a plan just outvoted, and a credit would pay a stage
+//     that lies only on first sight of an input (below) for each of its lies caught;
+//   - different: it is run once more, with helpers apart from the first run's (other
+//     peers, on other hosts). Different again, the stage altered its own computation with
+//     honest peers all around it, twice: it gets VerificationFailed, and is excluded like
+//     a lying single peer. Equal this time, the two runs disagree (a helper of one of them
+//     lied, or the stage lies only sometimes): inconclusive. A single vetted helper
+//     altering what it computes so frames no honest stage, as a single vetted voter
+//     convicts no honest peer: it takes two, on hosts apart;
+//   - no pipeline can be planned around it (the vetted peers left cannot hold the layers
+//     before and after it), or a run fails (timeout, a stage refusing...): inconclusive,
+//     nobody penalized, as in a vote.
+//
+// The task's verdict is the vote's, whatever isolation finds; it is counted, and a
+// coordinator's meter event written, once the isolation runs are done. They run one at a
+// time inside the same background verification, under the same maxVerifications slot: up
+// to k more runs for an odd pipeline of k stages, one more for each stage convicted, each
+// as long as the request, on up to maxIsolations stages (8; past that, 8 drawn at random).
+// Counted in stages_isolated (a stage cleared or convicted), stages_convicted (a part of
+// it) and stages_inconclusive, so isolated + inconclusive is the stages of odd pipelines;
+// a conviction logs a warning naming the stage's peer.
+//
+// Several liars in one pipeline: each stage is isolated alone, beside helpers and never
+// beside another stage of its pipeline, so each liar is convicted on its own lie, and
+// colluding stages of one pipeline gain nothing from each other: neither is in the other's
+// isolation run to cover for it or to frame it. An honest stage is convicted only when
+// helpers of both its runs lie, the same bound as a vote (two vetted identities on hosts
+// apart: see "Who votes").
+//
+// What this leaves open. A stage whose earlier stages were honest sees, in its isolation
+// run, the very hidden states it computed on in the task: a stage that remembers its
+// inputs and lies only on first sight of one is caught at each sampled lie (the task fails
+// verification, metered as zero) but cleared, never convicted. A stage that refuses its
+// isolation runs, or lies only sometimes, is inconclusive (a refusal cools it down as
+// unavailable, which excludes nothing). Checking a stage on the request the vote settled
+// is what makes its isolated output comparable without another vote; the price is that
+// the stage may recognize the request. And a mesh without the vetted peers to hold the
+// layers around a stage twice over, on hosts apart, convicts nobody.
 //
 // # Which tasks: determinism is the model's, as this node knows it
 //
@@ -83,7 +122,7 @@ import (
 // # Who votes: vetted peers only
 //
 // Every peer of a plan that runs the request besides the serving one is a voter: one peer,
-// or every stage of a pipeline. A voter must be vetted (vet), as of the verification:
+// or every stage of a pipeline, and every helper of an isolation run. A voter must be vetted (vet), as of the verification:
 //
 //   - connected: a direct libp2p connection exists now (registry Entry.Connected) and its
 //     remote address is known (Config.PeerAddr; a peer reached only through a relay has
@@ -127,8 +166,9 @@ const (
 	// recent integrity penalty stays below it.
 	probationScore = 60.0
 	// maxVerifications bounds the verifications running at once (4). Each runs one or two
-	// extra executions on peers; past four, a burst of sampled tasks would add a burst of
-	// work to the mesh rather than a sample of it, so the excess is skipped and counted.
+	// extra executions on peers (and, when a pipeline is outvoted, its isolation runs, one
+	// at a time); past four, a burst of sampled tasks would add a burst of work to the mesh
+	// rather than a sample of it, so the excess is skipped and counted.
 	maxVerifications = 4
 )
 
@@ -164,6 +204,11 @@ type verification struct {
 	// skippedUnvetted counts the skipped verifications whose only possible voters were not
 	// vetted (a subset of skipped).
 	skippedUnvetted atomic.Uint64
+	// stagesIsolated counts the isolation runs that completed, stagesConvicted those of
+	// them whose output differed from the majority's (the stage penalized), and
+	// stagesInconclusive the stages of outvoted pipelines no run could be made or completed
+	// for (isolate.go).
+	stagesIsolated, stagesConvicted, stagesInconclusive atomic.Uint64
 	// running counts verifications in progress; it grows only under Executor.mu.
 	running atomic.Int32
 }
@@ -314,6 +359,16 @@ func (d *Executor) verify(r *run) inference.Verdict {
 		switch {
 		case settled:
 			d.settle(model, ran, odd)
+			if odd >= 0 && len(planKeys(ran[odd])) > 1 {
+				d.isolate(r, ran[odd], sums[(odd+1)%len(sums)])
+			}
+			// Counted once the isolation runs are done too: sampled less the outcomes is
+			// what is still running.
+			if odd < 0 {
+				d.ver.passed.Add(1)
+			} else {
+				d.ver.failed.Add(1)
+			}
 			if odd == 0 {
 				return inference.VerdictFailed
 			}
@@ -327,8 +382,9 @@ func (d *Executor) verify(r *run) inference.Verdict {
 }
 
 // settle records a verdict: VerificationPassed for every peer of every plan in ran but
-// ran[odd], and VerificationFailed for ran[odd]'s peer when that plan is one peer (see "Who
-// is penalized"); odd is -1 when every plan agreed.
+// ran[odd], and VerificationFailed for ran[odd]'s peer when that plan is one peer (a
+// pipeline's stages are isolated next: see "Who is penalized"); odd is -1 when every plan
+// agreed.
 func (d *Executor) settle(model string, ran []route.Target, odd int) {
 	now := d.now()
 	for i, t := range ran {
@@ -343,13 +399,8 @@ func (d *Executor) settle(model string, ran []route.Target, odd int) {
 			d.cfg.Rep.Observe(keys[0], reputation.VerificationFailed, now)
 		default:
 			log.Warnw("pipeline failed verification: its output differs from two other plans'; "+
-				"which of its stages lied is not known, so none is penalized", "route", t, "model", model)
+				"each of its stages is isolated next", "route", t, "model", model)
 		}
-	}
-	if odd < 0 {
-		d.ver.passed.Add(1)
-	} else {
-		d.ver.failed.Add(1)
 	}
 }
 
@@ -422,54 +473,73 @@ type voterPick struct {
 
 // pickVerifier picks a plan of vetted voters, none of them a peer of a plan in ran nor on
 // one of hosts, to run r's request again: route.Decide over the request's own snapshot,
-// narrowed to those peers, mesh tier only, this model only; one peer holding the model
-// whole if one can, else a pipeline. Vetting and scores are as of now, so a peer excluded
-// since the request was decided is not picked.
+// narrowed to those peers (voters), this model only; one peer holding the model whole if
+// one can, else a pipeline. Vetting and scores are as of now, so a peer excluded since the
+// request was decided is not picked.
 func (d *Executor) pickVerifier(r *run, ran []route.Target, hosts []netip.Prefix) (voterPick, bool) {
 	now := d.now()
 	var used []string // the peers of the plans already run
 	for _, t := range ran {
 		used = append(used, planKeys(t)...)
 	}
-	s := *r.snap
-	s.Local, s.Cloud, s.Scratch = route.Local{}, route.Cloud{}, nil
-	s.Peers = make([]route.Peer, 0, len(r.snap.Peers))
-	voterHosts := map[string]netip.Prefix{} // by key, the peers in s.Peers
-	serving, leftOut := false, false
-	for _, p := range r.snap.Peers {
-		key := peerKey(p)
-		if _, serves := modelIn(p.Entry.Vector, r.req.Model); !serves || slices.Contains(used, key) {
-			continue
-		}
-		serving = true
-		if host, ok := d.vet(p.Entry, key, now); ok && !slices.Contains(hosts, host) {
-			s.Peers = append(s.Peers, p)
-			voterHosts[key] = host
-		} else {
-			leftOut = true
-		}
-	}
-	if len(s.Peers) == 0 {
-		return voterPick{unvetted: serving}, false
+	vs := d.voters(r, used, hosts, now)
+	if len(vs.snap.Peers) == 0 {
+		return voterPick{unvetted: vs.serving}, false
 	}
 	// The decision's own copy: the request sent to the peer stays exactly the client's.
 	req := r.req
 	req.Prefs.Privacy, req.Prefs.Route = inference.PrivacyMesh, inference.RouteExplicit
-	dec := d.decide(&req, &s, now)
+	dec := d.decide(&req, &vs.snap, now)
 	for _, t := range dec.Attempts {
 		if t.Tier != inference.TierMesh {
 			continue
 		}
 		v := voterPick{t: t}
 		for _, k := range planKeys(t) {
-			if h := voterHosts[k]; !slices.Contains(v.hosts, h) {
+			if h := vs.hosts[k]; !slices.Contains(v.hosts, h) {
 				v.hosts = append(v.hosts, h)
 			}
 		}
 		return v, true
 	}
 	// The vetted peers cannot hold the model together, say: the others might have.
-	return voterPick{unvetted: leftOut}, false
+	return voterPick{unvetted: vs.leftOut}, false
+}
+
+// voterSet is voters' answer.
+type voterSet struct {
+	// snap is the request's snapshot narrowed to the voters: peers only, no local or cloud
+	// tier.
+	snap route.Snapshot
+	// hosts are the voters' hosts by reputation key.
+	hosts map[string]netip.Prefix
+	// serving: some peer outside used serves the model; leftOut: some such peer is not a
+	// voter (not vetted, or on one of the hosts).
+	serving, leftOut bool
+}
+
+// voters are the peers of r's snapshot serving its model that may vote as of now (vet):
+// none of them a peer in used, nor on one of hosts.
+func (d *Executor) voters(r *run, used []string, hosts []netip.Prefix, now time.Time) voterSet {
+	s := *r.snap
+	s.Local, s.Cloud, s.Scratch = route.Local{}, route.Cloud{}, nil
+	s.Peers = make([]route.Peer, 0, len(r.snap.Peers))
+	vs := voterSet{hosts: map[string]netip.Prefix{}}
+	for _, p := range r.snap.Peers {
+		key := peerKey(p)
+		if _, serves := modelIn(p.Entry.Vector, r.req.Model); !serves || slices.Contains(used, key) {
+			continue
+		}
+		vs.serving = true
+		if host, ok := d.vet(p.Entry, key, now); ok && !slices.Contains(hosts, host) {
+			s.Peers = append(s.Peers, p)
+			vs.hosts[key] = host
+		} else {
+			vs.leftOut = true
+		}
+	}
+	vs.snap = s
+	return vs
 }
 
 // replay runs r's request on the plan t (a peer, or a pipeline this node heads) as ordinary
@@ -494,13 +564,17 @@ func (d *Executor) replay(t route.Target, r *run) (inference.Digest, error) {
 }
 
 // verificationStatus is the "routing.verification" object of /api/status. The outcomes are
-// read before sampled, so sampled is never below their sum, and skipped_unvetted before
-// skipped (counted after it), so it is never above it.
+// read before sampled, so sampled is never below their sum, skipped_unvetted before skipped
+// (counted after it), so it is never above it, and stages_convicted before stages_isolated
+// likewise.
 func (d *Executor) verificationStatus() console.Verification {
 	v := &d.ver
 	out := console.Verification{SkippedUnvetted: v.skippedUnvetted.Load()}
 	out.Passed, out.Failed = v.passed.Load(), v.failed.Load()
 	out.Inconclusive, out.Skipped = v.inconclusive.Load(), v.skipped.Load()
 	out.Sampled = v.sampled.Load()
+	// Convicted before isolated, so that it is never above it.
+	out.StagesConvicted = v.stagesConvicted.Load()
+	out.StagesIsolated, out.StagesInconclusive = v.stagesIsolated.Load(), v.stagesInconclusive.Load()
 	return out
 }
