@@ -285,7 +285,8 @@ func (d *decider) plan(model string) plan {
 }
 
 // pipeline plans model as a pipeline of layer ranges over the peers that announce it with
-// its size but cannot hold it whole (PlanStages), and makes it the mesh tier's one target.
+// its size but cannot hold it whole (PlanStages, told the ranges each holds warm), and
+// makes it the mesh tier's one target.
 // A mesh that cannot hold it even together leaves the tier's reason naming the shortfall.
 func (d *decider) pipeline(p *plan, model string) {
 	var shape inference.ModelShape
@@ -319,7 +320,7 @@ func (d *decider) pipeline(p *plan, model string) {
 		}
 		// A stage that failed lately cools down like any target: left out of the plan.
 		cands = append(cands, StageCandidate{Peer: sp.Entry.Peer, Budget: v.RAM.BudgetMB << 20,
-			Delay: max(sp.RTT, 0) / 2, Score: score, Paused: !v.Load.Accepting || cooling})
+			Delay: max(sp.RTT, 0) / 2, Score: score, Paused: !v.Load.Accepting || cooling, Warm: warmRanges(v, model)})
 	}
 	if len(cands) == 0 {
 		return
@@ -336,6 +337,17 @@ func (d *decider) pipeline(p *plan, model string) {
 	p.mesh = []Target{t}
 	perToken := min(max(sp.PerToken, time.Millisecond), maxEstimate)
 	d.estimate(&p.est[1], perToken, 1/perToken.Seconds(), d.s.MeshUSDPerMTok)
+}
+
+// warmRanges is the ranges of model v announces warm in its stages; nil when none.
+func warmRanges(v *caps.Vector, model string) []LayerRange {
+	var out []LayerRange
+	for _, st := range v.Stages {
+		if st.Model == model && st.State == caps.StageWarm {
+			out = append(out, LayerRange{st.Lo, st.Hi})
+		}
+	}
+	return out
 }
 
 // meshPeer is an eligible peer as a plan needs it after Rank, so that nothing reads the
