@@ -48,7 +48,8 @@ const (
 	APIOff = "off"
 	// DefaultMemoryShare is the share of the memory available at start (MemAvailable) a node
 	// gives to mesh work when --memory-budget is not set: half, so the owner's own programs
-	// keep the rest.
+	// keep the rest. The participation policy's max_memory_share may lower it (eco's is a
+	// quarter; standard's is this same half).
 	DefaultMemoryShare = 0.5
 	// BackendSynth (the default) serves Models with the built-in synthetic transformer;
 	// BackendOpenAI forwards them to an OpenAI-compatible server at Upstream.
