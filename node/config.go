@@ -48,7 +48,8 @@ const (
 	APIOff = "off"
 	// DefaultMemoryShare is the share of the memory available at start (MemAvailable) a node
 	// gives to mesh work when --memory-budget is not set: half, so the owner's own programs
-	// keep the rest.
+	// keep the rest. The participation policy's max_memory_share may lower it (eco's is a
+	// quarter; standard's is this same half).
 	DefaultMemoryShare = 0.5
 	// BackendSynth (the default) serves Models with the built-in synthetic transformer;
 	// BackendOpenAI forwards them to an OpenAI-compatible server at Upstream.
@@ -119,9 +120,11 @@ type Config struct {
 	// the node serves nothing itself and routes every request to peers.
 	Models []string
 	// MemoryBudget is the memory this node gives to mesh work, in bytes: the models it holds
-	// whole for peers and the pipeline stages it takes (--memory-budget). Announced as
-	// ram.budget_mb; a model larger than every node's budget is served by a pipeline of
-	// layer ranges. 0: DefaultMemoryShare of the memory available when the node starts.
+	// whole for peers and the pipeline stages it takes (--memory-budget). 0:
+	// DefaultMemoryShare of the memory available when the node starts. The effective
+	// participation policy's max_memory_share of that memory caps it (Node.MemoryBudget).
+	// Announced as ram.budget_mb; a model larger than every node's budget is served by a
+	// pipeline of layer ranges.
 	MemoryBudget int64
 	// SynthLoadDelay is added to every synthetic model's load, standing for reading weights
 	// from disk (synth.WithLoadDelay): the testnet uses it to show real-length cold starts.

@@ -93,9 +93,9 @@ type Node struct {
 	receiptQ  *receiptQueue          // writes receipts to the log; nil without it
 	rtc       *webrtc.Transport      // WebRTC direct paths (webrtc.go)
 	dialer    host.Host              // host, with addresses of unconnected peers found in the DHT
-	budget    int64                  // bytes of memory for mesh work (Config.MemoryBudget, or the default share)
+	mem       memoryBudget           // bytes of memory for mesh work (budget.go)
 	stages    inference.StageBackend // layer ranges of the synthetic models served here; nil with an upstream
-	ranges    rangeLister            // the ranges of stages loaded or loading (the synthetic backend); nil with an upstream
+	ranges    stageHolder            // the ranges of stages held, within the budget (the synthetic backend); nil with an upstream
 	rangesSig signal                 // a range started loading or finished: re-announce (the announcer's Changed)
 	stageSrv  *stage.Server          // pipeline stages this node runs for heads; nil without stages
 	head      *synth.Backend         // the head of pipelines this node routes: every synthetic preset
@@ -191,13 +191,13 @@ func (n *Node) start() error {
 		return fmt.Errorf("start capability probe: %w", err)
 	}
 	n.closers = append(n.closers, n.probe.Close)
-	// One reading at start: the default memory budget and the first participation
-	// observation below.
+	// One reading at start: the memory budget and the first participation observation
+	// below.
 	first := n.probe.Probe(cfg.Now())
-	n.budget = cfg.MemoryBudget
-	if n.budget <= 0 {
-		n.budget = int64(float64(first.RAM.FreeMB<<20) * DefaultMemoryShare)
+	if n.part, err = newPartGate(cfg); err != nil {
+		return fmt.Errorf("participation: %w", err)
 	}
+	n.mem.init(cfg.MemoryBudget, first.RAM.FreeMB<<20, n.part.memoryShare())
 
 	if n.rep, err = reputation.New(reputation.DefaultParams()); err != nil {
 		return fmt.Errorf("reputation store: %w", err)
@@ -213,7 +213,7 @@ func (n *Node) start() error {
 	case len(cfg.Models) > 0:
 		sb, err := synth.NewWith(cfg.Models, []synth.Option{
 			synth.WithLoadDelay(cfg.SynthLoadDelay), synth.WithLoadGate(cfg.SynthLoadGate),
-			synth.WithOnRangeChange(n.rangesSig.fire),
+			synth.WithOnRangeChange(n.rangesSig.fire), synth.WithStageBudget(n.mem.get()),
 		})
 		if err != nil {
 			return fmt.Errorf("models: %w", err)
@@ -226,9 +226,6 @@ func (n *Node) start() error {
 	}
 	if n.backend != nil && cfg.WrapBackend != nil {
 		n.backend = cfg.WrapBackend(n.backend) // a testnet fault; nil in production
-	}
-	if n.part, err = newPartGate(cfg); err != nil {
-		return fmt.Errorf("participation: %w", err)
 	}
 	// The first observation now, so that the first announcement already says whether this
 	// node accepts work; the loop started below observes every heartbeat after that.
@@ -281,6 +278,9 @@ func (n *Node) start() error {
 	}
 	n.closers = append(n.closers, n.announcer.Close)
 	n.part.onChange(n.announcer.Changed)
+	// The owner's consent, re-read, may change the memory share: the budget follows, and is
+	// announced at once.
+	n.part.onPolicy(n.policyChanged)
 	// A stage's range is announced as soon as it starts loading and again once it is warm.
 	n.rangesSig.set(n.announcer.Changed)
 	partCtx, partCancel := context.WithCancel(context.Background())
@@ -551,8 +551,10 @@ func (n *Node) APIAddr() string {
 	return n.api.Addr()
 }
 
-// MemoryBudget is the memory this node gives to mesh work, in bytes.
-func (n *Node) MemoryBudget() int64 { return n.budget }
+// MemoryBudget is the memory this node gives to mesh work, in bytes: Config.MemoryBudget
+// (or DefaultMemoryShare of the memory available at start), cut to the effective
+// participation policy's max_memory_share of that memory.
+func (n *Node) MemoryBudget() int64 { return n.mem.get() }
 
 // vectorSource fills the unsigned parts of the vector: hardware from the probe (a foreground
 // desktop), the battery floor from the participation policy, models and load from the
@@ -562,7 +564,7 @@ type vectorSource struct{ n *Node }
 func (s vectorSource) Vector(now time.Time) caps.Vector {
 	v := s.n.probe.Probe(now).Vector()
 	v.Battery.Floor = s.n.part.batteryFloor()
-	v.RAM.BudgetMB = min(s.n.budget>>20, v.RAM.TotalMB)
+	v.RAM.BudgetMB = min(s.n.mem.get()>>20, v.RAM.TotalMB)
 	models := []caps.Model{}
 	load := caps.Load{Accepting: s.n.backend != nil && s.n.part.accepting()}
 	if s.n.backend != nil {
@@ -594,9 +596,11 @@ func (s vectorSource) Vector(now time.Time) caps.Vector {
 	return v
 }
 
-// rangeLister lists the layer ranges a backend holds for pipeline stages (synth.Backend).
-type rangeLister interface {
+// stageHolder is the backend that holds layer ranges for pipeline stages (synth.Backend):
+// it lists them, and keeps them and their sessions within the memory budget it is given.
+type stageHolder interface {
 	Ranges() []synth.RangeState
+	SetStageBudget(bytes int64)
 }
 
 // stagesHeld is the vector's stages: the ranges of the models announced, at most

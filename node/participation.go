@@ -34,6 +34,7 @@ type partGate struct {
 
 	mu          sync.Mutex
 	changed     func() // re-announce (the accepting flag changed); set by onChange
+	policy      func() // the effective policy changed; set by onPolicy
 	gov         *participation.Governor
 	rate        participation.RateLimiter
 	consent     participation.Consent
@@ -94,6 +95,22 @@ func (g *partGate) onChange(f func()) {
 	g.changed = f
 }
 
+// onPolicy sets what to call when the effective policy changes with the owner's consent
+// (the node's memory budget follows its max_memory_share).
+func (g *partGate) onPolicy(f func()) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.policy = f
+}
+
+// memoryShare is the effective policy's max_memory_share (percent; 0: no cap), as of the
+// consent last read.
+func (g *partGate) memoryShare() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.effectiveLocked().MaxMemoryShare
+}
+
 // refreshConsent re-reads the consent when its file changed since the last read. The stat
 // (one per call) and the read happen outside the lock; only the swap is under it. A fixed
 // consent (Config.Consent) was set by newPartGate and never changes.
@@ -115,12 +132,19 @@ func (g *partGate) refreshConsent() {
 	}
 	c, have, other := g.checkWording(c, have)
 	g.mu.Lock()
-	was := g.contributingLocked()
+	was, wasPolicy := g.contributingLocked(), g.effectiveLocked()
 	g.consentStat, g.consent, g.haveConsent, g.otherWording = st, c, have, other
 	now, changed := g.contributingLocked(), g.changed
+	policy := g.policy
+	if g.effectiveLocked() == wasPolicy {
+		policy = nil
+	}
 	g.mu.Unlock()
 	if now != was && changed != nil {
 		changed() // a withdrawal (or a new yes) reaches peers now, not at the next heartbeat
+	}
+	if policy != nil {
+		policy()
 	}
 }
 

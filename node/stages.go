@@ -36,7 +36,10 @@ func (n *Node) startStages() error {
 	if n.stages == nil {
 		return nil
 	}
-	opts := []stage.ServerOption{stage.WithServerObserver(n.rep), stage.WithKVBudget(n.budget), stage.WithClock(n.cfg.Now)}
+	// No KV budget of the server's own: the backend counts the sessions' caches with the
+	// ranges against the one memory budget (synth: Stage memory), which the policy may
+	// change while the server runs.
+	opts := []stage.ServerOption{stage.WithServerObserver(n.rep), stage.WithClock(n.cfg.Now)}
 	if q := n.receiptQ; q != nil {
 		// Each stage session is receipted like a served task, once it has ended (its
 		// handler goroutine; the server's Close waits for it, before the queue stops).
@@ -61,8 +64,10 @@ func (n *Node) stageReceipt(e stage.SessionEnd) receipts.Receipt {
 	}
 }
 
-// admittedStages is the node's stage backend behind its participation policy and memory
-// budget: a paused node takes no stage, and a range larger than the budget is refused.
+// admittedStages is the node's stage backend behind its participation policy: a paused node
+// takes no stage. The memory budget is the backend's to keep (synth.WithStageBudget): it
+// unloads ranges no session uses to make room, and refuses with overloaded when the ranges
+// of open sessions leave none.
 type admittedStages struct{ n *Node }
 
 func (a admittedStages) Shape(model string) (inference.ModelShape, error) {
@@ -72,14 +77,6 @@ func (a admittedStages) Shape(model string) (inference.ModelShape, error) {
 func (a admittedStages) OpenStage(ctx context.Context, model string, lo, hi, maxPositions int) (inference.StageSession, error) {
 	if !a.n.part.accepting() {
 		return nil, inference.Errorf(inference.CodePolicyPaused, "this node is not contributing now")
-	}
-	sh, err := a.n.stages.Shape(model)
-	if err != nil {
-		return nil, err
-	}
-	if need := int64(hi-lo) * sh.LayerBytes; need > a.n.budget {
-		return nil, inference.Errorf(inference.CodeOverloaded, "layers [%d, %d) of %s need %d MB; this node's memory budget is %d MB",
-			lo, hi, model, need>>20, a.n.budget>>20)
 	}
 	return a.n.stages.OpenStage(ctx, model, lo, hi, maxPositions)
 }

@@ -52,7 +52,7 @@ func stagesAt(router *node.Node, p string) []caps.Stage {
 // TestStageRangesAnnouncedLoadingThenWarm: a stage node announces the layer range a head
 // asked it for as soon as its load starts (state loading) and again as soon as it is loaded
 // (warm), without waiting for its heartbeat: with a heartbeat of a minute, the router sees
-// both within seconds. The loads are held by a gate until the router has seen the first
+// both within seconds; a second request then runs on the same warm ranges. The loads are held by a gate until the router has seen the first
 // stage loading; stage 0 loads before it opens the rest of the chain, so it is the only one
 // loading then.
 func TestStageRangesAnnouncedLoadingThenWarm(t *testing.T) {
@@ -132,6 +132,22 @@ func TestStageRangesAnnouncedLoadingThenWarm(t *testing.T) {
 		}
 		return true
 	})
+
+	// A second request for the model runs on the same ranges (the plan prefers those held
+	// warm), and no stage node loads another.
+	r = stream(t, router.APIAddr(), routedBody(model, 4, 4, nil), nil, nil)
+	if r.errCode != "" || !r.done {
+		t.Fatalf("second pipeline request: %+v", r)
+	}
+	again, _ := inference.ParseRoute(r.final.Route)
+	if !slices.Equal(again.Stages, served.Stages) {
+		t.Fatalf("the second request ran on %q, the first on the ranges now warm, %q", r.final.Route, served.Route())
+	}
+	for i := 1; i < 4; i++ {
+		if st := tn.Node(i).Own().Stages; len(st) != 1 || st[0].State != caps.StageWarm {
+			t.Fatalf("node %d holds %+v after the second request, want its one warm range", i, st)
+		}
+	}
 }
 
 // TestPipelineStatus: while a pipeline streams (held at a stage's third step), the router's

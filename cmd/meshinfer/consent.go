@@ -22,13 +22,13 @@ before the owner agrees; withdrawing takes effect at once, also for a running no
 
   meshinfer consent                       ask, in this terminal
   meshinfer consent --contribute yes --run-local yes --cloud no --battery-floor 30 --pause-on-metered yes
-  meshinfer consent --contribute yes --require-charging yes --max-bytes-per-hour 500MB
+  meshinfer consent --contribute yes --require-charging yes --max-bytes-per-hour 500MB --max-memory-share 25
   meshinfer consent --show
   meshinfer consent --withdraw
 
 With any of --run-local, --contribute, --cloud or the limits (--battery-floor,
 --pause-on-metered, --require-charging, --thermal-max-state, --max-tasks-per-min,
---max-bytes-per-hour) the consent is recorded without asking (for scripts); choices not
+--max-bytes-per-hour, --max-memory-share) the consent is recorded without asking (for scripts); choices not
 given are "no", the battery floor keeps 30 %, pausing on metered connections yes, and the
 other limits none. The limits only tighten the deployer's profile, never loosen it.
 
@@ -50,6 +50,7 @@ func runConsent(args []string, stdout, stderr io.Writer) error {
 	thermal := fs.String("thermal-max-state", caps.ThermalCritical, "highest heat at which this machine contributes: nominal, fair, serious or critical (critical: no ceiling of yours)")
 	tasks := fs.Int("max-tasks-per-min", 0, "at most this many tasks from the mesh a minute (0: no limit of yours)")
 	traffic := fs.String("max-bytes-per-hour", "0", "at most this much mesh traffic an hour, bytes in and out of the tasks served for others: bytes, or with a unit (500MB, 2GB, 1GiB); 0: no cap of yours")
+	memShare := fs.Int("max-memory-share", 0, "at most this share of the memory free when the node starts for mesh work, in percent (0: no cap of yours)")
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -86,7 +87,8 @@ func runConsent(args []string, stdout, stderr io.Writer) error {
 		}
 		return nil
 	case set["run-local"] || set["contribute"] || set["cloud"] || set["battery-floor"] || set["pause-on-metered"] ||
-		set["require-charging"] || set["thermal-max-state"] || set["max-tasks-per-min"] || set["max-bytes-per-hour"]:
+		set["require-charging"] || set["thermal-max-state"] || set["max-tasks-per-min"] || set["max-bytes-per-hour"] ||
+		set["max-memory-share"]:
 		c := participation.Consent{Version: participation.ConsentVersion, GivenAt: time.Now().UTC(),
 			WordingSHA256: participation.WordingHash(wording)}
 		for _, f := range []struct {
@@ -104,7 +106,7 @@ func runConsent(args []string, stdout, stderr io.Writer) error {
 			}
 			*f.dst = b
 		}
-		c.BatteryFloor, c.ThermalMaxState, c.MaxTasksPerMin = *floor, *thermal, *tasks
+		c.BatteryFloor, c.ThermalMaxState, c.MaxTasksPerMin, c.MaxMemoryShare = *floor, *thermal, *tasks, *memShare
 		if c.BatteryFloor < 0 || c.BatteryFloor > 100 {
 			return fmt.Errorf("--battery-floor %d: a percentage, 0 to 100", c.BatteryFloor)
 		}
@@ -113,6 +115,9 @@ func runConsent(args []string, stdout, stderr io.Writer) error {
 		}
 		if c.MaxTasksPerMin < 0 || c.MaxTasksPerMin > participation.MaxTasksPerMinLimit {
 			return fmt.Errorf("--max-tasks-per-min %d: 0 (no limit) to %d", c.MaxTasksPerMin, participation.MaxTasksPerMinLimit)
+		}
+		if c.MaxMemoryShare < 0 || c.MaxMemoryShare > 100 {
+			return fmt.Errorf("--max-memory-share %d: a percentage, 0 (no cap) to 100", c.MaxMemoryShare)
 		}
 		if c.MaxBytesPerHour, err = parseBytes(*traffic); err != nil {
 			return fmt.Errorf("--max-bytes-per-hour %q: %w", *traffic, err)
@@ -214,7 +219,7 @@ func askConsent(in io.Reader, out io.Writer, wording string) (participation.Cons
 			return perr == nil && n >= 0 && n <= 100
 		})
 	c.ThermalMaxState = caps.ThermalCritical
-	if ask("Set further limits on contributing (only while charging, a heat ceiling, tasks a minute, mesh traffic an hour)?", false) {
+	if ask("Set further limits on contributing (only while charging, a heat ceiling, tasks a minute, mesh traffic an hour, memory)?", false) {
 		c.RequireCharging = ask("Contribute only while charging (or on mains)?", false)
 		line("Highest heat at which to contribute: nominal, fair, serious or critical?", caps.ThermalCritical, caps.ThermalCritical,
 			"please say nominal, fair, serious or critical", func(s string) bool {
@@ -232,6 +237,12 @@ func askConsent(in io.Reader, out io.Writer, wording string) (participation.Cons
 				n, perr := parseBytes(s)
 				c.MaxBytesPerHour = n
 				return perr == nil
+			})
+		line("At most what share of the memory free at start for mesh work, in percent (0: no cap)?", "0", "0",
+			"please give a number from 0 to 100", func(s string) bool {
+				n, perr := strconv.Atoi(strings.TrimSuffix(s, "%"))
+				c.MaxMemoryShare = n
+				return perr == nil && n >= 0 && n <= 100
 			})
 	}
 	if err != nil {
@@ -332,6 +343,7 @@ func printConsent(w io.Writer, c participation.Consent) {
 	fmt.Fprintf(w, "  heat ceiling                %s\n", cond(p.ThermalMaxState == caps.ThermalCritical, "none (critical)", p.ThermalMaxState))
 	fmt.Fprintf(w, "  tasks a minute              %s\n", cond(p.MaxTasksPerMin == 0, "no limit", strconv.Itoa(p.MaxTasksPerMin)))
 	fmt.Fprintf(w, "  mesh traffic an hour        %s\n", cond(p.MaxBytesPerHour == 0, "no cap", formatBytes(p.MaxBytesPerHour)))
+	fmt.Fprintf(w, "  memory for mesh work        %s\n", cond(p.MaxMemoryShare == 0, "no cap", fmt.Sprintf("%d%% of what is free at start", p.MaxMemoryShare)))
 	words := "the built-in wording"
 	if c.WordingHash() != participation.DefaultWordingHash() {
 		words = "the deployer's wording"

@@ -89,8 +89,8 @@ func TestConsentPromptWithDeployersWordingAndLimits(t *testing.T) {
 	}
 	// run locally yes; contribute y; cloud default (no); metered n; floor default (30);
 	// further limits y: charging y, heat "warm" then "fair", tasks 12, traffic "lots" then
-	// "500MB".
-	if _, err := master.WriteString("y\ny\n\nn\n\ny\ny\nwarm\nfair\n12\nlots\n500MB\n"); err != nil {
+	// "500MB", memory "200" then "30%".
+	if _, err := master.WriteString("y\ny\n\nn\n\ny\ny\nwarm\nfair\n12\nlots\n500MB\n200\n30%\n"); err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
@@ -102,7 +102,8 @@ func TestConsentPromptWithDeployersWordingAndLimits(t *testing.T) {
 		t.Errorf("the prompt does not show the deployer's wording, alone:\n%s", stdout)
 	}
 	for _, s := range []string{"please say nominal, fair, serious or critical", "please give an amount", "the deployer's wording",
-		"mesh traffic an hour        500 MB", "heat ceiling                fair"} {
+		"mesh traffic an hour        500 MB", "heat ceiling                fair", "please give a number from 0 to 100",
+		"memory for mesh work        30% of what is free at start"} {
 		if !strings.Contains(stdout, s) {
 			t.Errorf("output does not say %q:\n%s", s, stdout)
 		}
@@ -113,7 +114,7 @@ func TestConsentPromptWithDeployersWordingAndLimits(t *testing.T) {
 	}
 	want := participation.Consent{Version: participation.ConsentVersion, GivenAt: c.GivenAt, RunLocal: true, Contribute: true,
 		BatteryFloor: 30, RequireCharging: true, ThermalMaxState: caps.ThermalFair, MaxTasksPerMin: 12,
-		MaxBytesPerHour: 500_000_000, WordingSHA256: participation.WordingHash(wording)}
+		MaxBytesPerHour: 500_000_000, MaxMemoryShare: 30, WordingSHA256: participation.WordingHash(wording)}
 	if c != want {
 		t.Fatalf("recorded %+v, want %+v", c, want)
 	}
@@ -156,13 +157,13 @@ func TestConsentFlagsShowWithdraw(t *testing.T) {
 		t.Fatalf("a fraction of a unit: exit %d, stderr %q", code, stderr)
 	}
 	code, stdout, _ = runCmd(t, "consent", "--data-dir", dir, "--contribute", "yes", "--require-charging", "yes",
-		"--thermal-max-state", "serious", "--max-tasks-per-min", "20", "--max-bytes-per-hour", "2GiB")
+		"--thermal-max-state", "serious", "--max-tasks-per-min", "20", "--max-bytes-per-hour", "2GiB", "--max-memory-share", "40")
 	if code != 0 || !strings.Contains(stdout, "only while charging         yes") || !strings.Contains(stdout, "tasks a minute              20") {
 		t.Fatalf("limit flags: exit %d, %q", code, stdout)
 	}
 	c, _, _ := participation.LoadConsent(dir)
 	if p := c.OwnerPolicy(); !p.RequireCharging || p.ThermalMaxState != caps.ThermalSerious || p.MaxTasksPerMin != 20 ||
-		p.MaxBytesPerHour != 2<<30 || p.BatteryMinLevel != participation.DefaultBatteryFloor || !p.PauseOnMetered {
+		p.MaxBytesPerHour != 2<<30 || p.MaxMemoryShare != 40 || p.BatteryMinLevel != participation.DefaultBatteryFloor || !p.PauseOnMetered {
 		t.Fatalf("recorded limits %+v", p)
 	}
 	if c.WordingSHA256 != participation.DefaultWordingHash() {
@@ -171,6 +172,7 @@ func TestConsentFlagsShowWithdraw(t *testing.T) {
 	for _, bad := range [][]string{
 		{"--thermal-max-state", "warm"}, {"--max-tasks-per-min", "-1"}, {"--max-tasks-per-min", "10001"},
 		{"--max-bytes-per-hour", "-5"}, {"--max-bytes-per-hour", "2 parsecs"}, {"--require-charging", "sometimes"},
+		{"--max-memory-share", "101"}, {"--max-memory-share", "-1"},
 	} {
 		code, _, stderr := runCmd(t, append([]string{"consent", "--data-dir", dir, "--contribute", "yes"}, bad...)...)
 		if code != 1 || !strings.Contains(stderr, bad[0]) {
@@ -310,12 +312,12 @@ func TestStatusShowsConsentWordingAndTrafficCap(t *testing.T) {
 	st.Participation = console.Participation{
 		Consent: console.Consent{WordingChanged: true}, Profile: "standard", Admission: "paused",
 		Reasons: []string{"no_consent", "bandwidth_cap"}, MeshBytesLastHour: 2_500_000_000,
-		Thresholds: participation.Policy{ThermalMaxState: caps.ThermalFair, MaxBytesPerHour: 2_000_000_000},
+		Thresholds: participation.Policy{ThermalMaxState: caps.ThermalFair, MaxBytesPerHour: 2_000_000_000, MaxMemoryShare: 25},
 	}
 	var out strings.Builder
 	renderStatus(&out, st, nil)
 	for _, s := range []string{"consent wording changed: run 'meshinfer consent' again", "at its mesh traffic cap for the hour",
-		"mesh traffic 2.5 GB in the last hour, at most 2 GB"} {
+		"mesh traffic 2.5 GB in the last hour, at most 2 GB; memory for mesh work at most 25% of what was free at start"} {
 		if !strings.Contains(out.String(), s) {
 			t.Errorf("status does not say %q:\n%s", s, out.String())
 		}

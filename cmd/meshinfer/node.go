@@ -109,10 +109,10 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&iceServers, "ice-server", "STUN or TURN server for WebRTC paths, stun:host:port or turn:host:port (TURN credentials from $"+node.EnvTURNUsername+" and $"+node.EnvTURNCredential+"); repeatable; none needed on a LAN")
 	fs.Var(&origins, "gateway-origin", "origin of a browser app allowed to call this coordinator's gateway (WebSocket and REST with CORS), e.g. app.example.com or *.example.com; repeatable")
 	var budget byteSize
-	fs.Var(&budget, "memory-budget", "memory this node gives to mesh work (models held whole for peers, pipeline stages of larger ones), e.g. 512MiB, 4GiB or 2GB; a plain number is MiB (default half the memory available at start)")
+	fs.Var(&budget, "memory-budget", "memory this node gives to mesh work (models held whole for peers, pipeline stages of larger ones), e.g. 512MiB, 4GiB or 2GB; a plain number is MiB (default half the memory available at start); the profile's max_memory_share caps it")
 	insecureGateway := fs.Bool("insecure-gateway", false, "let a coordinator's API listen on a non-loopback address without TLS (a TLS proxy in front of it)")
 	profile := fs.String("profile", "", "participation profile set by whoever deploys the node: eco, standard, power or off (default standard, or the --config file's)")
-	configFile := fs.String("config", "", "JSON file of per-field overrides of the profile: require_charging, battery_min_level, thermal_max_state, max_tasks_per_min, pause_on_metered, max_bytes_per_hour")
+	configFile := fs.String("config", "", "JSON file of per-field overrides of the profile: require_charging, battery_min_level, thermal_max_state, max_tasks_per_min, pause_on_metered, max_bytes_per_hour, max_memory_share")
 	consentText := fs.String("consent-text", "", "file with the deployer's consent wording (plain text, at most 64 KiB), asked with instead of the built-in one; a consent given to other wording counts as not given until the owner answers again")
 	if err := parse(fs, args, stdout); err != nil {
 		return err

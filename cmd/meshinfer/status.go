@@ -103,8 +103,9 @@ func renderStatus(w io.Writer, st console.Status, peers []console.Peer) {
 		th.BatteryMinLevel, cond(th.RequireCharging, " or when not charging", ""), th.ThermalMaxState,
 		cond(th.PauseOnMetered, ", on metered networks", ""),
 		cond(th.MaxTasksPerMin > 0, fmt.Sprintf("at most %d tasks a minute", th.MaxTasksPerMin), "no tasks-per-minute limit"))
-	fmt.Fprintf(w, "          mesh traffic %s in the last hour, %s\n", formatBytes(p.MeshBytesLastHour),
-		cond(th.MaxBytesPerHour > 0, "at most "+formatBytes(th.MaxBytesPerHour), "no cap"))
+	fmt.Fprintf(w, "          mesh traffic %s in the last hour, %s; %s\n", formatBytes(p.MeshBytesLastHour),
+		cond(th.MaxBytesPerHour > 0, "at most "+formatBytes(th.MaxBytesPerHour), "no cap"),
+		cond(th.MaxMemoryShare > 0, fmt.Sprintf("memory for mesh work at most %d%% of what was free at start", th.MaxMemoryShare), "no memory share cap"))
 	r := st.Routing
 	fmt.Fprintf(w, "routing   served here %d, by peers %d, by the cloud %d, no target %d; local-only %d served, %d refused\n",
 		r.Requests.Local, r.Requests.Mesh, r.Requests.Cloud, r.Requests.NoTarget, r.LocalOnly.Served, r.LocalOnly.Refused)

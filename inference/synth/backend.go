@@ -22,8 +22,11 @@ type Backend struct {
 	// (WithLoadGate) when it is set.
 	loadDelay time.Duration
 	loadGate  <-chan struct{}
-	// onRange is called when a stage's range starts loading or its load ends (WithOnRangeChange).
+	// onRange is called when a stage's range starts loading, its load ends, or it is
+	// unloaded (WithOnRangeChange).
 	onRange func()
+	// mem counts the stages' ranges and sessions against the stage budget (memory.go).
+	mem stageMem
 }
 
 // Option configures a Backend.
@@ -41,7 +44,8 @@ func WithLoadDelay(d time.Duration) Option { return func(b *Backend) { b.loadDel
 func WithLoadGate(gate <-chan struct{}) Option { return func(b *Backend) { b.loadGate = gate } }
 
 // WithOnRangeChange calls f each time a layer range held for pipeline stages (see Ranges)
-// starts loading, and each time such a load ends, loaded or failed. It runs on the loading
+// starts loading, each time such a load ends, loaded or failed, and each time such a range
+// is unloaded to make room (WithStageBudget). It runs on the loading
 // goroutine, with no lock held, and must return quickly. Loads of whole models and of the
 // head are not reported: a node's own requests load those, and announcing them at once
 // would tell the mesh when its owner used it.
@@ -67,7 +71,8 @@ type model struct {
 
 	mu sync.Mutex
 	// parts holds a slot for each part loaded or being loaded. A slot is removed when its
-	// load fails; a loaded one stays as long as the Backend.
+	// load fails; a loaded one stays as long as the Backend, but for a stage's range, which
+	// the stage budget may unload (memory.go) when no session uses it.
 	parts map[part]*slot
 }
 
@@ -88,7 +93,7 @@ func NewWith(models []string, opts []Option) (*Backend, error) {
 	if len(models) == 0 {
 		return nil, fmt.Errorf("synth: no models given (known: %s)", presetNames())
 	}
-	b := &Backend{models: make(map[string]*model, len(models))}
+	b := &Backend{models: make(map[string]*model, len(models)), mem: stageMem{ranges: make(map[heldKey]*heldRng)}}
 	for _, name := range models {
 		p, ok := LookupPreset(name)
 		if !ok {
@@ -256,7 +261,7 @@ func (b *Backend) Generate(ctx context.Context, req *inference.Request, emit fun
 		return inference.Result{}, err
 	}
 	// The cache needs no slot for the last sampled token: it is never fed back.
-	local := newSession(w, 0, m.preset.Layers, len(prompt)+budget-1)
+	local := newSession(w, 0, m.preset.Layers, len(prompt)+budget-1, nil)
 	defer local.Close()
 	return generate(ctx, m, w, local.Forward, req, prompt, budget, emit)
 }

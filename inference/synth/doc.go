@@ -45,10 +45,11 @@
 // A stage (OpenStage) holds layers [lo, hi) and nothing else. A tensor's values are a
 // function of its name alone, so loading a range materializes those layers' tensors and
 // no others (not the other layers, not the embeddings), and they are the same numbers as in
-// the whole model. Each distinct range is loaded once and kept as long as the Backend,
-// like a whole model (a range is taken from the whole model instead when that is loaded).
-// Ranges lists the ranges loading and loaded, and WithOnRangeChange reports each change of
-// that list as it happens (a node announces it: state loading, then warm).
+// the whole model. Each distinct range is loaded once and kept until the stage budget needs
+// its room (Stage memory, below; a range is taken from the whole model instead when that is
+// loaded). Ranges lists the ranges loading and loaded, and WithOnRangeChange reports each
+// change of that list as it happens, unloads included (a node announces it: state loading,
+// then warm, then gone).
 // A session is one generation's KV cache for those layers, allocated at open for
 // maxPositions positions; Forward runs n positions through the layers in passes of 16, as
 // Generate runs a prompt, appends them to the cache, and fails with context_overflow past
@@ -79,6 +80,30 @@
 // stage, and 28.3 MB on the head. Measured by TestStageMemory, opening a session of
 // synth-base's layers [2, 6) for 16 positions grows the heap by 50.87 MB for 50.35 MB of
 // weights: the rest is the session's KV cache (256 KiB) and scratch (256 KiB).
+//
+// # Stage memory
+//
+// A node gives pipeline stages a memory budget (WithStageBudget, SetStageBudget; the node's
+// --memory-budget). What counts against it: every range loaded or loading, at its weights'
+// bytes (layers × LayerBytes, counted once however many sessions use it), and every open
+// session's KV cache, KVBytesPerToken × layers ÷ Layers × maxPositions: the figures
+// placement plans with (mesh/route's StageBytes), so a plan that fits a node's announced
+// budget is one the node admits. Not counted: whole models and heads, which a node's own
+// requests and the whole-model tasks it serves load (routing sends a model whole only to a
+// node whose budget holds it, and they are never unloaded); a range served from the loaded
+// whole model (its session's cache is counted); a session's scratch, 16 positions of
+// activations (0.13 MB for synth-small, 0.39 MB for synth-large), and bookkeeping, which the
+// 10 % margin of S4 covers.
+//
+// A range is pinned while a session of it is open or an open is loading it. An open that
+// would pass the budget first unloads ranges no session pins, the least recently used
+// first (opened or closed longest ago), as few as make room; when even all of those would
+// not make room it is refused with overloaded, naming the MB it needs and the MB the pinned
+// ranges and caches leave free, and nothing is unloaded. A lowered budget unloads at once
+// what is unpinned and over it; what is pinned is unloaded as its sessions close, until
+// what is held fits. An unloaded range leaves Ranges (and the node's announced stages);
+// opening it again loads it again. TestStageBudget checks, on the heap, that what is held
+// stays within the budget and 10 % as sessions of different ranges come and go.
 //
 // A pipeline in one process costs what Generate costs: BenchmarkShardedDecode measured
 // synth-large's time per token over 2 stages at 1.04 times Generate's, and

@@ -22,8 +22,10 @@ func (b *Backend) Shape(model string) (inference.ModelShape, error) {
 // OpenStage returns a session of model's layers [lo, hi) for up to maxPositions positions;
 // see inference.StageBackend. It checks the model (model_not_found), then the range and
 // maxPositions (invalid_request unless 0 ≤ lo < hi ≤ Layers and 1 ≤ maxPositions ≤
-// Context), then loads layers [lo, hi), and nothing else, unless they or the whole model
-// are loaded already. Each distinct range is loaded once and kept, like a whole model; the
+// Context), then counts the range and the session's KV cache against the stage budget
+// (WithStageBudget: it may unload ranges no session uses, or refuse with overloaded and
+// change nothing), then loads layers [lo, hi), and nothing else, unless they or the whole
+// model are loaded already. A range stays loaded until the budget needs its room; the
 // session's KV cache, allocated here, is its own. If ctx ends during the load, it returns
 // an error wrapping ctx's and the range stays cold.
 func (b *Backend) OpenStage(ctx context.Context, model string, lo, hi, maxPositions int) (inference.StageSession, error) {
@@ -40,11 +42,19 @@ func (b *Backend) OpenStage(ctx context.Context, model string, lo, hi, maxPositi
 		return nil, inference.Errorf(inference.CodeInvalidRequest,
 			"a stage of %s holds 1 to %d positions, not %d", p.Name, p.Context, maxPositions)
 	}
-	w, err := m.get(ctx, layerRange(lo, hi))
+	// The whole model, once loaded, is never unloaded: its layers serve the range.
+	w := m.loaded(whole(p))
+	res, err := b.mem.reserve(m, layerRange(lo, hi), maxPositions, w != nil)
 	if err != nil {
 		return nil, err
 	}
-	return newSession(w, lo, hi, maxPositions), nil
+	if w == nil {
+		if w, err = m.load(ctx, layerRange(lo, hi)); err != nil {
+			res.release()
+			return nil, err
+		}
+	}
+	return newSession(w, lo, hi, maxPositions, res.release), nil
 }
 
 // RangeState is a layer range of a model held for pipeline stages: layers [Lo, Hi), loaded
@@ -56,10 +66,10 @@ type RangeState struct {
 }
 
 // Ranges lists the layer ranges that OpenStage has loaded or is loading, by model in New's
-// order, then by Lo and Hi. A range whose load failed or was abandoned is not listed. The
-// head of a sharded generation and whole models are no stages' ranges and are never listed
-// (Models reports whole models); nor is a range a stage runs from its whole model, loaded
-// already.
+// order, then by Lo and Hi. A range whose load failed or was abandoned, or that the stage
+// budget unloaded, is not listed. The head of a sharded generation and whole models are no
+// stages' ranges and are never listed (Models reports whole models); nor is a range a stage
+// runs from its whole model, loaded already.
 func (b *Backend) Ranges() []RangeState {
 	var out []RangeState
 	for _, name := range b.names {
@@ -85,15 +95,16 @@ func (b *Backend) Ranges() []RangeState {
 // session is a StageSession: a stack of layers with its KV cache. Forward and Close are
 // serialized; a Close during a Forward waits for it to end.
 type session struct {
-	mu   sync.Mutex
-	st   *stack // nil once closed
-	desc string // for messages
+	mu      sync.Mutex
+	st      *stack // nil once closed
+	desc    string // for messages
+	release func() // gives back what the open counted against the stage budget; nil for Generate's
 }
 
 var _ inference.StageSession = (*session)(nil)
 
-func newSession(w *weights, lo, hi, maxPositions int) *session {
-	return &session{st: newStack(w, lo, hi, maxPositions), desc: layerRange(lo, hi).describe(w.p)}
+func newSession(w *weights, lo, hi, maxPositions int, release func()) *session {
+	return &session{st: newStack(w, lo, hi, maxPositions), desc: layerRange(lo, hi).describe(w.p), release: release}
 }
 
 // Forward runs n positions through the session's layers; see inference.StageSession. It
@@ -123,10 +134,15 @@ func (s *session) Forward(ctx context.Context, hidden []float32, n int) ([]float
 	return out, nil
 }
 
-// Close frees the session's KV cache. It is idempotent and never fails.
+// Close frees the session's KV cache, and gives its memory and its range back to the stage
+// budget. It is idempotent and never fails.
 func (s *session) Close() error {
 	s.mu.Lock()
+	open := s.st != nil
 	s.st = nil
 	s.mu.Unlock()
+	if open && s.release != nil {
+		s.release()
+	}
 	return nil
 }

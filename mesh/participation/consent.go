@@ -82,6 +82,10 @@ type Consent struct {
 	// MaxBytesPerHour is the owner's cap on the mesh traffic of the tasks served for peers,
 	// bytes an hour (0: none of the owner's; at most MaxBytesPerHourLimit).
 	MaxBytesPerHour int64 `json:"max_bytes_per_hour"`
+	// MaxMemoryShare is the owner's cap on the memory given to mesh work, in percent of the
+	// memory available when the node starts (0: none of the owner's; at most 100). Absent
+	// in records made before it could be set: none.
+	MaxMemoryShare int `json:"max_memory_share,omitempty"`
 	// WordingSHA256 is the SHA-256 (lower-case hex, WordingHash) of the wording the owner
 	// was shown or, with the consent flags, answered to. "" is a record written before the
 	// wording could be configured: it was given to ConsentWording, and counts as
@@ -92,8 +96,8 @@ type Consent struct {
 // OwnerPolicy is the owner's part of the effective policy: everything the deployer's policy
 // sets but Off (which is the deployer's choice; the owner's is not to contribute). A field
 // the owner left at its loosest (no battery floor, charging not required, thermal
-// critical or unset, no task limit, no traffic cap, no pause on metered) keeps the
-// deployer's value under Stricter.
+// critical or unset, no task limit, no traffic cap, no memory cap, no pause on metered)
+// keeps the deployer's value under Stricter.
 func (c Consent) OwnerPolicy() Policy {
 	thermal := c.ThermalMaxState
 	if thermal == "" {
@@ -106,6 +110,7 @@ func (c Consent) OwnerPolicy() Policy {
 		MaxTasksPerMin:  c.MaxTasksPerMin,
 		PauseOnMetered:  c.PauseOnMetered,
 		MaxBytesPerHour: c.MaxBytesPerHour,
+		MaxMemoryShare:  c.MaxMemoryShare,
 	}
 }
 
@@ -155,6 +160,9 @@ func (c Consent) validate() error {
 	}
 	if c.MaxBytesPerHour < 0 || c.MaxBytesPerHour > MaxBytesPerHourLimit {
 		return fmt.Errorf("max_bytes_per_hour %d out of range 0 (no cap) to %d", c.MaxBytesPerHour, MaxBytesPerHourLimit)
+	}
+	if c.MaxMemoryShare < 0 || c.MaxMemoryShare > 100 {
+		return fmt.Errorf("max_memory_share %d out of range 0 (no cap) to 100 (percent)", c.MaxMemoryShare)
 	}
 	if c.WordingSHA256 != "" && !isSHA256Hex(c.WordingSHA256) {
 		return fmt.Errorf("wording_sha256 %q is not a SHA-256 in lower-case hex (64 characters)", c.WordingSHA256)

@@ -21,7 +21,7 @@ func TestConsentRoundTrip(t *testing.T) {
 		Version: ConsentVersion, GivenAt: time.Date(2025, 3, 4, 5, 6, 7, 8, time.FixedZone("x", 3600)),
 		RunLocal: true, Contribute: true, CloudFallback: false, BatteryFloor: 42, PauseOnMetered: true,
 		RequireCharging: true, ThermalMaxState: caps.ThermalFair, MaxTasksPerMin: 12, MaxBytesPerHour: 3_000_000_000,
-		WordingSHA256: WordingHash("our own words\n"),
+		MaxMemoryShare: 35, WordingSHA256: WordingHash("our own words\n"),
 	}
 	if err := SaveConsent(dir, want); err != nil {
 		t.Fatalf("SaveConsent: %v", err)
@@ -57,7 +57,7 @@ func TestConsentRoundTrip(t *testing.T) {
 		t.Fatalf("read: %v", err)
 	}
 	for _, key := range []string{`"version"`, `"given_at"`, `"run_local"`, `"contribute"`, `"cloud_fallback"`, `"battery_floor"`, `"pause_on_metered"`,
-		`"require_charging"`, `"thermal_max_state"`, `"max_tasks_per_min"`, `"max_bytes_per_hour"`, `"wording_sha256"`} {
+		`"require_charging"`, `"thermal_max_state"`, `"max_tasks_per_min"`, `"max_bytes_per_hour"`, `"max_memory_share"`, `"wording_sha256"`} {
 		if !strings.Contains(string(raw), key) {
 			t.Errorf("consent file lacks %s:\n%s", key, raw)
 		}
@@ -107,6 +107,8 @@ func TestSaveConsentRejects(t *testing.T) {
 		{"rate over limit", func(c *Consent) { c.MaxTasksPerMin = MaxTasksPerMinLimit + 1 }, "max_tasks_per_min"},
 		{"negative traffic cap", func(c *Consent) { c.MaxBytesPerHour = -1 }, "max_bytes_per_hour"},
 		{"traffic cap over limit", func(c *Consent) { c.MaxBytesPerHour = MaxBytesPerHourLimit + 1 }, "max_bytes_per_hour"},
+		{"negative memory share", func(c *Consent) { c.MaxMemoryShare = -1 }, "max_memory_share"},
+		{"memory share over 100", func(c *Consent) { c.MaxMemoryShare = 101 }, "max_memory_share"},
 		{"short hash", func(c *Consent) { c.WordingSHA256 = "abc" }, "wording_sha256"},
 		{"upper-case hash", func(c *Consent) { c.WordingSHA256 = strings.ToUpper(DefaultWordingHash()) }, "wording_sha256"},
 	}
@@ -189,8 +191,9 @@ func TestOwnerPolicy(t *testing.T) {
 		t.Fatalf("OwnerPolicy invalid: %v", err)
 	}
 	c.RequireCharging, c.ThermalMaxState, c.MaxTasksPerMin, c.MaxBytesPerHour = true, caps.ThermalSerious, 9, 1<<30
+	c.MaxMemoryShare = 20
 	want = Policy{RequireCharging: true, BatteryMinLevel: 55, ThermalMaxState: caps.ThermalSerious, MaxTasksPerMin: 9,
-		PauseOnMetered: true, MaxBytesPerHour: 1 << 30}
+		PauseOnMetered: true, MaxBytesPerHour: 1 << 30, MaxMemoryShare: 20}
 	if p := c.OwnerPolicy(); p != want {
 		t.Fatalf("OwnerPolicy with every limit = %+v, want %+v", p, want)
 	}

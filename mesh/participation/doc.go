@@ -15,8 +15,8 @@
 //     may change any of its fields in an overrides file, looser or stricter.
 //   - The owner (whoever the machine belongs to) gives consent, with their own limits on
 //     every field the deployer sets but off: battery floor, require charging, thermal
-//     ceiling, tasks per minute, pausing on metered networks and the traffic cap. The owner
-//     can only tighten: the effective policy is Stricter(deployer, owner), field by field.
+//     ceiling, tasks per minute, pausing on metered networks, the traffic cap and the memory
+//     share. The owner can only tighten: the effective policy is Stricter(deployer, owner), field by field.
 //   - The machine reports its conditions every heartbeat. A breach of the effective policy
 //     pauses mesh work at once.
 //
@@ -25,14 +25,15 @@
 // battery_min_level applies only on battery; thermal_max_state is the highest thermal state
 // at which work goes on (nominal < fair < serious < critical); max_tasks_per_min counts tasks
 // admitted from peers in any 60 s window; max_bytes_per_hour caps the mesh traffic of the
-// tasks served for peers in any hour (see Traffic cap).
+// tasks served for peers in any hour (see Traffic cap); max_memory_share caps the memory
+// given to mesh work (see Memory share).
 //
-//	| profile            | off | require_charging | battery_min_level | thermal_max_state | max_tasks_per_min | pause_on_metered | max_bytes_per_hour |
-//	|--------------------|-----|------------------|-------------------|-------------------|-------------------|------------------|--------------------|
-//	| eco                | no  | yes              | 50 %              | fair              | 10                | yes              | none               |
-//	| standard (default) | no  | no               | 30 %              | fair              | 30                | yes              | none               |
-//	| power              | no  | no               | 15 %              | serious           | 120               | no               | none               |
-//	| off                | yes | no               | 30 %              | fair              | 30                | yes              | none               |
+//	| profile            | off | require_charging | battery_min_level | thermal_max_state | max_tasks_per_min | pause_on_metered | max_bytes_per_hour | max_memory_share |
+//	|--------------------|-----|------------------|-------------------|-------------------|-------------------|------------------|--------------------|------------------|
+//	| eco                | no  | yes              | 50 %              | fair              | 10                | yes              | none               | 25 %             |
+//	| standard (default) | no  | no               | 30 %              | fair              | 30                | yes              | none               | 50 %             |
+//	| power              | no  | no               | 15 %              | serious           | 120               | no               | none               | 75 %             |
+//	| off                | yes | no               | 30 %              | fair              | 30                | yes              | none               | 50 %             |
 //
 // eco is for a laptop its owner uses: work only while charging and at least half full, at
 // most 10 tasks a minute. standard pauses at the consent prompt's default floor (30 %), as
@@ -43,6 +44,8 @@
 // pauses whatever the conditions and keeps standard's thresholds, so status shows real
 // numbers and switching back to standard changes only off. No profile caps traffic: how much
 // a data plan allows is known to whoever deploys or owns the machine, not to a profile.
+// Memory follows the same lines: a quarter of what is free on eco (the owner's own programs
+// keep most of it), half on standard (the node's default budget), three quarters on power.
 //
 // # The effective policy
 //
@@ -53,7 +56,8 @@
 //	| off, require_charging, pause_on_metered   | yes if either says yes                          |
 //	| battery_min_level                         | the higher                                      |
 //	| thermal_max_state                         | the lower state                                 |
-//	| max_tasks_per_min, max_bytes_per_hour     | the smaller limit; 0 is no limit, so 0 and n: n |
+//	| max_tasks_per_min, max_bytes_per_hour,    | the smaller limit; 0 is no limit, so 0 and n: n |
+//	| max_memory_share                          |                                                 |
 //
 // The owner's part (Consent.OwnerPolicy) is every field but off, from the consent record:
 //
@@ -65,6 +69,7 @@
 //	| max_tasks_per_min  | max_tasks_per_min    | 0 (no limit)                               |
 //	| pause_on_metered   | pause_on_metered     | false                                      |
 //	| max_bytes_per_hour | max_bytes_per_hour   | 0 (no cap)                                 |
+//	| max_memory_share   | max_memory_share     | 0 or absent (no cap)                       |
 //
 // Off stays the deployer's: the owner's way to stop contributing is to withdraw or answer
 // no. Effective = Stricter(deployer, owner), so whatever the owner sets, the result is never
@@ -80,11 +85,12 @@
 //
 //	{"profile": "eco", "require_charging": false, "battery_min_level": 40,
 //	 "thermal_max_state": "fair", "max_tasks_per_min": 20, "pause_on_metered": true,
-//	 "max_bytes_per_hour": 500000000}
+//	 "max_bytes_per_hour": 500000000, "max_memory_share": 30}
 //
 // An unknown key, a value of the wrong type or out of range (battery_min_level 0-100,
-// max_tasks_per_min 0-10,000, max_bytes_per_hour 0-10^15, a known profile and thermal state),
-// or anything after the object is an error naming the file and the field.
+// max_tasks_per_min 0-10,000, max_bytes_per_hour 0-10^15, max_memory_share 0-100, a known
+// profile and thermal state), or anything after the object is an error naming the file and
+// the field.
 //
 // # Consent
 //
@@ -194,6 +200,19 @@
 // accepting, and every heartbeat after observes it until the count falls below the cap.
 // Then the node resumes as after any other breach (RecoverBeats healthy heartbeats, the
 // backoff). Tasks in flight finish, so the hour's traffic can pass the cap by theirs.
+//
+// # Memory share
+//
+// max_memory_share caps the memory a node gives to mesh work (the models it holds whole for
+// peers, the layer ranges and KV caches of the pipeline stages it runs), in percent of the
+// memory available when the node starts. The node's budget is the smaller of that share and
+// its own setting (--memory-budget, else its default share), recomputed whenever the
+// effective policy changes (the owner's consent is re-read) and announced as ram.budget_mb,
+// so the mesh plans pipelines within it. Both shares are of the memory available at start,
+// not as it is now: a budget that shrank as the node loaded its own stages would unload
+// them in turn. A lowered budget unloads the ranges no session uses at once and the others
+// as their sessions end (inference/synth: Stage memory). It is a limit, not a breach: it
+// never pauses the node.
 //
 // # Admission
 //

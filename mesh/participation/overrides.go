@@ -30,6 +30,8 @@ type Overrides struct {
 	PauseOnMetered *bool `json:"pause_on_metered,omitempty"`
 	// MaxBytesPerHour replaces Policy.MaxBytesPerHour (bytes; 0: no cap).
 	MaxBytesPerHour *int64 `json:"max_bytes_per_hour,omitempty"`
+	// MaxMemoryShare replaces Policy.MaxMemoryShare (percent, 0-100; 0: no cap).
+	MaxMemoryShare *int `json:"max_memory_share,omitempty"`
 }
 
 // maxOverridesFile bounds how much of an overrides file is read (bytes): the largest sensible
@@ -38,14 +40,14 @@ type Overrides struct {
 const maxOverridesFile = 64 << 10
 
 // overrideFields lists the keys an overrides file may hold, for error messages.
-const overrideFields = "profile, require_charging, battery_min_level, thermal_max_state, max_tasks_per_min, pause_on_metered, max_bytes_per_hour"
+const overrideFields = "profile, require_charging, battery_min_level, thermal_max_state, max_tasks_per_min, pause_on_metered, max_bytes_per_hour, max_memory_share"
 
 // overrideField reports whether k is a key an overrides file may hold, spelled exactly
 // (encoding/json alone would also accept "Profile" or "PROFILE").
 func overrideField(k string) bool {
 	switch k {
 	case "profile", "require_charging", "battery_min_level", "thermal_max_state",
-		"max_tasks_per_min", "pause_on_metered", "max_bytes_per_hour":
+		"max_tasks_per_min", "pause_on_metered", "max_bytes_per_hour", "max_memory_share":
 		return true
 	}
 	return false
@@ -150,6 +152,9 @@ func (o Overrides) apply(p Policy) Policy {
 	}
 	if o.MaxBytesPerHour != nil {
 		p.MaxBytesPerHour = *o.MaxBytesPerHour
+	}
+	if o.MaxMemoryShare != nil {
+		p.MaxMemoryShare = *o.MaxMemoryShare
 	}
 	return p
 }

@@ -39,6 +39,10 @@ func TestDeployer(t *testing.T) {
 			with(power, func(p *Policy) { p.ThermalMaxState, p.PauseOnMetered = caps.ThermalNominal, true })},
 		{"traffic cap", ProfileStandard, Overrides{MaxBytesPerHour: ptr(int64(500_000_000))},
 			with(std, func(p *Policy) { p.MaxBytesPerHour = 500_000_000 })},
+		{"memory share", ProfileEco, Overrides{MaxMemoryShare: ptr(60)},
+			with(eco, func(p *Policy) { p.MaxMemoryShare = 60 })},
+		{"no memory cap", ProfilePower, Overrides{MaxMemoryShare: ptr(0)},
+			with(power, func(p *Policy) { p.MaxMemoryShare = 0 })},
 		{"off keeps off", ProfileOff, Overrides{BatteryMinLevel: ptr(5)},
 			with(mustProfile(t, ProfileOff), func(p *Policy) { p.BatteryMinLevel = 5 })},
 	}
@@ -68,6 +72,7 @@ func TestDeployerRejects(t *testing.T) {
 		{"thermal", "", Overrides{ThermalMaxState: ptr("hot")}, "thermal_max_state"},
 		{"rate", "", Overrides{MaxTasksPerMin: ptr(-1)}, "max_tasks_per_min"},
 		{"traffic", "", Overrides{MaxBytesPerHour: ptr(int64(-1))}, "max_bytes_per_hour"},
+		{"memory share", "", Overrides{MaxMemoryShare: ptr(101)}, "max_memory_share"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -85,7 +90,8 @@ func TestLoadOverrides(t *testing.T) {
 		"thermal_max_state": "serious",
 		"max_tasks_per_min": 20,
 		"pause_on_metered": null,
-		"max_bytes_per_hour": 2000000000
+		"max_bytes_per_hour": 2000000000,
+		"max_memory_share": 40
 	}`)
 	o, err := LoadOverrides(path)
 	if err != nil {
@@ -93,7 +99,7 @@ func TestLoadOverrides(t *testing.T) {
 	}
 	if o.Profile != ProfileEco || o.RequireCharging == nil || *o.RequireCharging || *o.BatteryMinLevel != 40 ||
 		*o.ThermalMaxState != caps.ThermalSerious || *o.MaxTasksPerMin != 20 || o.PauseOnMetered != nil ||
-		o.MaxBytesPerHour == nil || *o.MaxBytesPerHour != 2_000_000_000 {
+		o.MaxBytesPerHour == nil || *o.MaxBytesPerHour != 2_000_000_000 || o.MaxMemoryShare == nil || *o.MaxMemoryShare != 40 {
 		t.Fatalf("LoadOverrides = %+v", o)
 	}
 	p, err := Deployer("", o)
@@ -101,7 +107,7 @@ func TestLoadOverrides(t *testing.T) {
 		t.Fatalf("Deployer: %v", err)
 	}
 	want := Policy{BatteryMinLevel: 40, ThermalMaxState: caps.ThermalSerious, MaxTasksPerMin: 20, PauseOnMetered: true,
-		MaxBytesPerHour: 2_000_000_000}
+		MaxBytesPerHour: 2_000_000_000, MaxMemoryShare: 40}
 	if p != want {
 		t.Fatalf("Deployer = %+v, want %+v", p, want)
 	}
@@ -130,6 +136,8 @@ func TestLoadOverridesBadFiles(t *testing.T) {
 		{"traffic cap too large", `{"max_bytes_per_hour": 1000000000000001}`, []string{"max_bytes_per_hour"}},
 		{"traffic cap fraction", `{"max_bytes_per_hour": 1.5e9}`, []string{"max_bytes_per_hour", "whole number"}},
 		{"traffic cap string", `{"max_bytes_per_hour": "2GB"}`, []string{"max_bytes_per_hour", "whole number"}},
+		{"memory share out of range", `{"max_memory_share": 120}`, []string{"max_memory_share", "0 (no cap) to 100"}},
+		{"memory share fraction", `{"max_memory_share": 0.5}`, []string{"max_memory_share", "whole number"}},
 		{"unknown profile", `{"profile": "turbo"}`, []string{"profile", "turbo", "eco"}},
 		{"syntax", `{"profile": "eco",}`, []string{"invalid JSON", "byte"}},
 		{"truncated", `{"profile": "eco"`, []string{"JSON object"}},

@@ -31,6 +31,11 @@ type Policy struct {
 	// in and out, in any hour (TrafficMeter measures it); 0 means no cap. At most
 	// MaxBytesPerHourLimit. Reaching it pauses mesh work (reason bandwidth_cap).
 	MaxBytesPerHour int64 `json:"max_bytes_per_hour"`
+	// MaxMemoryShare caps the memory this node gives to mesh work (the models it holds for
+	// peers, the pipeline stages it runs), in percent (1-100) of the memory available when
+	// the node starts; 0 means no cap. The node's budget is the smaller of this share and
+	// its --memory-budget (or default share), and is announced as ram.budget_mb.
+	MaxMemoryShare int `json:"max_memory_share"`
 }
 
 // Profile names, as --profile and the overrides file spell them.
@@ -62,6 +67,7 @@ func ProfilePolicy(name string) (Policy, error) {
 		ThermalMaxState: caps.ThermalFair,
 		MaxTasksPerMin:  30,
 		PauseOnMetered:  true,
+		MaxMemoryShare:  50,
 	}
 	switch name {
 	case ProfileEco:
@@ -71,6 +77,7 @@ func ProfilePolicy(name string) (Policy, error) {
 			ThermalMaxState: caps.ThermalFair,
 			MaxTasksPerMin:  10,
 			PauseOnMetered:  true,
+			MaxMemoryShare:  25,
 		}, nil
 	case ProfileStandard:
 		return standard, nil
@@ -79,6 +86,7 @@ func ProfilePolicy(name string) (Policy, error) {
 			BatteryMinLevel: 15,
 			ThermalMaxState: caps.ThermalSerious,
 			MaxTasksPerMin:  120,
+			MaxMemoryShare:  75,
 		}, nil
 	case ProfileOff:
 		// Off keeps standard's thresholds, so status shows real numbers and switching back
@@ -92,8 +100,9 @@ func ProfilePolicy(name string) (Policy, error) {
 }
 
 // Validate reports the first field out of range: a battery level outside 0-100, an unknown
-// thermal state, a task limit outside 0-MaxTasksPerMinLimit or a traffic cap outside
-// 0-MaxBytesPerHourLimit. The error names the field as the overrides file spells it.
+// thermal state, a task limit outside 0-MaxTasksPerMinLimit, a traffic cap outside
+// 0-MaxBytesPerHourLimit or a memory share outside 0-100. The error names the field as the
+// overrides file spells it.
 func (p Policy) Validate() error {
 	if p.BatteryMinLevel < 0 || p.BatteryMinLevel > 100 {
 		return fmt.Errorf("battery_min_level %d out of range: use 0 to 100 (percent)", p.BatteryMinLevel)
@@ -108,13 +117,16 @@ func (p Policy) Validate() error {
 	if p.MaxBytesPerHour < 0 || p.MaxBytesPerHour > MaxBytesPerHourLimit {
 		return fmt.Errorf("max_bytes_per_hour %d out of range: use 0 (no cap) to %d (bytes)", p.MaxBytesPerHour, MaxBytesPerHourLimit)
 	}
+	if p.MaxMemoryShare < 0 || p.MaxMemoryShare > 100 {
+		return fmt.Errorf("max_memory_share %d out of range: use 0 (no cap) to 100 (percent)", p.MaxMemoryShare)
+	}
 	return nil
 }
 
 // Stricter combines two policies field by field, keeping the stricter value of each: Off,
 // RequireCharging and PauseOnMetered if either sets them, the higher BatteryMinLevel, the
-// lower ThermalMaxState, and the smaller positive MaxTasksPerMin and MaxBytesPerHour (0 means
-// no limit, so 0 and n give n). It is commutative, associative and idempotent, so the order
+// lower ThermalMaxState, and the smaller positive MaxTasksPerMin, MaxBytesPerHour and
+// MaxMemoryShare (0 means no limit, so 0 and n give n). It is commutative, associative and idempotent, so the order
 // of the inputs never matters.
 func Stricter(a, b Policy) Policy {
 	return Policy{
@@ -125,6 +137,7 @@ func Stricter(a, b Policy) Policy {
 		MaxTasksPerMin:  stricterLimit(a.MaxTasksPerMin, b.MaxTasksPerMin),
 		PauseOnMetered:  a.PauseOnMetered || b.PauseOnMetered,
 		MaxBytesPerHour: stricterLimit(a.MaxBytesPerHour, b.MaxBytesPerHour),
+		MaxMemoryShare:  stricterLimit(a.MaxMemoryShare, b.MaxMemoryShare),
 	}
 }
 

@@ -17,10 +17,10 @@ func TestProfiles(t *testing.T) {
 		name string
 		want Policy
 	}{
-		{ProfileEco, Policy{RequireCharging: true, BatteryMinLevel: 50, ThermalMaxState: caps.ThermalFair, MaxTasksPerMin: 10, PauseOnMetered: true}},
-		{ProfileStandard, Policy{BatteryMinLevel: 30, ThermalMaxState: caps.ThermalFair, MaxTasksPerMin: 30, PauseOnMetered: true}},
-		{ProfilePower, Policy{BatteryMinLevel: 15, ThermalMaxState: caps.ThermalSerious, MaxTasksPerMin: 120}},
-		{ProfileOff, Policy{Off: true, BatteryMinLevel: 30, ThermalMaxState: caps.ThermalFair, MaxTasksPerMin: 30, PauseOnMetered: true}},
+		{ProfileEco, Policy{RequireCharging: true, BatteryMinLevel: 50, ThermalMaxState: caps.ThermalFair, MaxTasksPerMin: 10, PauseOnMetered: true, MaxMemoryShare: 25}},
+		{ProfileStandard, Policy{BatteryMinLevel: 30, ThermalMaxState: caps.ThermalFair, MaxTasksPerMin: 30, PauseOnMetered: true, MaxMemoryShare: 50}},
+		{ProfilePower, Policy{BatteryMinLevel: 15, ThermalMaxState: caps.ThermalSerious, MaxTasksPerMin: 120, MaxMemoryShare: 75}},
+		{ProfileOff, Policy{Off: true, BatteryMinLevel: 30, ThermalMaxState: caps.ThermalFair, MaxTasksPerMin: 30, PauseOnMetered: true, MaxMemoryShare: 50}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -55,7 +55,7 @@ func TestDocProfileTable(t *testing.T) {
 	seen := 0
 	for line := range strings.Lines(string(src)) {
 		cells := strings.Split(strings.TrimSpace(strings.TrimPrefix(line, "//")), "|")
-		if len(cells) != 10 {
+		if len(cells) != 11 {
 			continue
 		}
 		for i := range cells {
@@ -74,9 +74,11 @@ func TestDocProfileTable(t *testing.T) {
 		if cells[8] != "none" {
 			traffic, err3 = strconv.ParseInt(cells[8], 10, 64)
 		}
+		share, err4 := strconv.Atoi(strings.TrimSuffix(cells[9], " %"))
 		got := Policy{Off: yes(cells[2]), RequireCharging: yes(cells[3]), BatteryMinLevel: level,
-			ThermalMaxState: cells[5], MaxTasksPerMin: rate, PauseOnMetered: yes(cells[7]), MaxBytesPerHour: traffic}
-		if err1 != nil || err2 != nil || err3 != nil || got != want {
+			ThermalMaxState: cells[5], MaxTasksPerMin: rate, PauseOnMetered: yes(cells[7]), MaxBytesPerHour: traffic,
+			MaxMemoryShare: share}
+		if err1 != nil || err2 != nil || err3 != nil || err4 != nil || got != want {
 			t.Errorf("doc.go row %q says %+v, code says %+v", strings.TrimSpace(line), got, want)
 		}
 		if strings.Contains(cells[1], "(default)") != (name == DefaultProfile) {
@@ -104,6 +106,8 @@ func TestValidate(t *testing.T) {
 		{"rate over limit", func(p *Policy) { p.MaxTasksPerMin = MaxTasksPerMinLimit + 1 }, "max_tasks_per_min"},
 		{"negative traffic cap", func(p *Policy) { p.MaxBytesPerHour = -1 }, "max_bytes_per_hour"},
 		{"traffic cap over limit", func(p *Policy) { p.MaxBytesPerHour = MaxBytesPerHourLimit + 1 }, "max_bytes_per_hour"},
+		{"negative memory share", func(p *Policy) { p.MaxMemoryShare = -1 }, "max_memory_share"},
+		{"memory share over 100", func(p *Policy) { p.MaxMemoryShare = 101 }, "max_memory_share"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -114,7 +118,7 @@ func TestValidate(t *testing.T) {
 	}
 	for _, p := range []Policy{
 		{ThermalMaxState: caps.ThermalCritical},
-		{BatteryMinLevel: 100, ThermalMaxState: caps.ThermalNominal, MaxTasksPerMin: MaxTasksPerMinLimit, MaxBytesPerHour: MaxBytesPerHourLimit},
+		{BatteryMinLevel: 100, ThermalMaxState: caps.ThermalNominal, MaxTasksPerMin: MaxTasksPerMinLimit, MaxBytesPerHour: MaxBytesPerHourLimit, MaxMemoryShare: 100},
 	} {
 		if err := p.Validate(); err != nil {
 			t.Errorf("Validate(%+v) = %v, want nil", p, err)
@@ -132,6 +136,11 @@ func TestStricterFields(t *testing.T) {
 	}
 	if got := Stricter(Policy{MaxBytesPerHour: 7}, Policy{MaxBytesPerHour: 3}); got.MaxBytesPerHour != 3 {
 		t.Fatalf("Stricter traffic caps 7 and 3 = %d, want the smaller", got.MaxBytesPerHour)
+	}
+	for _, tt := range [][3]int{{25, 50, 25}, {75, 0, 75}, {0, 0, 0}, {100, 1, 1}} {
+		if got := Stricter(Policy{MaxMemoryShare: tt[0]}, Policy{MaxMemoryShare: tt[1]}); got.MaxMemoryShare != tt[2] {
+			t.Fatalf("Stricter memory shares %d and %d = %d, want %d", tt[0], tt[1], got.MaxMemoryShare, tt[2])
+		}
 	}
 	if got := Stricter(Policy{MaxTasksPerMin: 5, ThermalMaxState: caps.ThermalFair}, Policy{MaxTasksPerMin: 9, ThermalMaxState: "bogus"}); got.MaxTasksPerMin != 5 || got.ThermalMaxState != "bogus" {
 		t.Fatalf("Stricter = %+v, want the smaller limit 5 and the unknown (allow-nothing) thermal state", got)
@@ -155,6 +164,8 @@ func looserField(e, x Policy) string {
 		return "pause_on_metered"
 	case x.MaxBytesPerHour > 0 && (e.MaxBytesPerHour <= 0 || e.MaxBytesPerHour > x.MaxBytesPerHour):
 		return "max_bytes_per_hour"
+	case x.MaxMemoryShare > 0 && (e.MaxMemoryShare <= 0 || e.MaxMemoryShare > x.MaxMemoryShare):
+		return "max_memory_share"
 	}
 	return ""
 }
@@ -175,6 +186,7 @@ func randPolicy(r *rand.Rand) Policy {
 		MaxTasksPerMin:  rates[r.IntN(len(rates))],
 		PauseOnMetered:  randBool(r),
 		MaxBytesPerHour: randBytes(r),
+		MaxMemoryShare:  []int{0, 1, 100, r.IntN(101)}[r.IntN(4)],
 	}
 }
 
@@ -210,6 +222,9 @@ func randDeployer(t *testing.T, r *rand.Rand) Policy {
 	if randBool(r) {
 		o.MaxBytesPerHour = &x.MaxBytesPerHour
 	}
+	if randBool(r) {
+		o.MaxMemoryShare = &x.MaxMemoryShare
+	}
 	p, err := Deployer(names[r.IntN(len(names))], o)
 	if err != nil {
 		t.Fatalf("Deployer with valid overrides %+v: %v", o, err)
@@ -230,7 +245,7 @@ func randConsent(r *rand.Rand) Consent {
 		RunLocal: randBool(r), Contribute: randBool(r), CloudFallback: randBool(r),
 		BatteryFloor: []int{0, 100, r.IntN(101)}[r.IntN(3)], PauseOnMetered: randBool(r),
 		RequireCharging: x.RequireCharging, ThermalMaxState: thermal, MaxTasksPerMin: x.MaxTasksPerMin,
-		MaxBytesPerHour: x.MaxBytesPerHour,
+		MaxBytesPerHour: x.MaxBytesPerHour, MaxMemoryShare: x.MaxMemoryShare,
 	}
 }
 
@@ -312,6 +327,7 @@ func TestStricterAlgebra(t *testing.T) {
 			!(ab.ThermalMaxState == a.ThermalMaxState || ab.ThermalMaxState == b.ThermalMaxState) ||
 			!(ab.MaxTasksPerMin == a.MaxTasksPerMin || ab.MaxTasksPerMin == b.MaxTasksPerMin) ||
 			!(ab.MaxBytesPerHour == a.MaxBytesPerHour || ab.MaxBytesPerHour == b.MaxBytesPerHour) ||
+			!(ab.MaxMemoryShare == a.MaxMemoryShare || ab.MaxMemoryShare == b.MaxMemoryShare) ||
 			ab.Off != (a.Off || b.Off) || ab.RequireCharging != (a.RequireCharging || b.RequireCharging) ||
 			ab.PauseOnMetered != (a.PauseOnMetered || b.PauseOnMetered) {
 			t.Fatalf("#%d: Stricter(%+v, %+v) = %+v invents a value", i, a, b, ab)
@@ -350,7 +366,7 @@ func TestOwnerLoosestKeepsDeployer(t *testing.T) {
 // the owner can tighten it.
 func TestOwnerCanTightenEveryField(t *testing.T) {
 	strictest := Policy{Off: true, RequireCharging: true, BatteryMinLevel: 100, ThermalMaxState: caps.ThermalNominal,
-		MaxTasksPerMin: 1, PauseOnMetered: true, MaxBytesPerHour: 1}
+		MaxTasksPerMin: 1, PauseOnMetered: true, MaxBytesPerHour: 1, MaxMemoryShare: 1}
 	v := reflect.ValueOf(strictest)
 	for i := range v.NumField() {
 		if v.Field(i).IsZero() {
@@ -359,7 +375,7 @@ func TestOwnerCanTightenEveryField(t *testing.T) {
 	}
 	owner := Consent{Version: ConsentVersion, GivenAt: t0, Contribute: true,
 		BatteryFloor: 100, PauseOnMetered: true, RequireCharging: true, ThermalMaxState: caps.ThermalNominal,
-		MaxTasksPerMin: 1, MaxBytesPerHour: 1}
+		MaxTasksPerMin: 1, MaxBytesPerHour: 1, MaxMemoryShare: 1}
 	want := strictest
 	want.Off = false
 	if got := owner.OwnerPolicy(); got != want {

@@ -285,7 +285,8 @@ func (d *decider) plan(model string) plan {
 }
 
 // pipeline plans model as a pipeline of layer ranges over the peers that announce it with
-// its size but cannot hold it whole (PlanStages), and makes it the mesh tier's one target.
+// its size but cannot hold it whole (PlanStages, told the ranges each holds warm), and
+// makes it the mesh tier's one target.
 // A mesh that cannot hold it even together leaves the tier's reason naming the shortfall.
 func (d *decider) pipeline(p *plan, model string) {
 	shape, cands := stageCandidates(d.s, model, d.now)
@@ -340,9 +341,20 @@ func stageCandidates(s *Snapshot, model string, now time.Time) (inference.ModelS
 			cooling = ok && h.Cooling
 		}
 		cands = append(cands, StageCandidate{Peer: sp.Entry.Peer, Budget: v.RAM.BudgetMB << 20,
-			Delay: max(sp.RTT, 0) / 2, Score: score, Paused: !v.Load.Accepting || cooling})
+			Delay: max(sp.RTT, 0) / 2, Score: score, Paused: !v.Load.Accepting || cooling, Warm: warmRanges(v, model)})
 	}
 	return shape, cands
+}
+
+// warmRanges is the ranges of model v announces warm in its stages; nil when none.
+func warmRanges(v *caps.Vector, model string) []LayerRange {
+	var out []LayerRange
+	for _, st := range v.Stages {
+		if st.Model == model && st.State == caps.StageWarm {
+			out = append(out, LayerRange{st.Lo, st.Hi})
+		}
+	}
+	return out
 }
 
 // meshPeer is an eligible peer as a plan needs it after Rank, so that nothing reads the

@@ -121,7 +121,7 @@
 // model).
 //
 // The rule: the fewest stages that can hold the model; among plans with that many, the
-// least estimated time per token. Within a plan the faster stages hold as many layers as
+// least estimated time per token; but first, warm ranges (below). Within a plan the faster stages hold as many layers as
 // they can (every stage holds one at least), and ranges are contiguous in pipeline order.
 // Ties go to candidates in the order of layer time, capacity, delay and peer ID, so equal
 // candidates are told apart by peer ID, and stages go in peer ID order when their order
@@ -135,6 +135,23 @@
 // before and after it: how the executor isolates one stage of a pipeline that failed
 // verification (node/dispatch).
 //
+// Warm ranges. A candidate tells which ranges of the model it holds loaded now
+// (StageCandidate.Warm, from its vector's warm stages). When some chain of such ranges,
+// held by distinct eligible candidates, each within its candidate's budget, covers the L
+// layers in the fewest stages k, the plan is the chain of least estimated time per token
+// among them (ties: ranges in the order of Lo, Hi, then candidates in the order above), even
+// when a plan loading new ranges would estimate less: loading costs seconds (a cold start
+// per stage, and the memory of ranges unloaded to make room), a per-token difference of
+// that size needs thousands of tokens to repay it, and a mesh that keeps reusing the ranges
+// it loaded stops churning them. A chain of more than k stages is not taken: fewest stages
+// comes first. No chain has fewer than k (its candidates' capacities add up to L), so the
+// search is for chains of exactly k. A candidate's budget holds a warm range when the
+// range's StageBytes fits it, as for a new range: the budget is all the node gives mesh
+// work and the range is counted in it once (the node unloads the ranges no session uses to
+// make room, inference/synth's Stage memory). Partly warm plans (some stages warm, others
+// loading) are not told apart from cold ones. The stages of a plan that the candidate
+// holds already are marked Warm.
+//
 // How: the fewest stages k is the fewest largest capacities that add up to L. When every
 // boundary goes through the head, a plan's estimate is Σ (layers × time + 2 × delay) over
 // its stages whatever their order, and a dynamic programme over (stages, layers placed)
@@ -145,6 +162,11 @@
 // beyond; a local search exchanges one stage for another candidate while that lowers the
 // estimate, from the exact plan above and from plans that bring in the pairs whose link
 // saves the most over the head's path; with two stages every linked pair is costed.
+// The warm chain is a dynamic programme over (warm range, stages so far) in the order of the
+// ranges' first layers, each range extended by those starting where it ends; it keeps one
+// chain per state and extends it only by candidates not on it, so where one candidate holds
+// two disjoint ranges of the model it may miss the least chain (never giving an invalid
+// one). It runs only when a candidate announces a warm range.
 //
 // S5 (TestPlanQuality): on 1,000 random small meshes (up to 6 candidates, 12 layers, up to
 // 5 stages), without and with measured links, the plan always has the fewest stages and
@@ -152,7 +174,9 @@
 // On larger meshes (10 to 24 candidates, up to 4 stages, half the links measured) the
 // search is a heuristic: BenchmarkPlanMedium reports how often it finds the best of every
 // set of candidates, and its worst ratio to it. BenchmarkPlan times a 70-layer model over
-// 200 candidates against a goal of 1 ms on 2 cores.
+// 200 candidates against a goal of 1 ms on 2 cores, with and without warm ranges (with them
+// the chain found skips the search). TestPlanWarm and TestPlanWarmQuality (random small
+// meshes against every chain of warm ranges) check the warm rule.
 //
 // # Cost
 //

@@ -65,7 +65,16 @@ type StageCandidate struct {
 	Score float64
 	// Paused: its owner paused mesh work, or it does not accept work. It is not planned.
 	Paused bool
+	// Warm are the ranges of this model's layers it holds loaded now (its vector's warm
+	// stages): a plan of such ranges loads nothing (see the package doc, Placement). A
+	// range it holds still needs its StageBytes within Budget, which counts the range once:
+	// the budget is all the node has for mesh work, and it makes room by unloading what no
+	// session uses. Ranges outside the model's layers are ignored.
+	Warm []LayerRange
 }
+
+// LayerRange is the layers [Lo, Hi) of a model.
+type LayerRange struct{ Lo, Hi int }
 
 // StageLink is a measured one-way delay from one candidate to another. A link PlanStages
 // is not given is estimated through the head: From's Delay + To's Delay.
@@ -83,6 +92,8 @@ type PlannedStage struct {
 	// Delay is the boundary into the stage: from the head for the first, from the previous
 	// stage for the others.
 	Delay time.Duration
+	// Warm: the peer holds these layers loaded already (one of its StageCandidate.Warm).
+	Warm bool
 }
 
 // StagePlan is where a model's layers run: stages in pipeline order, Stages[0].Lo == 0,
@@ -131,7 +142,9 @@ func StageBytes(shape inference.ModelShape, positions, layers int) int64 {
 // PlanStages places shape's layers on cands for a generation of positions positions (0 or
 // less: the whole context window), by the rule in the package documentation ("Placement"):
 // contiguous ranges within each candidate's budget, the fewest stages that fit, and among
-// those the least estimated time per token. It ignores candidates scoring under 40 and
+// those the least estimated time per token; but a plan of ranges candidates hold warm, when
+// there is one of that many stages, before any plan that loads layers. It ignores
+// candidates scoring under 40 and
 // paused ones. links are the measured delays between candidates, in any order; a link
 // given twice counts at its least, and links that name a peer not eligible are ignored.
 // The plan depends on the candidates and links given, not on their order.
@@ -190,6 +203,9 @@ func PlanRange(shape inference.ModelShape, positions, lo, hi int, cands []StageC
 	}
 	p.sort(index)
 	p.addLinks(links, index)
+	if chain := p.warmChain(); chain != nil {
+		return p.planChain(chain), nil
+	}
 	return p.plan(p.search()), nil
 }
 
@@ -1043,6 +1059,7 @@ func (p *planner) plan(order []int) StagePlan {
 			Bytes:   p.mem.bytes(n),
 			Compute: time.Duration(int64(n) * it.t),
 			Delay:   time.Duration(p.delay(prev, j)),
+			Warm:    slices.Contains(p.cands[it.c].Warm, LayerRange{lo, lo + n}),
 		}
 		out.Stages = append(out.Stages, s)
 		out.PerToken += s.Compute + s.Delay

@@ -24,21 +24,29 @@ const planBudget = time.Millisecond
 // and one in twenty paused. "big" nodes have 4 to 24 GB free (two or three stages),
 // "small" ones 2 to 8 GB (six to eight). "no-links" gives no measured link (every boundary
 // through the head: the exact programme alone); "links" gives each candidate its 16
-// nearest links (3,200), measured within 20 % of the distance.
+// nearest links (3,200), measured within 20 % of the distance. "warm" adds warm ranges: the
+// stages of the plan made without them, and one to three ranges of up to what it can hold on
+// each of 60 other candidates (the warm chain found is that plan).
 func BenchmarkPlan(b *testing.B) {
 	shape := inference.ModelShape{Layers: 70, LayerBytes: 560e6, KVBytesPerToken: 70 * 2 * 8 * 128 * 2, Context: 8192}
 	for _, bc := range []struct {
 		name     string
 		min, max float64 // GB free
 		links    bool
+		warm     bool
 	}{
-		{"big/no-links", 4, 24, false},
-		{"big/links", 4, 24, true},
-		{"small/no-links", 2, 8, false},
-		{"small/links", 2, 8, true},
+		{"big/no-links", 4, 24, false, false},
+		{"big/links", 4, 24, true, false},
+		{"small/no-links", 2, 8, false, false},
+		{"small/links", 2, 8, true, false},
+		{"big/links/warm", 4, 24, true, true},
+		{"small/links/warm", 2, 8, true, true},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			cands, links := benchMesh(b, bc.min, bc.max, bc.links)
+			if bc.warm {
+				addWarm(b, shape, cands, links)
+			}
 			var stages int
 			b.ReportAllocs()
 			for b.Loop() {
@@ -52,6 +60,40 @@ func BenchmarkPlan(b *testing.B) {
 			b.ReportMetric(ns/float64(planBudget.Nanoseconds()), "x-budget")
 			b.ReportMetric(float64(stages), "stages")
 		})
+	}
+}
+
+// addWarm gives the stages of the plan of cands their ranges warm, and 60 other candidates
+// one to three random ranges each, of up to what they can hold.
+func addWarm(b testing.TB, shape inference.ModelShape, cands []StageCandidate, links []StageLink) {
+	p, err := PlanStages(shape, 4096, cands, links)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, s := range p.Stages {
+		i := slices.IndexFunc(cands, func(c StageCandidate) bool { return c.Peer == s.Peer })
+		cands[i].Warm = append(cands[i].Warm, LayerRange{s.Lo, s.Hi})
+	}
+	rng := seeded(43)
+	for added := 0; added < 60; {
+		c := &cands[rng.IntN(len(cands))]
+		if len(c.Warm) > 0 {
+			continue
+		}
+		most := int(min(c.Budget/StageBytes(shape, 4096, 1), int64(shape.Layers)))
+		if most == 0 {
+			continue
+		}
+		for range 1 + rng.IntN(3) {
+			n := 1 + rng.IntN(most)
+			lo := rng.IntN(shape.Layers - n + 1)
+			c.Warm = append(c.Warm, LayerRange{lo, lo + n})
+		}
+		added++
+	}
+	if again, err := PlanStages(shape, 4096, cands, links); err != nil || !slices.EqualFunc(again.Stages, p.Stages,
+		func(a, b PlannedStage) bool { return a.Peer == b.Peer && a.Lo == b.Lo && a.Hi == b.Hi && a.Warm }) {
+		b.Fatalf("with the plan's ranges warm: %+v, %v; want the plan %+v, warm", again, err, p)
 	}
 }
 

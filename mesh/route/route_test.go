@@ -1,13 +1,17 @@
 package route
 
 import (
+	"fmt"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
+
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/mesh/caps"
 	"github.com/meshinfer/meshinfer/reputation"
 )
 
@@ -728,4 +732,49 @@ func TestModelTooBigForOnePeerIsPlannedAsAPipeline(t *testing.T) {
 	if len(dec.Attempts) != 0 || !strings.Contains(dec.Estimates[1].Why, "cannot hold the model") {
 		t.Fatalf("alone: attempts %+v, mesh estimate %+v; want none and the shortfall", dec.Attempts, dec.Estimates[1])
 	}
+}
+
+// TestPipelinePrefersWarmRanges: among four peers that could each hold half of a model, the
+// pipeline is made of the two whose announced stages hold the halves warm, in their order,
+// whatever the seed, though the other two are nearer; a range still loading counts for
+// nothing.
+func TestPipelinePrefersWarmRanges(t *testing.T) {
+	f := newFleet(t, "a", "b", "c", "d")
+	sized := func(name string, stages ...caps.Stage) Peer {
+		p := f.peer(name, warm("big"))
+		p.Entry.Vector.RAM.BudgetMB = 400
+		p.Entry.Vector.Models[0].Layers, p.Entry.Vector.Models[0].WeightBytes = 16, 480<<20
+		p.Entry.Vector.Models[0].KVBytesPerToken = 96 << 10
+		p.Entry.Vector.Stages = stages
+		return p
+	}
+	held := func(lo, hi int, state string) caps.Stage {
+		return caps.Stage{Model: "big", Lo: lo, Hi: hi, State: state}
+	}
+	req := request("big", prefs(inference.PrivacyMesh, inference.PriorityBalanced, inference.RouteExplicit))
+	near := func(p Peer) Peer { p.RTT = 2 * time.Millisecond; return p }
+	s := &Snapshot{Peers: []Peer{near(sized("a")), near(sized("b", held(8, 16, caps.StageLoading))),
+		sized("c", held(8, 16, caps.StageWarm)), sized("d", held(0, 8, caps.StageWarm), held(0, 4, caps.StageWarm))}, Rep: newStore(t)}
+	for seed := range uint64(20) {
+		dec := Decide(req, s, now, seeded(seed))
+		if len(dec.Attempts) != 1 {
+			t.Fatalf("seed %d: attempts %+v, want one pipeline", seed, dec.Attempts)
+		}
+		var got []string
+		for _, st := range dec.Attempts[0].Stages {
+			got = append(got, fmt.Sprintf("%s %d-%d", f.names[mustDecode(t, st.Peer)], st.Lo, st.Hi))
+		}
+		if want := []string{"d 0-8", "c 8-16"}; !slices.Equal(got, want) {
+			t.Fatalf("seed %d: stages %q, want the warm ranges %q", seed, got, want)
+		}
+	}
+}
+
+func mustDecode(t *testing.T, s string) peer.ID {
+	t.Helper()
+	id, err := peer.Decode(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
 }
