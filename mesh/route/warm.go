@@ -11,7 +11,8 @@ import (
 // is preferred to any plan that loads layers. The rule is in the package documentation
 // ("Placement"); this file finds the chain.
 
-// warmRange is a range item j holds warm and may run: [lo, hi) within its capacity.
+// warmRange is a range item j holds warm and may run: [lo, hi) within its capacity,
+// counted from the planner's first layer (planner.lo).
 type warmRange struct {
 	j, lo, hi int
 }
@@ -33,8 +34,10 @@ func (p *planner) warmChain() []warmRange {
 	var ranges []warmRange
 	for j := range p.items {
 		for _, r := range p.cands[p.items[j].c].Warm {
-			if r.Lo >= 0 && r.Lo < r.Hi && r.Hi <= n && r.Hi-r.Lo <= p.items[j].cap {
-				ranges = append(ranges, warmRange{j, r.Lo, r.Hi})
+			// Layers are counted from p.lo here (PlanRange plans [p.lo, p.lo+n)).
+			lo, hi := r.Lo-p.lo, r.Hi-p.lo
+			if lo >= 0 && lo < hi && hi <= n && hi-lo <= p.items[j].cap {
+				ranges = append(ranges, warmRange{j, lo, hi})
 			}
 		}
 	}
@@ -124,8 +127,8 @@ func (p *planner) planChain(chain []warmRange) StagePlan {
 	for _, r := range chain {
 		s := PlannedStage{
 			Peer:    p.id(r.j),
-			Lo:      r.lo,
-			Hi:      r.hi,
+			Lo:      p.lo + r.lo,
+			Hi:      p.lo + r.hi,
 			Bytes:   p.mem.bytes(r.hi - r.lo),
 			Compute: time.Duration(int64(r.hi-r.lo) * p.items[r.j].t),
 			Delay:   time.Duration(p.delay(prev, r.j)),
