@@ -36,7 +36,8 @@ func (n *Node) startStages() error {
 	if n.stages == nil {
 		return nil
 	}
-	opts := []stage.ServerOption{stage.WithServerObserver(n.rep), stage.WithKVBudget(n.budget), stage.WithClock(n.cfg.Now)}
+	opts := []stage.ServerOption{stage.WithServerObserver(n.rep), stage.WithKVBudget(n.budget), stage.WithClock(n.cfg.Now),
+		stage.WithServerTransfers(n.noteTransfer)}
 	if q := n.receiptQ; q != nil {
 		// Each stage session is receipted like a served task, once it has ended (its
 		// handler goroutine; the server's Close waits for it, before the queue stops).
@@ -95,7 +96,7 @@ func (n *Node) OpenPipeline(ctx context.Context, model string, stages []inferenc
 		}
 		hops[i] = stage.Hop{Peer: id, Lo: s.Lo, Hi: s.Hi}
 	}
-	p, err := stage.Open(ctx, n.dialer, model, hops, maxPositions)
+	p, err := stage.Open(ctx, n.dialer, model, hops, maxPositions, stage.WithPipelineTransfers(n.noteTransfer))
 	if err != nil {
 		n.pipelines.failed.Add(1)
 		return nil, nil, err
