@@ -18,7 +18,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func newHost(t *testing.T) host.Host {
+func newHost(t testing.TB) host.Host {
 	t.Helper()
 	h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableRelay())
 	if err != nil {
@@ -28,7 +28,7 @@ func newHost(t *testing.T) host.Host {
 	return h
 }
 
-func connect(t *testing.T, a, b host.Host) {
+func connect(t testing.TB, a, b host.Host) {
 	t.Helper()
 	if err := a.Connect(context.Background(), peer.AddrInfo{ID: b.ID(), Addrs: b.Addrs()}); err != nil {
 		t.Fatal(err)
