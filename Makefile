@@ -29,6 +29,7 @@ bench:
 	$(GO) test -run='^$$' -bench=. -benchtime=300x ./transport/webrtc/
 	$(GO) test -run='^$$' -bench='S1|S2' ./transport/stage/
 	$(GO) test -run='^$$' -bench=Sharded ./inference/synth/
+	$(GO) test -run='^$$' -bench=M3 -benchtime=5x ./transport/bwprobe/
 
 # Each fuzz target for 60 s (T3 in docs/reliability.md: not part of CI; seeds run in `make test`).
 FUZZTIME ?= 60s
@@ -43,7 +44,7 @@ FUZZ_TARGETS := \
 	./transport/webrtc/:FuzzSanitizeSDP ./transport/stage/:FuzzStageFrame \
 	./transport/gateway/:FuzzDecodeKeys ./transport/gateway/:FuzzParseEvent \
 	./transport/gateway/:FuzzKeyFromHeader ./transport/gateway/:FuzzDecodeClientMessage \
-	./transport/gateway/:FuzzEventWriter
+	./transport/gateway/:FuzzEventWriter ./transport/bwprobe/:FuzzProbeFrame
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; name=$${t##*:}; \

@@ -47,6 +47,7 @@ import (
 	"github.com/meshinfer/meshinfer/inference/localonly"
 	"github.com/meshinfer/meshinfer/inference/synth"
 	"github.com/meshinfer/meshinfer/inference/upstream"
+	"github.com/meshinfer/meshinfer/internal/bandwidth"
 	"github.com/meshinfer/meshinfer/mesh/announce"
 	"github.com/meshinfer/meshinfer/mesh/caps"
 	"github.com/meshinfer/meshinfer/mesh/discovery"
@@ -57,6 +58,7 @@ import (
 	"github.com/meshinfer/meshinfer/node/dispatch"
 	"github.com/meshinfer/meshinfer/reputation"
 	"github.com/meshinfer/meshinfer/transport"
+	"github.com/meshinfer/meshinfer/transport/bwprobe"
 	"github.com/meshinfer/meshinfer/transport/gateway"
 	"github.com/meshinfer/meshinfer/transport/infer"
 	"github.com/meshinfer/meshinfer/transport/openai"
@@ -106,6 +108,9 @@ type Node struct {
 	exec      *dispatch.Executor // runs API requests that may leave this device
 	gate      *localonly.Gate    // serves local-only API requests; holds no network handle
 	api       *openai.Server
+
+	bw      *bandwidth.Estimator // the bandwidth with each peer, from timed transfers (bandwidth.go)
+	bwProbe *bwprobe.Client      // probes a peer's bandwidth on demand
 
 	closers   []func() error // in start order; Close runs them backwards
 	closeOnce sync.Once
@@ -202,6 +207,7 @@ func (n *Node) start() error {
 	if n.rep, err = reputation.New(reputation.DefaultParams()); err != nil {
 		return fmt.Errorf("reputation store: %w", err)
 	}
+	n.bw = bandwidth.New()
 	switch {
 	case cfg.Backend == BackendOpenAI:
 		ub, err := upstream.New(cfg.Upstream, cfg.Models, upstream.WithAPIKey(os.Getenv(cfg.UpstreamKeyEnv)))
@@ -230,9 +236,11 @@ func (n *Node) start() error {
 	// The first observation now, so that the first announcement already says whether this
 	// node accepts work; the loop started below observes every heartbeat after that.
 	n.part.observe(first, cfg.Now())
+	n.startBandwidth()
 	var direct *directServer
 	if n.backend != nil {
-		opts := []infer.ServerOption{infer.WithAdmission(n.part.admit), infer.WithSigner(n.signTask), infer.WithServerObserver(n.rep)}
+		opts := []infer.ServerOption{infer.WithAdmission(n.part.admit), infer.WithSigner(n.signTask), infer.WithServerObserver(n.rep),
+			infer.WithServerTransfers(n.noteTransfer)}
 		if cfg.DataDir != "" {
 			// Every task served for a peer is receipted, off the task's own goroutine; the
 			// queue drains and the log closes after every task has ended (direct.wait).
@@ -270,8 +278,9 @@ func (n *Node) start() error {
 		// A peer known only from others' announcements is contacted through the DHT-routed
 		// host, in the background and a few at a time: a request never waits on a lookup,
 		// and a made-up identity is dropped without ever being routed to.
-		Contact:  func(ctx context.Context, p peer.ID) error { return n.dialer.Connect(ctx, peer.AddrInfo{ID: p}) },
-		Observer: n.rep,
+		Contact:   func(ctx context.Context, p peer.ID) error { return n.dialer.Connect(ctx, peer.AddrInfo{ID: p}) },
+		Observer:  n.rep,
+		Transfers: n.noteTransfer,
 	})
 	if err != nil {
 		return fmt.Errorf("start announcer: %w", err)
@@ -558,7 +567,7 @@ func (n *Node) MemoryBudget() int64 { return n.mem.get() }
 
 // vectorSource fills the unsigned parts of the vector: hardware from the probe (a foreground
 // desktop), the battery floor from the participation policy, models and load from the
-// backend and the peer inference server.
+// backend and the peer inference server, the downlink from the bandwidth measured.
 type vectorSource struct{ n *Node }
 
 func (s vectorSource) Vector(now time.Time) caps.Vector {
@@ -590,6 +599,7 @@ func (s vectorSource) Vector(now time.Time) caps.Vector {
 		load.InFlight, load.Capacity = int(st.InFlight), st.Capacity
 	}
 	v.Models, v.Load = models, load
+	v.Net.DownlinkMbps = s.n.downlinkMbps(now)
 	if s.n.ranges != nil {
 		v.Stages = stagesHeld(s.n.ranges.Ranges(), models)
 	}

@@ -39,7 +39,8 @@ func (n *Node) startStages() error {
 	// No KV budget of the server's own: the backend counts the sessions' caches with the
 	// ranges against the one memory budget (synth: Stage memory), which the policy may
 	// change while the server runs.
-	opts := []stage.ServerOption{stage.WithServerObserver(n.rep), stage.WithClock(n.cfg.Now)}
+	opts := []stage.ServerOption{stage.WithServerObserver(n.rep), stage.WithClock(n.cfg.Now),
+		stage.WithServerTransfers(n.noteTransfer)}
 	if q := n.receiptQ; q != nil {
 		// Each stage session is receipted like a served task, once it has ended (its
 		// handler goroutine; the server's Close waits for it, before the queue stops).
@@ -92,7 +93,7 @@ func (n *Node) OpenPipeline(ctx context.Context, model string, stages []inferenc
 		}
 		hops[i] = stage.Hop{Peer: id, Lo: s.Lo, Hi: s.Hi}
 	}
-	p, err := stage.Open(ctx, n.dialer, model, hops, maxPositions)
+	p, err := stage.Open(ctx, n.dialer, model, hops, maxPositions, stage.WithPipelineTransfers(n.noteTransfer))
 	if err != nil {
 		n.pipelines.failed.Add(1)
 		return nil, nil, err

@@ -115,6 +115,8 @@ func (n *Node) Peers() []console.Peer {
 			Capability:     e.Vector,
 			Conns:          n.connsTo(e.Peer),
 		})
+		last := &out[len(out)-1]
+		last.BandwidthMbps, last.BandwidthMeasuredAt = n.peerBandwidth(e.Peer)
 	}
 	return out
 }

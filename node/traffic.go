@@ -18,7 +18,8 @@ import (
 // task for a peer: the request frame in, the token, result and error frames out, on libp2p
 // streams (infer.ID and infer.ReuseID), on WebRTC data channels peers open to it, and on
 // direct tasks (the coordinator's infer.DirectID stream, with its relayed WebRTC set-up, and
-// the client's data channel). It is counted as the bytes pass, with the node's clock, in a
+// the client's data channel), and on the bandwidth probes it answers (bwprobe.ID: up to
+// 1 MiB each, node/bandwidth.go). It is counted as the bytes pass, with the node's clock, in a
 // participation.TrafficMeter. Refused requests count too: their bytes were moved.
 //
 // What does not count: the owner's own requests (to peers or the cloud), the capability

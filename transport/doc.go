@@ -10,6 +10,8 @@
 //	                   (/meshinfer/webrtc-signal/1.0.0) or relayed by a coordinator for a
 //	                   thin client (transport/gateway/client/direct), carrying the
 //	                   inference protocol
+//	transport/bwprobe  the bandwidth probe /meshinfer/bwprobe/1.0.0: a bounded transfer each
+//	                   way, timed, when no recent transfer measured a peer's bandwidth
 //
 // This package itself holds what they share: the loopback check for local-only listeners.
 //

@@ -20,6 +20,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/multiformats/go-multiaddr"
 
+	"github.com/meshinfer/meshinfer/internal/bandwidth"
 	"github.com/meshinfer/meshinfer/internal/frame"
 	"github.com/meshinfer/meshinfer/mesh/caps"
 	"github.com/meshinfer/meshinfer/mesh/registry"
@@ -104,6 +105,14 @@ type rig struct {
 	attKey   crypto.PrivKey
 	topic    *pubsub.Topic
 	contacts chan peer.ID // pending peers the victim tried to contact
+	// transfers gets the sync answers the victim timed (Params.Transfers); past its room,
+	// they are dropped.
+	transfers chan syncTransfer
+}
+
+type syncTransfer struct {
+	from peer.ID
+	t    bandwidth.Transfer
 }
 
 func newRig(t *testing.T, seenTTL time.Duration) *rig { return newRigLowWater(t, seenTTL, 0) }
@@ -127,7 +136,7 @@ func newRigLowWater(t *testing.T, seenTTL time.Duration, lowWater int) *rig {
 	// Contacting a pending peer never ends within a test (a DHT lookup that takes its
 	// time): pending peers stay pending, and what a test sees is the validator's and the
 	// sync's doing, not a drop.
-	r := &rig{contacts: make(chan peer.ID, 64)}
+	r := &rig{contacts: make(chan peer.ID, 64), transfers: make(chan syncTransfer, 64)}
 	slowContact := func(ctx context.Context, p peer.ID) error {
 		select {
 		case r.contacts <- p:
@@ -141,7 +150,12 @@ func newRigLowWater(t *testing.T, seenTTL time.Duration, lowWater int) *rig {
 		t.Fatal(err)
 	}
 	a, err := New(vh, vps, vKey, reg, fixedSource{}, Params{Mesh: testMesh, Heartbeat: time.Minute, Contact: slowContact, Observer: rep,
-		ContactLowWater: lowWater})
+		ContactLowWater: lowWater, Transfers: func(from peer.ID, t bandwidth.Transfer) {
+			select {
+			case r.transfers <- syncTransfer{from, t}:
+			default:
+			}
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -545,5 +559,56 @@ func TestPendingPeersContactedOnlyWhenNeeded(t *testing.T) {
 	}
 	if !r.reg.Pending(sameID) {
 		t.Fatal("the redundant peer should stay pending")
+	}
+}
+
+// TestSyncAnswersAreMetered: a sync answer read to its end is one transfer of its bytes,
+// told with its server (Params.Transfers): a large one a sample's size. An answer cut short
+// for a forged vector is not told.
+func TestSyncAnswersAreMetered(t *testing.T) {
+	r := newRig(t, 2*time.Minute)
+	genuine := signed(t, newKey(t), 50, time.Now(), time.Minute, nil)
+	var answer []byte
+	for len(answer) < 2*bandwidth.MinBytes {
+		answer = frame.Append(answer, genuine) // the same vector again: known, skipped
+	}
+	r.attacker.SetStreamHandler(SyncProtocol(testMesh), func(s network.Stream) {
+		s.Write(answer)
+		s.Close()
+	})
+	if n, err := r.victim.syncFrom(context.Background(), r.attacker.ID()); err != nil || n != 1 {
+		t.Fatalf("sync = %d, %v; want 1, nil", n, err)
+	}
+	// The victim also pulls from the attacker by itself (it is young): the answer this
+	// test asked for is among those told.
+	for {
+		select {
+		case st := <-r.transfers:
+			if st.from == r.attacker.ID() && st.t.Bytes == int64(len(answer)) && st.t.Dir == bandwidth.Down {
+				return
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no transfer of the %d-byte answer told", len(answer))
+		}
+	}
+}
+
+// TestBrokenSyncAnswerIsNotMetered: an answer the victim stopped reading (a forged vector)
+// is no transfer to time.
+func TestBrokenSyncAnswerIsNotMetered(t *testing.T) {
+	r := newRig(t, 2*time.Minute)
+	forged := signed(t, r.attKey, 50, time.Now(), time.Minute, func(v *caps.Vector) { v.Load.InFlight = 7 })
+	r.attacker.SetStreamHandler(SyncProtocol(testMesh), func(s network.Stream) {
+		frame.Write(s, forged)
+		s.Write(make([]byte, 2*bandwidth.MinBytes))
+		s.Close()
+	})
+	if _, err := r.victim.syncFrom(context.Background(), r.attacker.ID()); !errors.Is(err, errSyncMisbehaved) {
+		t.Fatalf("sync of a forged vector: %v, want errSyncMisbehaved", err)
+	}
+	select {
+	case st := <-r.transfers:
+		t.Fatalf("a broken answer was told: %+v", st)
+	default:
 	}
 }

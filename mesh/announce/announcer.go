@@ -18,6 +18,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/p2p/protocol/ping"
 
+	"github.com/meshinfer/meshinfer/internal/bandwidth"
 	"github.com/meshinfer/meshinfer/mesh/caps"
 	"github.com/meshinfer/meshinfer/mesh/registry"
 	"github.com/meshinfer/meshinfer/reputation"
@@ -90,6 +91,11 @@ type Params struct {
 	// announcement or sync answer that breaks the rules, against the peer at fault (the
 	// message's signed author, the sync server).
 	Observer Observer
+	// Transfers, when set, is told of each sync answer read to its end, timed from its
+	// first byte to its last (internal/bandwidth: the caller keeps those that are samples,
+	// answers of at least 64 KiB that the network paced rather than the checks of the
+	// vectors).
+	Transfers func(from peer.ID, t bandwidth.Transfer)
 }
 
 // Observer records events in peers' scores; reputation.Store is one.

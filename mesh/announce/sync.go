@@ -13,6 +13,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
 
+	"github.com/meshinfer/meshinfer/internal/bandwidth"
 	"github.com/meshinfer/meshinfer/internal/frame"
 	"github.com/meshinfer/meshinfer/mesh/caps"
 	"github.com/meshinfer/meshinfer/mesh/registry"
@@ -189,7 +190,8 @@ func (a *Announcer) syncFrom(ctx context.Context, p peer.ID) (int, error) {
 		s.Reset()
 		return 0, err
 	}
-	added, done, err := a.readSync(frame.NewReader(s, caps.MaxEncodedSize), p)
+	m := bandwidth.NewMeter(s)
+	added, done, err := a.readSync(frame.NewReader(m, caps.MaxEncodedSize), p)
 	if errors.Is(err, errSyncMisbehaved) && a.params.Observer != nil {
 		e := reputation.ProtocolViolation
 		if errors.Is(err, frame.ErrTooLarge) {
@@ -202,6 +204,9 @@ func (a *Announcer) syncFrom(ctx context.Context, p peer.ID) (int, error) {
 		return added, err
 	}
 	s.Close()
+	if a.params.Transfers != nil {
+		a.params.Transfers(p, m.Take())
+	}
 	return added, nil
 }
 

@@ -3,7 +3,8 @@
 //	GET /api/status   this node: identity, roles, mesh counts, listen addresses, uptime, its
 //	                  own signed capability vector, announcement counters
 //	GET /api/peers    every known peer: verified capability vector, age, connected, stale,
-//	                  reputation, and its open connections (transport, multiplexer)
+//	                  reputation, measured bandwidth, and its open connections (transport,
+//	                  multiplexer)
 //	GET /health       liveness: always 200 while the process serves; "ready" in the body
 //	GET /health/ready readiness: 200 once bootstrapped and announcing, else 503
 //
@@ -389,6 +390,22 @@ type Peer struct {
 	Capability     *caps.Vector `json:"capability"`
 	// Conns are the open libp2p connections to the peer (none when not connected).
 	Conns []Conn `json:"conns"`
+
+	// BandwidthMbps is the bandwidth measured with the peer, each way, from the transfers
+	// between them (stage prefill steps, long requests, sync answers, bandwidth probes),
+	// as an estimate that follows changes within a few transfers and forgets with age
+	// (internal/bandwidth); absent until a transfer was measured, a direction 0 until one
+	// of its own was. BandwidthMeasuredAt is when the latest sample was taken (RFC 3339,
+	// UTC).
+	BandwidthMbps       *BandwidthMbps `json:"bandwidth_mbps,omitempty"`
+	BandwidthMeasuredAt string         `json:"bandwidth_measured_at,omitempty"`
+}
+
+// BandwidthMbps is a peer's measured bandwidth in Mbit/s: Down from the peer to this node,
+// Up from this node to the peer (measured by bandwidth probes only).
+type BandwidthMbps struct {
+	Down float64 `json:"down"`
+	Up   float64 `json:"up"`
 }
 
 // Conn is one libp2p connection to a peer: what its streams (inference included) run on.

@@ -15,6 +15,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/internal/bandwidth"
 	"github.com/meshinfer/meshinfer/internal/frame"
 )
 
@@ -107,6 +108,15 @@ func WithSigner(fn Signer) ServerOption { return func(s *Server) { s.sign = fn }
 // in o, as reputation.MalformedFrame or ProtocolViolation.
 func WithServerObserver(o Observer) ServerOption { return func(s *Server) { s.observer = o } }
 
+// WithServerTransfers sets a function told of each request frame read (from a libp2p
+// stream or a data channel), timed from its first byte to its last (internal/bandwidth: the caller keeps those
+// that are samples, requests of at least 64 KiB). The token stream going back is no
+// transfer to time: the model paces it. It runs on the request's handler goroutine and
+// should return at once.
+func WithServerTransfers(fn func(from peer.ID, t bandwidth.Transfer)) ServerOption {
+	return func(s *Server) { s.transfers = fn }
+}
+
 // WithSessionIdle sets how long a reused stream (ReuseID) waits for its next request
 // (DefaultSessionIdle).
 func WithSessionIdle(d time.Duration) ServerOption { return func(s *Server) { s.sessionIdle = d } }
@@ -122,6 +132,7 @@ type Server struct {
 	maxTotal    int
 	maxPeer     int
 	sessionIdle time.Duration
+	transfers   func(peer.ID, bandwidth.Transfer)
 
 	ctx    context.Context // cancelled by Close: every generation ends
 	cancel context.CancelFunc
@@ -220,7 +231,9 @@ func (s *Server) ServeStream(from peer.ID, st Stream) {
 		st.Reset()
 		return
 	}
-	body, err := frame.NewReader(st, MaxRequestFrame).Next()
+	m := bandwidth.NewMeter(st)
+	body, err := frame.NewReader(m, MaxRequestFrame).Next()
+	s.transferred(from, m, err)
 	req, wantReceipt, ok, err := s.readRequest(from, st, body, err)
 	if ok {
 		s.run(from, st, req, wantReceipt, err, nil)
@@ -242,6 +255,15 @@ func (s *Server) readRequest(from peer.ID, st Stream, body []byte, readErr error
 	observe(s.observer, from, err)
 	st.Reset()
 	return nil, false, false, nil
+}
+
+// transferred tells WithServerTransfers' function of the request frame just read through
+// m, when it was read whole (readErr nil), and starts m's next transfer.
+func (s *Server) transferred(from peer.ID, m *bandwidth.Meter, readErr error) {
+	t := m.Take()
+	if s.transfers != nil && readErr == nil {
+		s.transfers(from, t)
+	}
 }
 
 // session is one request's part of a reused stream (ReuseID): the stream's handler reads
@@ -269,13 +291,15 @@ func (s *Server) handleSession(st network.Stream) {
 	stop := context.AfterFunc(s.ctx, func() { st.SetReadDeadline(time.Now().Add(-time.Hour)) })
 	defer stop()
 
-	r := frame.NewReader(st, MaxRequestFrame)
+	m := bandwidth.NewMeter(st)
+	r := frame.NewReader(m, MaxRequestFrame)
 	if err := st.SetReadDeadline(time.Now().Add(RequestTimeout)); err != nil {
 		st.Reset()
 		return
 	}
 	body, err := r.Next()
 	for first := true; ; first = false {
+		s.transferred(from, m, err)
 		switch {
 		case err == nil && s.ctx.Err() != nil:
 			st.Reset()

@@ -5,8 +5,9 @@
 //
 // Its job is that protocol and nothing else: Server (a stage) and Pipeline (the head's
 // side, an inference.Layers). Which stages hold which layers is mesh/route's; what runs the
-// layers is the backend's. It imports inference, internal/frame and reputation, and never
-// node or mesh.
+// layers is the backend's. It imports inference, internal/frame, internal/bandwidth (each
+// step's frame is timed for the bandwidth estimates: WithServerTransfers,
+// WithPipelineTransfers) and reputation, and never node or mesh.
 //
 // # Topology
 //

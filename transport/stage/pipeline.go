@@ -13,9 +13,11 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
 	ma "github.com/multiformats/go-multiaddr"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/internal/bandwidth"
 	"github.com/meshinfer/meshinfer/internal/frame"
 )
 
@@ -26,6 +28,7 @@ type pipelineConfig struct {
 	stepTimeout time.Duration
 	maxBatch    int
 	observer    Observer
+	transfers   func(peer.ID, bandwidth.Transfer)
 }
 
 // WithStepTimeout bounds one step at the head: from sending its hidden states to stage 0 to
@@ -47,6 +50,14 @@ func WithPipelineObserver(o Observer) PipelineOption {
 	return func(c *pipelineConfig) { c.observer = o }
 }
 
+// WithPipelineTransfers sets a function told of each step's output the head read from the
+// last stage, timed from its first byte to its last (internal/bandwidth: the caller keeps
+// those that are samples, prefill steps of at least 64 KiB). It runs in Forward and should
+// return at once.
+func WithPipelineTransfers(fn func(from peer.ID, t bandwidth.Transfer)) PipelineOption {
+	return func(c *pipelineConfig) { c.transfers = fn }
+}
+
 // Pipeline is the head's side of a chain of stages: Forward sends a step's hidden states to
 // stage 0 and returns what the last stage sends back. It is one generation's: its stages
 // hold that generation's KV cache. Forward calls run one at a time.
@@ -57,9 +68,11 @@ type Pipeline struct {
 	batch       int // positions per step
 	stepTimeout time.Duration
 	observer    Observer
+	transfers   func(peer.ID, bandwidth.Transfer)
 
-	up      network.Stream // to stage 0: hidden frames out, error frames back
-	ret     network.Stream // from the last stage: its output, or an error frame
+	up      network.Stream   // to stage 0: hidden frames out, error frames back
+	ret     network.Stream   // from the last stage: its output, or an error frame
+	retM    *bandwidth.Meter // under retR: times each step's output
 	retR    *frame.Reader
 	watched chan struct{} // closed when the watcher of up has returned
 
@@ -134,7 +147,7 @@ func Open(ctx context.Context, h host.Host, model string, stages []Hop, maxPosit
 	}
 	p := &Pipeline{
 		stages: append([]Hop(nil), stages...), maxPos: maxPositions, stepTimeout: cfg.stepTimeout,
-		observer: cfg.observer, watched: make(chan struct{}),
+		observer: cfg.observer, transfers: cfg.transfers, watched: make(chan struct{}),
 	}
 	octx, cancel := context.WithTimeout(ctx, OpenTimeout)
 	defer cancel()
@@ -240,7 +253,8 @@ func (p *Pipeline) open(ctx context.Context, h host.Host, o *open, body []byte, 
 	if err := frame.Write(ret, encodeAttach(o.session)); err != nil {
 		return nil, p.lost(last, "attach", err)
 	}
-	p.retR = frame.NewReader(ret, max(frameMax, MaxErrorFrame))
+	p.retM = bandwidth.NewMeter(ret)
+	p.retR = frame.NewReader(p.retM, max(frameMax, MaxErrorFrame))
 	w, _, err := p.answer(ctx, p.retR, last, true)
 	if err != nil {
 		return nil, err
@@ -363,6 +377,7 @@ func (p *Pipeline) roundTrip(h []float32, m int) ([]float32, error) {
 	sent := time.Now()
 	deadline := sent.Add(p.stepTimeout)
 	p.buf = appendHiddenFrame(p.buf[:0], p.step, m, h)
+	p.retM.Take() // the step's output alone
 	p.up.SetWriteDeadline(deadline)
 	// A failed write means the chain broke: why comes on the return stream (forward from
 	// the stages after the break) or to the watcher of up. Read on for it, within the
@@ -411,6 +426,9 @@ func (p *Pipeline) roundTrip(h []float32, m int) ([]float32, error) {
 		return nil, p.fail(p.lost(last, "read output", err))
 	}
 	took := time.Since(sent)
+	if p.transfers != nil {
+		p.transfers(p.stages[last].Peer, p.retM.Take())
+	}
 	p.step++
 	p.positions += m
 	p.mu.Lock()

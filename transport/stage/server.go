@@ -16,6 +16,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/internal/bandwidth"
 	"github.com/meshinfer/meshinfer/internal/frame"
 )
 
@@ -57,6 +58,14 @@ func WithServerObserver(o Observer) ServerOption { return func(s *Server) { s.ob
 // it ended and its backend session was closed (its KV cache freed) and it stopped counting
 // against the limits. It runs on the session's handler goroutine; Close waits for it.
 func WithOnSessionEnd(fn func(SessionEnd)) ServerOption { return func(s *Server) { s.onEnd = fn } }
+
+// WithServerTransfers sets a function told of each hidden frame the stage read from its
+// previous hop, timed from its first byte to its last (internal/bandwidth: the caller
+// keeps those that are samples, prefill steps of at least 64 KiB). It runs on the
+// session's handler goroutine and should return at once.
+func WithServerTransfers(fn func(from peer.ID, t bandwidth.Transfer)) ServerOption {
+	return func(s *Server) { s.transfers = fn }
+}
 
 // WithClock sets the clock a SessionEnd's Duration is measured on; time.Now by default.
 func WithClock(now func() time.Time) ServerOption { return func(s *Server) { s.now = now } }
@@ -102,6 +111,7 @@ type Server struct {
 	idle           time.Duration
 	observer       Observer
 	onEnd          func(SessionEnd)
+	transfers      func(peer.ID, bandwidth.Transfer)
 	now            func() time.Time
 	// untimed makes the stage act as one that predates timed sessions: it ignores an open's
 	// timing and answers without the flag (tests of a mixed chain).

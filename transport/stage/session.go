@@ -13,6 +13,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peerstore"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/internal/bandwidth"
 	"github.com/meshinfer/meshinfer/internal/frame"
 )
 
@@ -330,13 +331,15 @@ func (s *Server) broken(ss *session, sd side, err error) *failure {
 // layers or the next hop end the session. It records why, unless the session was
 // cancelled already.
 func (s *Server) steps(ss *session, up, down network.Stream) {
-	r := frame.NewReader(up, max(ss.frameMax, MaxErrorFrame))
+	m := bandwidth.NewMeter(up) // times each step's frame (WithServerTransfers)
+	r := frame.NewReader(m, max(ss.frameMax, MaxErrorFrame))
 	var out []byte // reused: the frame is written before the next step
 	for step := uint64(0); ; step++ {
 		up.SetReadDeadline(time.Now().Add(s.idle))
 		if ss.ctx.Err() != nil {
 			return // cancelled before the deadline above replaced the interrupting one
 		}
+		m.Take() // the step's frame alone
 		body, err := r.Next()
 		if ss.ctx.Err() != nil {
 			return
@@ -364,6 +367,9 @@ func (s *Server) steps(ss *session, up, down network.Stream) {
 			}
 			ss.fail(failure{fault: f, from: sideUp})
 			return
+		}
+		if s.transfers != nil {
+			s.transfers(ss.from, m.Take())
 		}
 		// Fresh values for each step: the backend may keep what it is given.
 		var (
