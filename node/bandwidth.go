@@ -26,7 +26,8 @@ import (
 // sync answers of a large mesh; decode steps and token streams never do). What it yields:
 // the vector's net.downlink_mbps (the median of the peers' recent Down estimates, 0 while
 // none is recent), each peer's estimate on /api/peers, and MeasureBandwidth, which probes a
-// peer when no recent sample exists: the viability gate of a migration asks it.
+// peer when no recent sample exists: for the viability gate of a migration to ask before a
+// live transfer, which is not built, so nothing asks it yet (the gate is given no bandwidth).
 
 // startBandwidth answers bandwidth probes, within the participation policy (a paused node
 // answers none) and counted as mesh traffic against the bandwidth cap, and sets up this

@@ -1,8 +1,9 @@
 // Package bandwidth measures the bandwidth between this node and each of its peers from the
 // transfers that really happen between them, and keeps a per-peer estimate that follows a
 // change within a few transfers and forgets with age. The viability gate of a migration
-// (issue 17) weighs moving a session's state by it, and the capability vector announces
-// the node's downlink from it (net.downlink_mbps): a measured value, never a configured one.
+// (issue 17) is to weigh moving a session's state by it once live transfer is built, and
+// the capability vector announces the node's downlink from it (net.downlink_mbps): a
+// measured value, never a configured one.
 //
 // # What a sample is
 //

@@ -19,7 +19,10 @@ import (
 //
 //   - replay on the next target that serves the model deterministically (a peer, this
 //     node, a pipeline): the tokens sent are prefilled with the prompt (Request.Replay);
-//   - restart_peer there, for a target that cannot replay (it generates them again);
+//   - restart_peer there: the estimate of generating the tokens sent again, picked over
+//     replay only when the replacement decodes faster than it prefills. The request is the
+//     same either way (it carries Request.Replay): a target that can replay does, one that
+//     cannot (an upstream) generates them again, whichever the gate picked;
 //   - restart_cloud: the cloud generates the completion again, when the request allows
 //     the cloud and the cloud says it serves the model deterministically (another
 //     meshinfer node's API says so of the built-in models, route.Cloud.Deterministic); the
