@@ -27,6 +27,7 @@ bench:
 	$(GO) test -run='^$$' -bench=. ./mesh/... ./reputation/
 	$(GO) test -run='^$$' -bench=Coordinator -benchtime=300x ./transport/gateway/client/
 	$(GO) test -run='^$$' -bench=. -benchtime=300x ./transport/webrtc/
+	$(GO) test -run='^$$' -bench=Slowloris ./transport/
 	$(GO) test -run='^$$' -bench='S1|S2' ./transport/stage/
 	$(GO) test -run='^$$' -bench=Sharded ./inference/synth/
 	$(GO) test -run='^$$' -bench=M3 -benchtime=5x ./transport/bwprobe/

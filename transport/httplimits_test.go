@@ -85,7 +85,7 @@ var apiLimits = HTTPLimits{
 	ReadTimeout:       30 * time.Second,
 	IdleTimeout:       2 * time.Minute,
 	MaxHeaderBytes:    MaxHeaderBytes,
-	ConnsPerIP:        256,
+	ConnsPerIP:        512,
 }
 
 // servePipes serves h with l on a pipe listener until the test's bubble ends, and returns

@@ -159,8 +159,10 @@
 // frame's header arrived, is not complete within MessageTimeout (10 s): a client that
 // starts a message and stalls, or trickles it (slowloris), holds its connection no longer.
 // The upgrade request itself has the API server's deadlines, and every connection counts in
-// its per-client cap (transport.HTTPLimits: 256 connections per address). A client's cancel ends its request with an
-// error message (unavailable, "cancelled by the client") unless the outcome came first.
+// its per-client cap (transport/openai: 512 connections per address).
+//
+// A client's cancel ends its request with an error message (unavailable, "cancelled by the
+// client") unless the outcome came first.
 //
 // # Direct requests
 //

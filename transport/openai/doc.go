@@ -136,10 +136,10 @@
 //
 // The server (transport.HTTPLimits) gives a request's header 5 s and the whole request 30 s
 // from its first byte, closes a kept-alive connection idle for 2 min, answers a header over
-// 32 KiB with 431, and holds at most 256 connections per client address (an IPv4 address,
+// 32 KiB with 431, and holds at most 512 connections per client address (an IPv4 address,
 // an IPv6 /64), loopback included: the one over it is closed on arrival, before TLS. A
 // client trickling its request a byte at a time (slowloris) thus holds a connection for at
-// most 5 s, and one address at most 256 of them; the coordinator's WebSocket connections
+// most 5 s, and one address at most 512 of them; the coordinator's WebSocket connections
 // count too, and have the gateway's own deadlines once upgraded.
 //
 // # Lifecycle

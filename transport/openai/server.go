@@ -33,10 +33,11 @@ const (
 	idleTimeout = 2 * time.Minute
 	// connsPerIP bounds the connections one client address holds at once. On loopback every
 	// local program shares 127.0.0.1; in front of a coordinator a household or an office
-	// shares one NAT address, each thin client with its WebSocket and a few REST calls. 256
-	// serves either, while one address's slow connections hold at most 256 goroutines and
-	// 256 × 40 KiB of header buffers.
-	connsPerIP = 256
+	// shares one NAT address, each thin client with its WebSocket and a few REST calls.
+	// 512 is twice docs/reliability.md's L1 load (256 WebSocket clients on one machine,
+	// `make soak`), while one address's slow connections hold at most 512 goroutines and
+	// 512 × 40 KiB of header buffers.
+	connsPerIP = 512
 	// shutdownGrace is how long Close lets requests in flight finish on their own;
 	// terminalGrace is how long it then gives them, cancelled, to write their shutting_down
 	// terminal event before connections are closed. Together: Close's 2 s bound.
