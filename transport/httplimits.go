@@ -8,8 +8,8 @@ import (
 
 // HTTPLimits bound what clients can hold of one of the node's HTTP servers: the API (with
 // the coordinator's gateway on its listener, transport/openai) and the console
-// (node/console). Each server states its own values and their reasons; the two below are
-// the same for both.
+// (node/console). Each server states its own values and their reasons; the header's two,
+// below, are the same for both (SharedHTTPLimits).
 //
 // Against a slow client (slowloris: a connection that sends its request a byte at a time,
 // or nothing at all) a server has a deadline for every wait: the header, the whole request,
@@ -48,6 +48,11 @@ const (
 	// 1 MiB, which ConnsPerIP connections would each be allowed to buffer.
 	MaxHeaderBytes = 32 << 10
 )
+
+// SharedHTTPLimits are the limits every server has (the header's); each sets the rest.
+func SharedHTTPLimits() HTTPLimits {
+	return HTTPLimits{ReadHeaderTimeout: ReadHeaderTimeout, MaxHeaderBytes: MaxHeaderBytes}
+}
 
 // Server returns an http.Server serving h with l's deadlines and header bound. The caller
 // sets any other field before serving it.

@@ -464,15 +464,11 @@ const (
 	connsPerIP = 32
 )
 
-// limits are the console's server limits: the constants above and transport's.
+// limits are the console's server limits: the constants above and transport's shared ones.
 func limits() transport.HTTPLimits {
-	return transport.HTTPLimits{
-		ReadHeaderTimeout: transport.ReadHeaderTimeout,
-		ReadTimeout:       readTimeout,
-		IdleTimeout:       idleTimeout,
-		MaxHeaderBytes:    transport.MaxHeaderBytes,
-		ConnsPerIP:        connsPerIP,
-	}
+	l := transport.SharedHTTPLimits()
+	l.ReadTimeout, l.IdleTimeout, l.ConnsPerIP = readTimeout, idleTimeout, connsPerIP
+	return l
 }
 
 // ErrNotLoopback is returned by New for a non-loopback address without Public.

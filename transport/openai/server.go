@@ -66,15 +66,11 @@ type config struct {
 	tlsKey   string
 }
 
-// httpLimits are the server's limits: the constants above and transport's.
+// httpLimits are the server's limits: the constants above and transport's shared ones.
 func httpLimits() transport.HTTPLimits {
-	return transport.HTTPLimits{
-		ReadHeaderTimeout: transport.ReadHeaderTimeout,
-		ReadTimeout:       readTimeout,
-		IdleTimeout:       idleTimeout,
-		MaxHeaderBytes:    transport.MaxHeaderBytes,
-		ConnsPerIP:        connsPerIP,
-	}
+	l := transport.SharedHTTPLimits()
+	l.ReadTimeout, l.IdleTimeout, l.ConnsPerIP = readTimeout, idleTimeout, connsPerIP
+	return l
 }
 
 // withHTTPLimits replaces the server's limits (tests narrow them).
