@@ -15,7 +15,7 @@ import (
 // or nothing at all) a server has a deadline for every wait: the header, the whole request,
 // the next request on a kept-alive connection. Against many connections, each within those
 // deadlines, it has the per-client cap. What one client can hold is then ConnsPerIP
-// connections, each for at most ReadHeaderTimeout before its request is complete.
+// connections, each for at most ReadHeaderTimeout before its header is complete.
 type HTTPLimits struct {
 	// ReadHeaderTimeout bounds reading a request's header: from the connection's opening for
 	// its first request, from the first bytes of the next one on a kept-alive connection. It
