@@ -27,6 +27,7 @@ bench:
 	$(GO) test -run='^$$' -bench=. ./mesh/... ./reputation/
 	$(GO) test -run='^$$' -bench=Coordinator -benchtime=300x ./transport/gateway/client/
 	$(GO) test -run='^$$' -bench=. -benchtime=300x ./transport/webrtc/
+	$(GO) test -run='^$$' -bench=Slowloris ./transport/
 	$(GO) test -run='^$$' -bench='S1|S2' ./transport/stage/
 	$(GO) test -run='^$$' -bench=Sharded ./inference/synth/
 	$(GO) test -run='^$$' -bench=M3 -benchtime=5x ./transport/bwprobe/
@@ -38,13 +39,17 @@ FUZZ_TARGETS := \
 	./mesh/probe/:FuzzParseMeminfo ./mesh/probe/:FuzzParseNVIDIASMI ./mesh/probe/:FuzzParseCPUInfo \
 	./mesh/receipts/:FuzzParse ./mesh/receipts/:FuzzParseTask \
 	./mesh/participation/:FuzzDecodeOverrides ./mesh/participation/:FuzzDecodeConsent \
-	./inference/:FuzzRequestJSON ./inference/upstream/:FuzzSSE ./internal/frame/:FuzzReader \
+	./inference/:FuzzRequestJSON ./inference/:FuzzDigest ./inference/:FuzzParseDigest \
+	./inference/upstream/:FuzzSSE ./internal/frame/:FuzzReader ./node/console/:FuzzStatusQuery \
+	./transport/infer/:FuzzRequestFrame ./transport/infer/:FuzzResponseFrame \
+	./transport/infer/:FuzzServeStream ./transport/infer/:FuzzAnswerStream \
 	./internal/jsonlog/:FuzzScan ./internal/sse/:FuzzReaderSplit \
 	./transport/openai/:FuzzChatCompletionBody ./transport/webrtc/:FuzzDecodeSignal \
 	./transport/webrtc/:FuzzSanitizeSDP ./transport/stage/:FuzzStageFrame \
 	./transport/gateway/:FuzzDecodeKeys ./transport/gateway/:FuzzParseEvent \
 	./transport/gateway/:FuzzKeyFromHeader ./transport/gateway/:FuzzDecodeClientMessage \
-	./transport/gateway/:FuzzEventWriter ./transport/bwprobe/:FuzzProbeFrame
+	./transport/gateway/:FuzzEventWriter ./transport/gateway/:FuzzWSFrames \
+	./transport/bwprobe/:FuzzProbeFrame
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; name=$${t##*:}; \

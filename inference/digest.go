@@ -23,7 +23,9 @@ func (d Digest) String() string { return DigestPrefix + hex.EncodeToString(d[:])
 // DigestPrefix starts the string form of a Digest.
 const DigestPrefix = "sha256:"
 
-// ParseDigest reads the string form of a Digest.
+// ParseDigest reads the string form of a Digest. Only the canonical form is accepted
+// (lowercase hex, as String writes it and receipts require), so that a digest has one
+// string form and comparing strings is comparing digests.
 func ParseDigest(s string) (Digest, error) {
 	var d Digest
 	h, ok := strings.CutPrefix(s, DigestPrefix)
@@ -32,6 +34,9 @@ func ParseDigest(s string) (Digest, error) {
 	}
 	if _, err := hex.Decode(d[:], []byte(h)); err != nil {
 		return Digest{}, fmt.Errorf("digest %q: %w", s, err)
+	}
+	if d.String() != s {
+		return Digest{}, fmt.Errorf("digest %q: hex digits must be lowercase", s)
 	}
 	return d, nil
 }

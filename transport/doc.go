@@ -13,7 +13,10 @@
 //	transport/bwprobe  the bandwidth probe /meshinfer/bwprobe/1.0.0: a bounded transfer each
 //	                   way, timed, when no recent transfer measured a peer's bandwidth
 //
-// This package itself holds what they share: the loopback check for local-only listeners.
+// This package itself holds what they share: the loopback check for local-only listeners,
+// and the limits of the node's HTTP servers (the API and the console) against slow and
+// greedy clients: deadlines, a header bound and a cap on connections per client address
+// (HTTPLimits, PerIPListener).
 //
 // transport must never import mesh or node; node connects the two through small interfaces
 // declared by the consuming package (openai.Dispatcher, infer.Generator).

@@ -13,6 +13,11 @@
 //
 // The listener must be loopback unless the operator explicitly allows otherwise (Public):
 // the console shows the node's peers and addresses, which are nobody else's business.
+//
+// Slow and greedy clients get what the API's do (transport.HTTPLimits), with the console's
+// figures: 5 s for a request's header, 10 s for the whole request, 30 s for an idle
+// kept-alive connection, 32 KiB of header, and at most 32 connections per client address,
+// loopback included (a browser page or another local user reaches it too).
 package console
 
 import (
@@ -445,14 +450,37 @@ type Server struct {
 	once sync.Once
 }
 
-// readHeaderTimeout bounds a slow client's request header (slowloris).
-const readHeaderTimeout = 5 * time.Second
+// Limits of the console's HTTP server (transport.HTTPLimits). Its requests are GETs of a
+// few hundred bytes, answered from a snapshot.
+const (
+	// readTimeout bounds a whole request: nothing but a header is expected, and 10 s leaves
+	// net/http room to discard a stray small body.
+	readTimeout = 10 * time.Second
+	// idleTimeout closes a kept-alive connection unused this long: a dashboard or a status
+	// loop polls every few seconds.
+	idleTimeout = 30 * time.Second
+	// connsPerIP bounds the connections one client holds: a browser opens at most 6 to a
+	// host, a status loop 1; 32 leaves room for a few of each.
+	connsPerIP = 32
+)
+
+// limits are the console's server limits: the constants above and transport's shared ones.
+func limits() transport.HTTPLimits {
+	l := transport.SharedHTTPLimits()
+	l.ReadTimeout, l.IdleTimeout, l.ConnsPerIP = readTimeout, idleTimeout, connsPerIP
+	return l
+}
 
 // ErrNotLoopback is returned by New for a non-loopback address without Public.
 var ErrNotLoopback = transport.ErrNotLoopback
 
 // New listens on addr and serves src. A non-loopback addr is refused unless public is set.
 func New(addr string, public bool, src Source) (*Server, error) {
+	return listen(addr, public, src, limits())
+}
+
+// listen is New with the server's limits l (tests narrow them).
+func listen(addr string, public bool, src Source, l transport.HTTPLimits) (*Server, error) {
 	if err := CheckAddr(addr, public); err != nil {
 		return nil, err
 	}
@@ -465,10 +493,10 @@ func New(addr string, public bool, src Source) (*Server, error) {
 	if !public {
 		h = transport.LoopbackHosts(h) // no DNS rebinding: the Host must be this machine
 	}
-	s.srv = &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout}
+	s.srv = l.Server(h)
 	// Serve returns when Close shuts the server down.
 	s.wg.Go(func() {
-		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := s.srv.Serve(l.Listener(ln)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Errorw("console stopped", "err", err)
 		}
 	})

@@ -154,9 +154,15 @@
 //	                           upgrade then gets 401)
 //	1001 shutting down         the coordinator is stopping
 //
-// A connection from which nothing arrived for IdleTimeout (60 s) is closed without a close
-// frame; clients ping more often than that. A client's cancel ends its request with an
-// error message (unavailable, "cancelled by the client") unless the outcome came first.
+// A connection from which no message arrived for IdleTimeout (60 s) is closed without a
+// close frame; clients ping more often than that. So is one whose message, once its first
+// frame's header arrived, is not complete within MessageTimeout (10 s): a client that
+// starts a message and stalls, or trickles it (slowloris), holds its connection no longer.
+// The upgrade request itself has the API server's deadlines, and every connection counts in
+// its per-client cap (transport/openai: 512 connections per address).
+//
+// A client's cancel ends its request with an error message (unavailable, "cancelled by the
+// client") unless the outcome came first.
 //
 // # Direct requests
 //

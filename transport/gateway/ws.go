@@ -2,12 +2,14 @@ package gateway
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"slices"
@@ -43,9 +45,17 @@ const (
 	// overloaded at once. 32 keeps a single client from taking more than a fair share of
 	// the coordinator while letting an app run a few conversations side by side.
 	MaxInFlight = 32
-	// IdleTimeout closes a connection from which nothing arrived for this long: six of the
-	// Go client's default 10 s keepalive pings missed in a row.
+	// IdleTimeout closes a connection from which no message arrived for this long: six of
+	// the Go client's default 10 s keepalive pings missed in a row. It runs from the end of
+	// one message to the first frame of the next, a stall inside that frame's header
+	// included.
 	IdleTimeout = 60 * time.Second
+	// MessageTimeout bounds reading one message once its first frame's header has arrived:
+	// a client that starts a message and stalls (slowloris on the WebSocket) is cut then,
+	// however it trickles the rest. The largest message, MaxMessageBytes, needs 32 KiB/s,
+	// a tenth of a poor mobile uplink; the figure is docs/reliability.md's F4 header
+	// deadline.
+	MessageTimeout = 10 * time.Second
 	// DetachGrace is how long a request whose connection died keeps running with no
 	// connection attached, waiting for its client to resubmit it on a new one: long enough
 	// for a reconnect with a few backoff steps (0.2 + 0.4 + … + 3.2 s ≈ 6 s), short enough
@@ -117,6 +127,9 @@ type WSOption func(*WebSocket)
 // WithIdleTimeout replaces IdleTimeout.
 func WithIdleTimeout(d time.Duration) WSOption { return func(g *WebSocket) { g.idle = d } }
 
+// WithMessageTimeout replaces MessageTimeout.
+func WithMessageTimeout(d time.Duration) WSOption { return func(g *WebSocket) { g.message = d } }
+
 // WithDetachGrace replaces DetachGrace.
 func WithDetachGrace(d time.Duration) WSOption { return func(g *WebSocket) { g.grace = d } }
 
@@ -146,6 +159,7 @@ type WebSocket struct {
 	keys    *KeyStore
 	api     http.Handler
 	idle    time.Duration
+	message time.Duration
 	grace   time.Duration
 	hooks   WSTestHooks
 	now     func() time.Time
@@ -172,12 +186,13 @@ func NewWebSocket(keys *KeyStore, api http.Handler, opts ...WSOption) (*WebSocke
 	if keys == nil || api == nil {
 		return nil, errors.New("gateway websocket: no key store or no API handler")
 	}
-	g := &WebSocket{keys: keys, api: api, idle: IdleTimeout, grace: DetachGrace, now: time.Now, runs: make(map[string]*run)}
+	g := &WebSocket{keys: keys, api: api, idle: IdleTimeout, message: MessageTimeout, grace: DetachGrace, now: time.Now, runs: make(map[string]*run)}
 	for _, o := range opts {
 		o(g)
 	}
-	if g.idle <= 0 || g.grace < 0 {
-		return nil, fmt.Errorf("gateway websocket: idle timeout %v and detach grace %v must be positive", g.idle, g.grace)
+	if g.idle <= 0 || g.message <= 0 || g.grace < 0 {
+		return nil, fmt.Errorf("gateway websocket: idle timeout %v, message timeout %v and detach grace %v must be positive",
+			g.idle, g.message, g.grace)
 	}
 	g.cache = newResultCache(cacheEntries, cacheBytes, cacheTTL)
 	g.ctx, g.cancel = context.WithCancelCause(context.Background())
@@ -293,10 +308,7 @@ func (c *conn) serve(reqCtx context.Context) {
 // and reason to send, or 0 when the connection is gone already.
 func (c *conn) readLoop() (websocket.StatusCode, string) {
 	for {
-		// Not c.ctx: a shutdown closes with 1001 (serve) instead of cutting the read.
-		rctx, cancel := context.WithTimeout(context.Background(), c.g.idle)
-		typ, b, err := c.ws.Read(rctx)
-		cancel()
+		typ, b, err := c.read()
 		switch {
 		case errors.Is(err, websocket.ErrMessageTooBig):
 			return websocket.StatusMessageTooBig, "message too big"
@@ -316,6 +328,24 @@ func (c *conn) readLoop() (websocket.StatusCode, string) {
 			return 0, "" // the writer failed
 		}
 	}
+}
+
+// read reads the next message: its first frame must start within the idle timeout, and
+// the message must then be complete within the message timeout. Either deadline closes the
+// connection, without a close frame (a read cannot be cut otherwise).
+func (c *conn) read() (websocket.MessageType, []byte, error) {
+	// Not c.ctx: a shutdown closes with 1001 (serve) instead of cutting the read.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	deadline := time.AfterFunc(c.g.idle, cancel)
+	typ, r, err := c.ws.Reader(ctx)
+	if !deadline.Stop() || err != nil {
+		return 0, nil, cmp.Or(err, context.Canceled) // the idle deadline fired as the frame came
+	}
+	deadline = time.AfterFunc(c.g.message, cancel)
+	defer deadline.Stop()
+	b, err := io.ReadAll(r) // bounded by the read limit, MaxMessageBytes
+	return typ, b, err
 }
 
 // handle acts on one decoded message; a non-zero code closes the connection.

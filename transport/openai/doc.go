@@ -132,6 +132,16 @@
 // 5xx server_error. An error of the Dispatcher or the Local that is not typed reads as
 // unavailable (CodeOf).
 //
+// # Slow and greedy clients
+//
+// The server (transport.HTTPLimits) gives a request's header 5 s and the whole request 30 s
+// from its first byte, closes a kept-alive connection idle for 2 min, answers a header over
+// 32 KiB with 431, and holds at most 512 connections per client address (an IPv4 address,
+// an IPv6 /64), loopback included: the one over it is closed on arrival, before TLS. A
+// client trickling its request a byte at a time (slowloris) thus holds a connection for at
+// most 5 s, and one address at most 512 of them; the coordinator's WebSocket connections
+// count too, and have the gateway's own deadlines once upgraded.
+//
 // # Lifecycle
 //
 // The handler passes the request's context to the Dispatcher or the Local: a client that
@@ -143,7 +153,7 @@
 //
 // # Imports
 //
-// Standard library, go-log, package inference and package transport (its loopback check). As
+// Standard library, go-log, package inference and package transport (its loopback check and server limits). As
 // part of transport it must not import mesh, node or testnet: node connects them through the
 // Dispatcher and Local interfaces declared here. This package is on the local-only path, so
 // it must not depend, even indirectly, on libp2p, pion, multiformats or the mesh's peer

@@ -21,16 +21,23 @@ var log = logging.Logger("transport/openai")
 // DefaultAddr is where a node serves the API unless told otherwise (--api).
 const DefaultAddr = "127.0.0.1:9337"
 
-// Timeouts of the HTTP server. None bounds a response: a stream lasts as long as its
-// generation, and writeTimeout bounds each write instead.
+// Limits of the HTTP server (transport.HTTPLimits; the header's are transport's). None
+// bounds a response: a stream lasts as long as its generation, and writeTimeout bounds each
+// write instead. A connection upgraded to the gateway's WebSocket leaves these deadlines
+// behind and has the gateway's own (transport/gateway), but still counts in connsPerIP.
 const (
-	// readHeaderTimeout bounds a slow client's request header (slowloris).
-	readHeaderTimeout = 5 * time.Second
 	// readTimeout bounds reading a whole request, header and body: a maximal body (256 KiB)
 	// needs well under a second on any link this API should serve.
 	readTimeout = 30 * time.Second
 	// idleTimeout closes a keep-alive connection left unused this long.
 	idleTimeout = 2 * time.Minute
+	// connsPerIP bounds the connections one client address holds at once. On loopback every
+	// local program shares 127.0.0.1; in front of a coordinator a household or an office
+	// shares one NAT address, each thin client with its WebSocket and a few REST calls.
+	// 512 is twice docs/reliability.md's L1 load (256 WebSocket clients on one machine,
+	// `make soak`), while one address's slow connections hold at most 512 goroutines and
+	// 512 × 40 KiB of header buffers.
+	connsPerIP = 512
 	// shutdownGrace is how long Close lets requests in flight finish on their own;
 	// terminalGrace is how long it then gives them, cancelled, to write their shutting_down
 	// terminal event before connections are closed. Together: Close's 2 s bound.
@@ -49,6 +56,7 @@ var errShuttingDown = inference.Errorf(inference.CodeShuttingDown, "node is shut
 type Option func(*config)
 
 type config struct {
+	http     transport.HTTPLimits
 	public   bool
 	limits   inference.Limits
 	local    Local
@@ -57,6 +65,16 @@ type config struct {
 	tlsCert  string
 	tlsKey   string
 }
+
+// httpLimits are the server's limits: the constants above and transport's shared ones.
+func httpLimits() transport.HTTPLimits {
+	l := transport.SharedHTTPLimits()
+	l.ReadTimeout, l.IdleTimeout, l.ConnsPerIP = readTimeout, idleTimeout, connsPerIP
+	return l
+}
+
+// withHTTPLimits replaces the server's limits (tests narrow them).
+func withHTTPLimits(l transport.HTTPLimits) Option { return func(c *config) { c.http = l } }
 
 // WithPublic allows a non-loopback listen address. The API serves anyone who can reach it,
 // with no authentication: expose it on purpose only. Handler ignores it.
@@ -107,7 +125,7 @@ type Server struct {
 // non-loopback addr is refused (ErrNotLoopback) unless WithPublic(true), and default
 // preferences with an unknown value are refused too.
 func New(addr string, d Dispatcher, opts ...Option) (*Server, error) {
-	var cfg config
+	cfg := config{http: httpLimits()}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -125,10 +143,12 @@ func New(addr string, d Dispatcher, opts ...Option) (*Server, error) {
 		}
 		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
-	ln, err := net.Listen("tcp", addr)
+	tcp, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("api listen on %s: %w", addr, err)
 	}
+	// The per-client cap counts TCP connections, under TLS: a refused one costs no handshake.
+	var ln net.Listener = cfg.http.Listener(tcp)
 	if tlsConf != nil {
 		ln = tls.NewListener(ln, tlsConf)
 	}
@@ -141,13 +161,8 @@ func New(addr string, d Dispatcher, opts ...Option) (*Server, error) {
 	}
 	base, cancel := context.WithCancelCause(context.Background())
 	s := &Server{ln: ln, cancel: cancel, shutdownGrace: shutdownGrace, terminalGrace: terminalGrace}
-	s.srv = &http.Server{
-		Handler:           s.track(h),
-		ReadHeaderTimeout: readHeaderTimeout,
-		ReadTimeout:       readTimeout,
-		IdleTimeout:       idleTimeout,
-		BaseContext:       func(net.Listener) context.Context { return base },
-	}
+	s.srv = cfg.http.Server(s.track(h))
+	s.srv.BaseContext = func(net.Listener) context.Context { return base }
 	// Serve returns when Close shuts the server down.
 	s.wg.Go(func() {
 		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -1,0 +1,367 @@
+package infer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"reflect"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/inference/synth"
+	"github.com/meshinfer/meshinfer/internal/frame"
+)
+
+// Fuzz targets of the peer inference protocol's decoders: each frame decoder alone, then
+// both ends' read loops over a stream of the fuzzer's bytes. Seeds are real messages, made
+// by the encoders from the synthetic model's output.
+
+// typed reports whether err is one of the protocol's typed errors: a protocol violation
+// (the stream is reset) or an *inference.Error with a code of the closed set.
+func typed(err error) bool {
+	if errors.Is(err, errProtocol) {
+		return true
+	}
+	e, ok := errors.AsType[*inference.Error](err)
+	return ok && slices.Contains(inference.Codes(), e.Code)
+}
+
+// realTokens are the synthetic model's answer to request(n).
+func realTokens(tb testing.TB, n int) ([]inference.Token, inference.Result) {
+	tb.Helper()
+	be, err := synth.New(model)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var toks []inference.Token
+	res, err := be.Generate(context.Background(), request(n), func(t inference.Token) error {
+		toks = append(toks, t)
+		return nil
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return toks, res
+}
+
+// FuzzRequestFrame: a request frame decodes, or fails typed (not a request: a protocol
+// error; a request that does not decode: invalid_request); a request the server would
+// serve (it validates) encodes and decodes again to itself, receipt flag included.
+func FuzzRequestFrame(f *testing.F) {
+	for _, want := range []bool{false, true} {
+		b, err := encodeRequest(request(16), want)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+		f.Add(b[:len(b)/2])
+	}
+	f.Add([]byte{frameRequest, '{', '}'})
+	f.Add([]byte{frameToken, 0, 1, 'a'})
+	f.Add([]byte{frameRequest, 'n', 'u', 'l', 'l'})
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, body []byte) {
+		req, want, err := decodeRequest(body)
+		if err != nil {
+			if !typed(err) || !errors.Is(err, errProtocol) && inference.CodeOf(err) != inference.CodeInvalidRequest {
+				t.Fatalf("%q: error %v is neither a protocol error nor invalid_request", body, err)
+			}
+			return
+		}
+		if want != (body[0] == frameRequestReceipt) {
+			t.Fatalf("%q: receipt %v for frame type %#x", body, want, body[0])
+		}
+		if req.Validate(inference.Limits{}) != nil {
+			return // refused by the server with invalid_request
+		}
+		again, err := EncodeRequest(req, want)
+		if err != nil {
+			t.Fatalf("%q decodes to a valid request that does not encode: %v", body, err)
+		}
+		back, wantBack, err := DecodeRequest(again)
+		if err != nil || wantBack != want || !reflect.DeepEqual(back, req) {
+			t.Fatalf("%q: round trip gave %+v, %v, %v; want %+v, %v", body, back, wantBack, err, req, want)
+		}
+	})
+}
+
+// FuzzResponseFrame: every frame a server sends (token, done, error) and a direct task's
+// result frames (result, failed) decode, or fail with a protocol error; what decodes is in
+// its bounds (a token's text non-empty UTF-8, a done frame's finish reason stop or length,
+// an error's code one of the closed set) and encodes and decodes again to the same thing.
+func FuzzResponseFrame(f *testing.F) {
+	toks, res := realTokens(f, 4)
+	for _, tok := range toks {
+		f.Add(encodeToken(nil, tok))
+	}
+	f.Add(encodeToken(nil, inference.Token{Index: 1 << 31, ID: -1, Text: "é"}))
+	f.Add(encodeDone(res))
+	f.Add(encodeError(inference.Errorf(inference.CodeOverloaded, "busy")))
+	f.Add(EncodeResult(res, nil))
+	f.Add(EncodeResult(inference.Result{Usage: res.Usage}, inference.Errorf(inference.CodePeerLost, "gone: %w", ErrClientDisconnected)))
+	f.Add([]byte{frameError, '{', '"', 'c', 'o', 'd', 'e', '"', ':', '"', 'x', '"', '}'})
+	f.Add([]byte{frameToken, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01, 0, 'a'})
+	f.Add([]byte{frameDone, '{', '}'})
+	f.Add([]byte{0x06})
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if len(body) == 0 {
+			return // the client refuses an empty frame before decoding
+		}
+		switch {
+		case body[0] == frameToken:
+			tok, err := decodeToken(body)
+			if err != nil {
+				if !errors.Is(err, errProtocol) {
+					t.Fatalf("%q: untyped error %v", body, err)
+				}
+				return
+			}
+			if tok.Text == "" || tok.Index < 0 || tok.ID < -1 {
+				t.Fatalf("%q: accepted %+v", body, tok)
+			}
+			again := encodeToken(nil, tok)
+			if len(again) > len(body) {
+				t.Fatalf("%q re-encodes longer: %q", body, again)
+			}
+			if back, err := decodeToken(again); err != nil || back != tok {
+				t.Fatalf("%q: round trip gave %+v, %v; want %+v", body, back, err, tok)
+			}
+		case IsResultFrame(body):
+			res, err := DecodeResult(body)
+			if err != nil && !typed(err) {
+				t.Fatalf("%q: untyped error %v", body, err)
+			}
+			if errors.Is(err, errProtocol) {
+				return
+			}
+			back, berr := DecodeResult(EncodeResult(res, err))
+			if back != res || inference.CodeOf(berr) != inference.CodeOf(err) ||
+				errors.Is(berr, ErrClientDisconnected) != errors.Is(err, ErrClientDisconnected) {
+				t.Fatalf("%q: round trip gave %+v, %v; want %+v, %v", body, back, berr, res, err)
+			}
+		default:
+			res, err := decodeTerminal(body)
+			if err != nil {
+				if !typed(err) {
+					t.Fatalf("%q: untyped error %v", body, err)
+				}
+				if errors.Is(err, errProtocol) {
+					return
+				}
+				if _, berr := decodeTerminal(encodeError(err)); inference.CodeOf(berr) != inference.CodeOf(err) {
+					t.Fatalf("%q: error %v re-encodes as %v", body, err, berr)
+				}
+				return
+			}
+			if res.FinishReason != inference.FinishStop && res.FinishReason != inference.FinishLength {
+				t.Fatalf("%q: finish reason %q accepted", body, res.FinishReason)
+			}
+			if back, err := decodeTerminal(encodeDone(res)); err != nil || back != res {
+				t.Fatalf("%q: round trip gave %+v, %v; want %+v", body, back, err, res)
+			}
+		}
+	})
+}
+
+// script is a Stream whose reads are the fuzzer's bytes. Once they are spent a read ends as
+// a deadline would, when one is set (nothing more will come, so it passes), or else as the
+// other end closing (eof) or keeping its side open until Close or Reset (a client's write
+// side during the request). Writes are kept.
+type script struct {
+	in  *bytes.Reader
+	eof bool
+
+	mu       sync.Mutex
+	out      bytes.Buffer
+	deadline bool // a read deadline is set
+	reset    bool
+	ended    chan struct{} // closed by Close or Reset
+	endOnce  sync.Once
+}
+
+func newScript(in []byte, eof bool) *script {
+	return &script{in: bytes.NewReader(in), eof: eof, ended: make(chan struct{})}
+}
+
+type timeoutError struct{}
+
+func (timeoutError) Error() string { return "deadline exceeded" }
+func (timeoutError) Timeout() bool { return true }
+
+func (s *script) Read(p []byte) (int, error) {
+	if n, _ := s.in.Read(p); n > 0 {
+		return n, nil
+	}
+	s.mu.Lock()
+	deadline := s.deadline
+	s.mu.Unlock()
+	switch {
+	case deadline:
+		return 0, timeoutError{}
+	case s.eof:
+		return 0, io.EOF
+	}
+	<-s.ended
+	return 0, io.ErrClosedPipe
+}
+
+func (s *script) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.reset {
+		return 0, io.ErrClosedPipe
+	}
+	return s.out.Write(p)
+}
+
+func (s *script) Close() error { s.endOnce.Do(func() { close(s.ended) }); return nil }
+
+func (s *script) Reset() error {
+	s.mu.Lock()
+	s.reset = true
+	s.mu.Unlock()
+	return s.Close()
+}
+
+func (s *script) SetReadDeadline(t time.Time) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.deadline = !t.IsZero()
+	return nil
+}
+
+func (s *script) SetWriteDeadline(time.Time) error { return nil }
+
+// FuzzServeStream: whatever a client sends, the server never panics or hangs, and what it
+// writes has the protocol's shape: token frames with indices 0, 1, … within the request's
+// max_tokens, then exactly one terminal frame, whose error (if any) is typed, and the stream
+// closed; or, when it resets the stream (a first frame that is not a request, the client
+// gone), a prefix of that without a terminal frame.
+func FuzzServeStream(f *testing.F) {
+	for _, n := range []int{1, 8} {
+		for _, want := range []bool{false, true} {
+			b, err := encodeRequest(request(n), want)
+			if err != nil {
+				f.Fatal(err)
+			}
+			f.Add(frame.Append(nil, b))
+		}
+	}
+	b, _ := encodeRequest(request(4), false)
+	f.Add(frame.Append(frame.Append(nil, b), []byte{frameToken, 0, 0, 'x'})) // a frame after the request
+	f.Add(frame.Append(nil, b)[:len(b)/2])                                   // cut short
+	f.Add(frame.Append(nil, []byte{frameRequest, '{', '}'}))                 // decodes, does not validate
+	f.Add(frame.Append(nil, encodeDone(inference.Result{FinishReason: inference.FinishStop})))
+	f.Add([]byte{0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01})
+	f.Add([]byte{0x81, 0x00})
+	be, err := synth.New(model)
+	if err != nil {
+		f.Fatal(err)
+	}
+	// Generations stay short: a request for more tokens is refused as invalid (one that
+	// sets none gets DefaultCompletionTokens).
+	limits := inference.Limits{MaxTokens: 16}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		ctx, cancel := context.WithCancel(context.Background())
+		gen := &seen{g: be}
+		s := &Server{gen: gen, limits: limits, maxTotal: 1, maxPeer: 1, ctx: ctx, cancel: cancel, perPeer: make(map[peer.ID]int)}
+		st := newScript(in, false)
+		s.ServeStream("peer", st)
+		cancel()
+		s.wg.Wait()
+
+		out := st.out.Bytes()
+		r := frame.NewReader(bytes.NewReader(out), MaxRequestFrame)
+		for next := 0; ; next++ {
+			fb, err := r.Next()
+			if err == io.EOF && st.reset {
+				return // reset before the terminal frame
+			}
+			if err != nil || len(fb) == 0 {
+				t.Fatalf("response %q ends without a terminal frame, not reset: %v", out, err)
+			}
+			if fb[0] == frameToken {
+				tok, err := decodeToken(fb)
+				if err != nil || tok.Index != next || gen.req == nil || next >= gen.req.EffectiveMaxTokens() {
+					t.Fatalf("token frame %d: %+v, %v", next, tok, err)
+				}
+				continue
+			}
+			if _, err := decodeTerminal(fb); err != nil && !typed(err) || errors.Is(err, errProtocol) {
+				t.Fatalf("terminal frame %q: %v", fb, err)
+			}
+			if _, err := r.Next(); err != io.EOF || st.reset {
+				t.Fatalf("after the terminal frame of %q: %v, reset %v", out, err, st.reset)
+			}
+			return
+		}
+	})
+}
+
+// seen is a Generator that keeps the request it was given.
+type seen struct {
+	g   Generator
+	req *inference.Request
+}
+
+func (s *seen) Generate(ctx context.Context, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
+	s.req = req
+	return s.g.Generate(ctx, req, emit)
+}
+
+// FuzzAnswerStream: whatever a server sends, the client never panics and ends with exactly
+// one outcome: a result whose usage is what it counted, or a typed error (peer_lost for a
+// broken protocol or a stream cut short, timeout for a silent server); the tokens it passed
+// on have indices 0, 1, … and stay within the request's max_tokens and text bound, however
+// much the server sends.
+func FuzzAnswerStream(f *testing.F) {
+	toks, res := realTokens(f, 8)
+	var honest []byte
+	for _, tok := range toks {
+		honest = frame.Append(honest, encodeToken(nil, tok))
+	}
+	f.Add(frame.Append(slices.Clone(honest), encodeDone(res)))
+	f.Add(frame.Append(slices.Clone(honest), encodeError(inference.Errorf(inference.CodeTimeout, "slow"))))
+	f.Add(honest)                                                         // no terminal frame
+	f.Add(honest[:len(honest)-1])                                         // cut inside a frame
+	f.Add(frame.Append(nil, encodeDone(res)))                             // done without tokens
+	f.Add(frame.Append(nil, []byte{frameToken, 1, 0, 'a'}))               // index 1 first
+	f.Add(frame.Append(nil, make([]byte, maxFrame+1)))                    // over the frame bound
+	f.Add(frame.Append(nil, []byte{}))                                    // an empty frame
+	f.Add(frame.Append(frame.Append(nil, encodeDone(res)), []byte{0x06})) // done, then more
+	f.Fuzz(func(t *testing.T, in []byte) {
+		req := request(8)
+		c := &Client{idle: DefaultIdleTimeout}
+		var got []inference.Token
+		text := 0
+		res, err := c.ReadAnswer(context.Background(), newScript(in, true), "peer", req, func(tok inference.Token) error {
+			if tok.Index != len(got) {
+				t.Fatalf("token %d passed on as index %d", len(got), tok.Index)
+			}
+			got = append(got, tok)
+			text += len(tok.Text)
+			return nil
+		})
+		if len(got) > req.EffectiveMaxTokens() || text > req.MaxCompletionBytes() {
+			t.Fatalf("%d tokens, %d bytes of text passed on for max_tokens %d", len(got), text, req.EffectiveMaxTokens())
+		}
+		if err != nil {
+			if !typed(err) || errors.Is(err, errProtocol) {
+				t.Fatalf("error %v is not a typed inference error", err)
+			}
+			return
+		}
+		if res.FinishReason != inference.FinishStop && res.FinishReason != inference.FinishLength {
+			t.Fatalf("result with finish reason %q", res.FinishReason)
+		}
+		if res.Usage.CompletionTokens != len(got) || res.Usage.PromptTokens > req.PromptTokensBound() {
+			t.Fatalf("usage %+v for %d tokens received (prompt bound %d)", res.Usage, len(got), req.PromptTokensBound())
+		}
+	})
+}
