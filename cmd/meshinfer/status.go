@@ -51,6 +51,28 @@ func runStatus(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
+// migrationWords says one gate decision: what the gate chose for which model after how
+// many tokens, its estimate, and what happened.
+func migrationWords(d console.MigrationDecision) string {
+	s := fmt.Sprintf("%s: %s after %d tokens (estimated %s", d.Model, d.Choice, d.Inputs.Generated, msWords(d.EstimateMS))
+	if cloud, ok := d.OptionsMS["restart_cloud"]; ok && d.Choice != "restart_cloud" {
+		s += ", the cloud " + msWords(cloud)
+	}
+	s += ")"
+	if d.Outcome == "running" {
+		return s + ", running"
+	}
+	return fmt.Sprintf("%s, %s in %s", s, d.Outcome, msWords(d.TookMS))
+}
+
+// msWords is a duration in milliseconds in words: "850 ms", "3.9 s".
+func msWords(ms float64) string {
+	if ms < 1000 {
+		return fmt.Sprintf("%.0f ms", ms)
+	}
+	return fmt.Sprintf("%.1f s", ms/1000)
+}
+
 func getJSON(ctx context.Context, url string, v any) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
@@ -126,6 +148,14 @@ func renderStatus(w io.Writer, st console.Status, peers []console.Peer) {
 		}
 		for _, s := range pl.Sessions {
 			fmt.Fprintf(w, "          %s\n", sessionWords(s))
+		}
+	}
+	if m := st.Migration; len(m.Recent) > 0 {
+		n := m.Decisions["replay"] + m.Decisions["restart_peer"] + m.Decisions["restart_cloud"] + m.Decisions["live_transfer"] + m.Decisions["none"]
+		fmt.Fprintf(w, "migration %d cut streams: %d replayed, %d restarted on a peer, %d restarted in the cloud, %d moved live, %d could not go on; the last %d:\n",
+			n, m.Decisions["replay"], m.Decisions["restart_peer"], m.Decisions["restart_cloud"], m.Decisions["live_transfer"], m.Decisions["none"], len(m.Recent))
+		for _, d := range m.Recent {
+			fmt.Fprintf(w, "          %s\n", migrationWords(d))
 		}
 	}
 	if wr := st.WebRTC; wr != nil {

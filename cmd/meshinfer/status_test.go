@@ -41,3 +41,28 @@ func TestStatusSaysPipelines(t *testing.T) {
 		}
 	}
 }
+
+// meshinfer status says what the viability gate decided for cut streams.
+func TestStatusSaysMigrations(t *testing.T) {
+	var st console.Status
+	st.Migration = console.Migration{
+		Decisions: map[string]uint64{"replay": 3, "restart_cloud": 1, "restart_peer": 0, "live_transfer": 0, "none": 0},
+		Recent: []console.MigrationDecision{
+			{Model: "synth-tiny", Choice: "restart_cloud", Inputs: console.GateInputs{Generated: 4},
+				OptionsMS: map[string]float64{"replay": 5957, "restart_cloud": 210}, EstimateMS: 210, TookMS: 180.4, Outcome: "completed"},
+			{Model: "synth-tiny", Choice: "replay", Inputs: console.GateInputs{Generated: 9},
+				OptionsMS: map[string]float64{"replay": 3957.2}, EstimateMS: 3957.2, Outcome: "running"},
+		},
+	}
+	var out strings.Builder
+	renderStatus(&out, st, nil)
+	for _, s := range []string{
+		"migration 4 cut streams: 3 replayed, 0 restarted on a peer, 1 restarted in the cloud, 0 moved live, 0 could not go on; the last 2:\n",
+		"          synth-tiny: restart_cloud after 4 tokens (estimated 210 ms), completed in 180 ms\n",
+		"          synth-tiny: replay after 9 tokens (estimated 4.0 s), running\n",
+	} {
+		if !strings.Contains(out.String(), s) {
+			t.Errorf("status does not say %q:\n%s", s, out.String())
+		}
+	}
+}
