@@ -75,7 +75,7 @@ func (r *rawHead) ready(t *testing.T, st network.Stream, body []byte, width int)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w, _, err := decodeReady(got, false); err != nil || w != width {
+	if w, _, err := decodeReady(got, 0); err != nil || w != width {
 		t.Fatalf("answer %q: width %d, %v; want ready with %d", got, w, err, width)
 	}
 }
@@ -110,7 +110,7 @@ func TestStageRejectsBadFrames(t *testing.T) {
 		{"values past the positions", frame.Append(nil, hiddenBody(0, 1, width+1)), reputation.ProtocolViolation},
 		{"step out of order", frame.Append(nil, hiddenBody(1, 1, width)), reputation.ProtocolViolation},
 		{"non-minimal step", frame.Append(nil, append([]byte{frameHidden, 0x80, 0x00, 1}, make([]byte, 4*width)...)), reputation.ProtocolViolation},
-		{"a backward frame forward", frame.Append(nil, encodeReady(width, false)), reputation.ProtocolViolation},
+		{"a backward frame forward", frame.Append(nil, encodeReady(width, 0)), reputation.ProtocolViolation},
 		{"an error blaming a later stage", frame.Append(nil, encodeError(stageFault{stage: 0, code: inference.CodeTimeout})), reputation.ProtocolViolation},
 	}
 	for _, tt := range tests {
@@ -249,12 +249,12 @@ func TestOnlyTheHeadAttaches(t *testing.T) {
 // return stream (back) or on the head's stream to it (up).
 func fakeStage(t *testing.T, width int, answer func(step []byte) (back, up []byte)) host.Host {
 	t.Helper()
-	return fakeChainStage(t, width, false, false, answer)
+	return fakeChainStage(t, width, 0, 0, answer)
 }
 
 // fakeChainStage is fakeStage answering the open's and the attach's ready with the given
-// timed flags.
-func fakeChainStage(t *testing.T, width int, openTimed, attachTimed bool, answer func(step []byte) (back, up []byte)) host.Host {
+// flags.
+func fakeChainStage(t *testing.T, width int, openFlags, attachFlags byte, answer func(step []byte) (back, up []byte)) host.Host {
 	t.Helper()
 	h := newHost(t)
 	rets := make(chan network.Stream, 1)
@@ -265,11 +265,11 @@ func fakeChainStage(t *testing.T, width int, openTimed, attachTimed bool, answer
 			return
 		}
 		if body[0] == frameAttach {
-			frame.Write(st, encodeReady(width, attachTimed))
+			frame.Write(st, encodeReady(width, attachFlags))
 			rets <- st
 			return
 		}
-		frame.Write(st, encodeReady(width, openTimed))
+		frame.Write(st, encodeReady(width, openFlags))
 		step, err := frame.ReadOne(st, 1<<20)
 		if err != nil {
 			st.Reset()
@@ -310,7 +310,7 @@ func TestHeadRejectsBadOutput(t *testing.T) {
 		{"output over the bound", binary.AppendUvarint(nil, uint64(max(stepFrameMax(width, maxPositions), MaxErrorFrame)+1)), nil, reputation.MalformedFrame},
 		{"error naming a stage outside the chain", frame.Append(nil, encodeError(stageFault{stage: 3, code: inference.CodeTimeout})), nil, reputation.ProtocolViolation},
 		{"an end frame the head did not send", frame.Append(nil, []byte{frameEnd}), nil, reputation.ProtocolViolation},
-		{"a ready frame back on stage 0's stream", nil, frame.Append(nil, encodeReady(width, false)), reputation.ProtocolViolation},
+		{"a ready frame back on stage 0's stream", nil, frame.Append(nil, encodeReady(width, 0)), reputation.ProtocolViolation},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -148,14 +148,14 @@ func timedRaw(t *testing.T, n *stageNode, layers, width, batch int) *rawHead {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w, timed, err := decodeReady(got, true); err != nil || w != width || !timed {
-		t.Fatalf("answer to a timed open %x: width %d, timed %v, %v", got, w, timed, err)
+	if w, flags, err := decodeReady(got, flagTimed); err != nil || w != width || flags != flagTimed {
+		t.Fatalf("answer to a timed open %x: width %d, flags %b, %v", got, w, flags, err)
 	}
 	if r.ret, err = r.h.NewStream(t.Context(), n.h.ID(), ID); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.ret.Reset() })
-	r.ready(t, r.ret, encodeAttach(r.id), width) // untimed: decodeReady(…, false)
+	r.ready(t, r.ret, encodeAttach(r.id), width) // untimed: decodeReady(…, 0)
 	return r
 }
 
@@ -292,5 +292,5 @@ func TestHeadChecksTimes(t *testing.T) {
 // with the given timed flags, then the first step with back on the return stream.
 func fakeTimedStage(t *testing.T, width int, openTimed, attachTimed bool, back []byte) host.Host {
 	t.Helper()
-	return fakeChainStage(t, width, openTimed, attachTimed, func([]byte) ([]byte, []byte) { return back, nil })
+	return fakeChainStage(t, width, flagsOf(openTimed, false), flagsOf(attachTimed, false), func([]byte) ([]byte, []byte) { return back, nil })
 }
