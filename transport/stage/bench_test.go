@@ -237,7 +237,9 @@ func BenchmarkS2DelayPerHop(b *testing.B) {
 //	split-ms         the pipeline's
 //
 // and the CPU time of each path per op (the whole process's: the head, the stages and
-// libp2p, on 2 cores), and the single node's prompt tokens/s.
+// libp2p, on 2 cores) with their ratio (split/single-cpu, a median too): on a machine
+// shared with other work the times' ratio moves with the load, the CPU's much less; and
+// the single node's prompt tokens/s.
 func BenchmarkS3PrefillThreeStages(b *testing.B) {
 	const model = "synth-base"
 	ctx := b.Context()
@@ -313,6 +315,7 @@ func BenchmarkS3PrefillThreeStages(b *testing.B) {
 	}
 	b.StopTimer()
 	b.ReportMetric(medianRatio(splitTook, singleTook), "split/single")
+	b.ReportMetric(medianRatio(splitCPU, singleCPU), "split/single-cpu")
 	b.ReportMetric(median(singleTook)/1e3, "single-ms")
 	b.ReportMetric(median(splitTook)/1e3, "split-ms")
 	b.ReportMetric(median(singleCPU)/1e3, "single-cpu-ms")
