@@ -256,6 +256,23 @@ func fakeStage(t *testing.T, width int, answer func(step []byte) (back, up []byt
 // flags.
 func fakeChainStage(t *testing.T, width int, openFlags, attachFlags byte, answer func(step []byte) (back, up []byte)) host.Host {
 	t.Helper()
+	return fakeHost(t, width, openFlags, attachFlags, func(up, ret network.Stream) {
+		step, err := frame.ReadOne(up, 1<<20)
+		if err != nil {
+			return
+		}
+		back, toUp := answer(step)
+		ret.Write(back)
+		up.Write(toUp)
+		up.Read(make([]byte, 1)) // until the head resets it
+	})
+}
+
+// fakeHost is a one-stage chain's stage that sets up as the protocol says, answering the
+// open's and the attach's ready with the given flags, then runs serve on the head's stream
+// to it (up) and the head's return stream, and resets both when serve returns.
+func fakeHost(t *testing.T, width int, openFlags, attachFlags byte, serve func(up, ret network.Stream)) host.Host {
+	t.Helper()
 	h := newHost(t)
 	rets := make(chan network.Stream, 1)
 	h.SetStreamHandler(ID, func(st network.Stream) {
@@ -270,24 +287,16 @@ func fakeChainStage(t *testing.T, width int, openFlags, attachFlags byte, answer
 			return
 		}
 		frame.Write(st, encodeReady(width, openFlags))
-		step, err := frame.ReadOne(st, 1<<20)
-		if err != nil {
-			st.Reset()
-			return
-		}
-		back, up := answer(step)
 		var ret network.Stream
 		select {
-		case ret = <-rets:
+		case ret = <-rets: // the head attaches before it sends a step
 		case <-t.Context().Done():
 			st.Reset()
 			return
 		}
-		ret.Write(back)
-		st.Write(up)
-		st.Read(make([]byte, 1)) // until the head resets it
-		st.Reset()
-		ret.Reset()
+		defer ret.Reset()
+		defer st.Reset()
+		serve(st, ret)
 	})
 	return h
 }

@@ -317,39 +317,6 @@ func TestHeadDropsReceiptsThatDoNotHold(t *testing.T) {
 	}
 }
 
-// receiptedRaw sets up, by hand, a session of layers [1, 1+layers) at n as the last stage
-// (index 1) of a two-stage chain that asks for receipts: the raw host plays both the
-// previous hop and the head. The stage must answer the open receipted.
-func receiptedRaw(t *testing.T, n *stageNode, layers, width int) *rawHead {
-	t.Helper()
-	r := &rawHead{h: newHost(t)}
-	know(r.h, n.h)
-	rand.Read(r.id[:])
-	o := &open{session: r.id, head: r.h.ID(), model: arithModel, maxPositions: 16, maxBatch: 4, index: 1,
-		hops: []Hop{{Peer: n.h.ID(), Lo: 0, Hi: layers}}, receipts: true}
-	var err error
-	if r.up, err = r.h.NewStream(t.Context(), n.h.ID(), ID); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.up.Reset() })
-	if err := frame.Write(r.up, encodeOpen(o)); err != nil {
-		t.Fatal(err)
-	}
-	got, err := frame.ReadOne(r.up, MaxErrorFrame)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if w, flags, err := decodeReady(got, flagReceipts); err != nil || w != width || flags != flagReceipts {
-		t.Fatalf("answer to a receipted open %x: width %d, flags %b, %v", got, w, flags, err)
-	}
-	if r.ret, err = r.h.NewStream(t.Context(), n.h.ID(), ID); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { r.ret.Reset() })
-	r.ready(t, r.ret, encodeAttach(r.id), width)
-	return r
-}
-
 // A stage after stage 0 of a receipted session takes the end as a receipts frame with the
 // receipts of exactly the stages before it, passes them on as they came with its own
 // appended, and ends in order. A plain end frame there, a receipts frame with another
@@ -360,7 +327,7 @@ func TestReceiptedStageChecksTheEnd(t *testing.T) {
 	step0 := appendHiddenFrame(nil, 0, 1, promptStates(1, width))
 	t.Run("good", func(t *testing.T) {
 		n, sg := newSigningStage(t, newArith(layers, width, 1), nil)
-		r := receiptedRaw(t, n, layers, width)
+		r := lastStageRaw(t, n, layers, width, 4, flagReceipts)
 		if _, err := r.up.Write(step0); err != nil {
 			t.Fatal(err)
 		}
@@ -404,37 +371,18 @@ func TestReceiptedStageChecksTheEnd(t *testing.T) {
 				sign = func(*signer) func(SessionEnd) (string, error) { return nil }
 			}
 			n, sg := newSigningStage(t, newArith(layers, width, 1), sign, WithServerObserver(&seen))
-			var r *rawHead
+			var asked byte
 			if tt.receipted {
-				r = receiptedRaw(t, n, layers, width)
-			} else {
-				r = openRaw(t, n, layers, width, 16, 4)
+				asked = flagReceipts
 			}
+			r := lastStageRaw(t, n, layers, width, 4, asked)
 			if _, err := r.up.Write(step0); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := frame.ReadOne(r.ret, stepFrameMax(width, 4)); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := r.up.Write(tt.wire); err != nil {
-				t.Fatal(err)
-			}
-			body, err := frame.ReadOne(r.ret, MaxErrorFrame)
-			if err != nil {
-				t.Fatal(err)
-			}
-			f, err := decodeError(body, headStage, 2)
-			if err != nil || f.code != inference.CodePeerLost {
-				t.Fatalf("return stream got %+v (%v), want peer_lost", f, err)
-			}
-			if _, err := r.up.Read(make([]byte, 1)); !errors.Is(err, network.ErrReset) {
-				t.Fatalf("read on the offending stream: %v, want a reset", err)
-			}
-			n.freed(t, string(inference.CodePeerLost))
-			want := r.h.ID().String() + " " + reputation.ProtocolViolation.String()
-			if got := seen.events(); len(got) != 1 || got[0] != want {
-				t.Fatalf("observed %q, want %q", got, want)
-			}
+			r.violates(t, n, &seen, tt.wire)
 			if len(sg.signed()) != 0 {
 				t.Fatalf("signed %q for a session that did not end in order", sg.signed())
 			}
@@ -444,33 +392,11 @@ func TestReceiptedStageChecksTheEnd(t *testing.T) {
 
 // fakeReceiptedStage is a one-stage chain's stage that answers the open receipted, runs
 // identity layers, and answers the head's end frame with end (whole frames, length
-// included) on the return stream.
+// included) on the return stream; with nothing, it ends the return stream.
 func fakeReceiptedStage(t *testing.T, width int, end []byte) host.Host {
 	t.Helper()
-	h := newHost(t)
-	rets := make(chan network.Stream, 1)
-	h.SetStreamHandler(ID, func(st network.Stream) {
-		body, err := frame.ReadOne(st, MaxOpenFrame)
-		if err != nil || len(body) == 0 {
-			st.Reset()
-			return
-		}
-		if body[0] == frameAttach {
-			frame.Write(st, encodeReady(width, 0))
-			rets <- st
-			return
-		}
-		frame.Write(st, encodeReady(width, flagReceipts))
-		var ret network.Stream
-		select {
-		case ret = <-rets:
-		case <-t.Context().Done():
-			st.Reset()
-			return
-		}
-		defer ret.Reset()
-		defer st.Reset()
-		r := frame.NewReader(st, 1<<20)
+	return fakeHost(t, width, flagReceipts, 0, func(up, ret network.Stream) {
+		r := frame.NewReader(up, 1<<20)
 		for {
 			body, err := r.Next()
 			if err != nil {
@@ -478,7 +404,7 @@ func fakeReceiptedStage(t *testing.T, width int, end []byte) host.Host {
 			}
 			if body[0] == frameEnd {
 				if len(end) == 0 {
-					ret.Close() // the return stream ends with nothing on it
+					ret.Close()
 					return
 				}
 				ret.Write(end)
@@ -492,7 +418,6 @@ func fakeReceiptedStage(t *testing.T, width int, end []byte) host.Host {
 			ret.Write(appendHiddenFrame(nil, step, n, h))
 		}
 	})
-	return h
 }
 
 // A head believes the end of a receipted session only as the protocol allows it: a
