@@ -158,7 +158,7 @@
 //
 //   - Every read is bounded before its body: the open or attach frame by MaxOpenFrame,
 //     backward frames by MaxErrorFrame, hidden frames by the session's bound, a receipts
-//     frame by its count's (MaxStages receipts: 131 KiB). A frame over
+//     frame by its count's (under 129 KiB, for MaxStages receipts). A frame over
 //     its bound, or of the wrong type or content for its place, is a protocol violation:
 //     the stream is reset and the peer recorded (Observer: reputation.MalformedFrame or
 //     ProtocolViolation).
