@@ -46,6 +46,13 @@ type Result struct {
 	Receipt string `json:"receipt,omitempty"`
 }
 
+// StageReceipt is a pipeline stage's signed receipt of its part of a request and the
+// head's countersignature of it (mesh/receipts defines both); opaque at this level.
+type StageReceipt struct {
+	Receipt    string `json:"receipt"`
+	Countersig string `json:"countersig"`
+}
+
 // ModelInfo describes a model a backend serves.
 type ModelInfo struct {
 	Name string `json:"name"`

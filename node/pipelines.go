@@ -26,19 +26,23 @@ type headedLog struct {
 }
 
 // headedRun is one pipeline this node headed: its chain, and its pipeline while open or
-// what its steps took once it ended.
+// what its steps took and its stages' receipts once it ended.
 type headedRun struct {
-	seq     uint64
-	model   string
-	stages  []inference.StageHop
-	started time.Time
-	p       *stage.Pipeline // nil once ended
-	final   stage.Stats
+	seq      uint64
+	model    string
+	stages   []inference.StageHop
+	started  time.Time
+	p        *stage.Pipeline // nil once ended
+	final    stage.Stats
+	receipts []inference.StageReceipt // per stage, in chain order, once ended; zero where none held
 }
 
 // add records p, a pipeline of model over stages opened at now, and returns its close: it
-// closes p and keeps what its steps took. Idempotent.
-func (l *headedLog) add(model string, stages []inference.StageHop, now time.Time, p *stage.Pipeline) func() error {
+// closes p, keeps what its steps took, countersigns the stages' receipts that held with
+// countersign and keeps them too, and returns them (only those). Idempotent: a second call
+// returns nil.
+func (l *headedLog) add(model string, stages []inference.StageHop, now time.Time, p *stage.Pipeline,
+	countersign func(receipt string) (string, error)) func() []inference.StageReceipt {
 	r := &headedRun{model: model, stages: slices.Clone(stages), started: now, p: p}
 	l.mu.Lock()
 	if l.open == nil {
@@ -49,20 +53,46 @@ func (l *headedLog) add(model string, stages []inference.StageHop, now time.Time
 	l.open[r.seq] = r
 	l.mu.Unlock()
 	var once sync.Once
-	return func() error {
+	return func() []inference.StageReceipt {
+		var kept []inference.StageReceipt
 		once.Do(func() {
 			p.Close()
 			st := p.Stats()
+			all, held := countersigned(p.Receipts(), countersign)
+			kept = held
 			l.mu.Lock()
 			defer l.mu.Unlock()
 			delete(l.open, r.seq)
-			r.p, r.final = nil, st
+			r.p, r.final, r.receipts = nil, st, all
 			if l.ended = append(l.ended, r); len(l.ended) > keptEnded {
 				l.ended = slices.Delete(l.ended, 0, len(l.ended)-keptEnded)
 			}
 		})
-		return nil
+		return kept
 	}
+}
+
+// countersigned countersigns each receipt of rs (a pipeline's, per stage, "" where none
+// held) with countersign. It returns them per stage (zero where none) and the held ones
+// alone. A receipt this node cannot countersign is left out, and logged.
+func countersigned(rs []string, countersign func(string) (string, error)) (all, held []inference.StageReceipt) {
+	if rs == nil {
+		return nil, nil
+	}
+	all = make([]inference.StageReceipt, len(rs))
+	for i, r := range rs {
+		if r == "" {
+			continue
+		}
+		sig, err := countersign(r)
+		if err != nil {
+			log.Errorw("stage receipt not countersigned", "err", err)
+			continue
+		}
+		all[i] = inference.StageReceipt{Receipt: r, Countersig: sig}
+		held = append(held, all[i])
+	}
+	return all, held
 }
 
 // status lists the pipelines open now (at most listedOpen) and the last that ended, newest
@@ -132,6 +162,9 @@ func headedStatus(r headedRun, open bool, st stage.Stats) console.HeadedPipeline
 	hp.StepMS = perStep(st.RoundTrip)
 	for i, s := range r.stages {
 		hp.Stages[i] = console.PipelineStage{Peer: s.Peer, Lo: s.Lo, Hi: s.Hi}
+		if i < len(r.receipts) {
+			hp.Stages[i].Receipt, hp.Stages[i].Countersig = r.receipts[i].Receipt, r.receipts[i].Countersig
+		}
 	}
 	if len(st.Forward) == len(r.stages) {
 		hops := st.RoundTrip

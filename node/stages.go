@@ -38,9 +38,12 @@ func (n *Node) startStages() error {
 	}
 	// No KV budget of the server's own: the backend counts the sessions' caches with the
 	// ranges against the one memory budget (synth: Stage memory), which the policy may
-	// change while the server runs.
+	// change while the server runs. A head that asks gets this node's signed receipt of
+	// each session it closes in order, the same record as the session's line in the
+	// receipts log.
 	opts := []stage.ServerOption{stage.WithServerObserver(n.rep), stage.WithClock(n.cfg.Now),
-		stage.WithServerTransfers(n.noteTransfer)}
+		stage.WithServerTransfers(n.noteTransfer),
+		stage.WithReceiptSigner(func(e stage.SessionEnd) (string, error) { return receipts.SignStage(n.key, n.stageReceipt(e)) })}
 	if q := n.receiptQ; q != nil {
 		// Each stage session is receipted like a served task, once it has ended (its
 		// handler goroutine; the server's Close waits for it, before the queue stops).
@@ -52,17 +55,28 @@ func (n *Node) startStages() error {
 }
 
 // stageReceipt is the receipt of one stage session: a pipeline stage's part of a task,
-// made out to the pipeline's head (mesh/receipts: Receipt.Stage).
+// made out to the pipeline's head (mesh/receipts: Receipt.Stage). The one a head gets and
+// the log's line are made from the same SessionEnd: the same time and counts.
 func (n *Node) stageReceipt(e stage.SessionEnd) receipts.Receipt {
 	outcome := receipts.Completed // the chain closed in order
 	if e.Outcome != stage.OutcomeClosed {
 		outcome = e.Outcome
 	}
 	return receipts.Receipt{
-		Time: n.cfg.Now().UTC(), Requester: e.Head.String(), Model: e.Model,
-		Stage:      &receipts.Stage{Lo: e.Lo, Hi: e.Hi, Steps: e.Steps, Positions: e.Positions},
+		Time: e.Time.UTC(), Requester: e.Head.String(), Model: e.Model,
+		Stage:      &receipts.Stage{Lo: e.Lo, Hi: e.Hi, Steps: e.Steps, Positions: e.Positions, Session: e.Session},
 		DurationMS: e.Duration.Milliseconds(), Outcome: outcome,
 	}
+}
+
+// checkStageReceipt checks a stage's receipt at the head: signed by the stage's peer, made
+// out to this node, completed, for exactly the part the head ran (stage.WithReceipts).
+func checkStageReceipt(part stage.Part, line string) error {
+	_, err := receipts.CheckStage(line, receipts.Receipt{
+		Server: part.Stage.Peer.String(), Requester: part.Head.String(), Model: part.Model, Outcome: receipts.Completed,
+		Stage: &receipts.Stage{Lo: part.Stage.Lo, Hi: part.Stage.Hi, Steps: part.Steps, Positions: part.Positions, Session: part.Session},
+	})
+	return err
 }
 
 // admittedStages is the node's stage backend behind its participation policy: a paused node
@@ -83,8 +97,11 @@ func (a admittedStages) OpenStage(ctx context.Context, model string, lo, hi, max
 }
 
 // OpenPipeline opens the chain of stages of a pipeline this node heads (dispatch's
-// PipelineOpener).
-func (n *Node) OpenPipeline(ctx context.Context, model string, stages []inference.StageHop, maxPositions int) (inference.Layers, func() error, error) {
+// PipelineOpener). It asks the stages for their receipts; its close returns those that
+// held, countersigned by this node, and the pipeline's entry in /api/status lists them.
+// A stage that sends a bad frame or a receipt that does not hold is recorded in
+// reputation.
+func (n *Node) OpenPipeline(ctx context.Context, model string, stages []inference.StageHop, maxPositions int) (inference.Layers, func() []inference.StageReceipt, error) {
 	hops := make([]stage.Hop, len(stages))
 	for i, s := range stages {
 		id, err := peer.Decode(s.Peer)
@@ -93,13 +110,15 @@ func (n *Node) OpenPipeline(ctx context.Context, model string, stages []inferenc
 		}
 		hops[i] = stage.Hop{Peer: id, Lo: s.Lo, Hi: s.Hi}
 	}
-	p, err := stage.Open(ctx, n.dialer, model, hops, maxPositions, stage.WithPipelineTransfers(n.noteTransfer))
+	p, err := stage.Open(ctx, n.dialer, model, hops, maxPositions, stage.WithPipelineTransfers(n.noteTransfer),
+		stage.WithReceipts(checkStageReceipt), stage.WithPipelineObserver(n.rep))
 	if err != nil {
 		n.pipelines.failed.Add(1)
 		return nil, nil, err
 	}
 	n.pipelines.headed.Add(1)
-	return p.Forward, n.pipelines.log.add(model, stages, n.cfg.Now(), p), nil
+	countersign := func(r string) (string, error) { return receipts.Countersign(n.key, r) }
+	return p.Forward, n.pipelines.log.add(model, stages, n.cfg.Now(), p, countersign), nil
 }
 
 // pipelineStats counts the pipelines this node headed, and keeps the last ones (pipelines.go).

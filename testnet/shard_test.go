@@ -214,7 +214,8 @@ func servesSmall(i int) []string {
 
 // Each stage of a pipeline receipts its part like a served task: after one request, each
 // stage node's log holds one verified receipt, made out to the head, for the layers the
-// route names for it, with the steps and positions it ran.
+// route names for it, with the steps and positions it ran; and the head holds the same
+// receipt from each stage, countersigned.
 func TestStagesReceiptTheirParts(t *testing.T) {
 	tn := start(t, Options{Nodes: 3, NoConsole: true, Heartbeat: time.Second, ModelsFor: servesSmall,
 		Configure: func(i int, cfg *node.Config) {
@@ -263,6 +264,18 @@ func TestStagesReceiptTheirParts(t *testing.T) {
 	// Both stages ran every step of the one generation.
 	if parts[0].Steps != parts[1].Steps || parts[0].Positions != parts[1].Positions {
 		t.Fatalf("the stages ran %+v and %+v", parts[0], parts[1])
+	}
+	// And each sent the head its receipt of that part, which the head countersigned and
+	// lists with the pipeline: the same stage member as the log's line, session included.
+	recent := router.Status().Pipelines.Recent
+	if len(recent) != 1 || recent[0].Route != r.final.Route || len(recent[0].Stages) != 2 {
+		t.Fatalf("the head lists %+v, want the one pipeline", recent)
+	}
+	for i, st := range recent[0].Stages {
+		rc, err := receipts.VerifyStageCountersig(router.ID().String(), st.Receipt, st.Countersig)
+		if err != nil || rc.Server != served.Stages[i].Peer || *rc.Stage != parts[i] || rc.Stage.Session == "" {
+			t.Fatalf("stage %d's countersigned receipt %+v (%v), its log's stage %+v", i, rc, err, parts[i])
+		}
 	}
 }
 

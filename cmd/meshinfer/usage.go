@@ -41,13 +41,14 @@ type usageReport struct {
 // receiptCheck is what `meshinfer usage --receipts` found in the meter's events.
 type receiptCheck struct {
 	// Verified events carry a task receipt signed by the serving peer named in the event,
-	// countersigned by the coordinator.
+	// countersigned by the coordinator; or, served by a pipeline, a stage receipt of each
+	// of its stages, each signed by that stage for its layers and countersigned.
 	Verified int `json:"verified"`
 	// Missing events have no receipt: served by the coordinator itself or the cloud, or
-	// failed before completing.
+	// failed before completing; or a pipeline some of whose stages gave none.
 	Missing int `json:"missing"`
 	// Invalid events carry a receipt or countersignature that does not verify, or a receipt
-	// for another peer or model than the event's: the line was altered.
+	// for another peer, layers or model than the event's: the line was altered.
 	Invalid int `json:"invalid"`
 }
 
@@ -55,12 +56,23 @@ type receiptCheck struct {
 func checkReceipts(path string) (*receiptCheck, error) {
 	var c receiptCheck
 	err := gateway.ReadEvents(path, func(e gateway.MeterEvent) {
+		at, _ := inference.ParseRoute(e.Peer)
+		if len(e.StageReceipts) > 0 {
+			switch covered, ok := stageReceiptsHold(e, at); {
+			case !ok:
+				c.Invalid++
+			case covered:
+				c.Verified++
+			default:
+				c.Missing++
+			}
+			return
+		}
 		if e.Receipt == "" {
 			c.Missing++
 			return
 		}
 		r, err := receipts.VerifyCountersig(e.Coordinator, e.Receipt, e.Countersig)
-		at, _ := inference.ParseRoute(e.Peer)
 		if err != nil || at.Tier != inference.TierMesh || at.Peer != r.Server || r.Model != e.Model {
 			c.Invalid++
 			return
@@ -73,6 +85,27 @@ func checkReceipts(path string) (*receiptCheck, error) {
 	return &c, nil
 }
 
+// stageReceiptsHold checks a pipeline event's stage receipts: each countersigned by the
+// coordinator, for the event's model, signed by a stage of its route for that stage's
+// layers, one per stage at most. covered is whether every stage has one.
+func stageReceiptsHold(e gateway.MeterEvent, at inference.Served) (covered, ok bool) {
+	seen := make([]bool, len(at.Stages))
+	for _, sr := range e.StageReceipts {
+		r, err := receipts.VerifyStageCountersig(e.Coordinator, sr.Receipt, sr.Countersig)
+		if err != nil || r.Model != e.Model {
+			return false, false
+		}
+		i := slices.IndexFunc(at.Stages, func(h inference.StageHop) bool {
+			return h.Peer == r.Server && h.Lo == r.Stage.Lo && h.Hi == r.Stage.Hi
+		})
+		if i < 0 || seen[i] {
+			return false, false
+		}
+		seen[i] = true
+	}
+	return !slices.Contains(seen, false), true
+}
+
 func runUsage(args []string, stdout, stderr io.Writer) error {
 	flags := newFlagSet("usage", "Total what each API key used through this coordinator (requests, tokens, time), from its\n"+
 		"meter log, usage.jsonl in the data dir. Tasks that failed verification count no tokens.\n"+
@@ -81,7 +114,7 @@ func runUsage(args []string, stdout, stderr io.Writer) error {
 	asJSON := flags.Bool("json", false, "print the totals as JSON, for scripts")
 	byDevice := flags.Bool("by-device", false, "one row per device of each key (\"-\": requests that named no device)")
 	checkRcpt := flags.Bool("receipts", false, "also check each task's receipt: signed by the serving peer over the\n"+
-		"output's digest and countersigned by this coordinator")
+		"output's digest (a pipeline's: by each stage for its layers) and countersigned by this coordinator")
 	if err := parse(flags, args, stdout); err != nil {
 		return err
 	}

@@ -3,8 +3,10 @@ package main
 import (
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/mesh/receipts"
 	"github.com/meshinfer/meshinfer/transport/gateway"
 )
@@ -209,6 +212,65 @@ func TestUsageReceipts(t *testing.T) {
 	if code == 0 || json.Unmarshal([]byte(stdout), &rep) != nil || rep.Receipts == nil ||
 		*rep.Receipts != (receiptCheck{Verified: 1, Missing: 1, Invalid: 2}) || !strings.Contains(stderr, "2 receipts") {
 		t.Fatalf("usage --receipts --json with altered lines: exit %d, %+v\nstdout:\n%s\nstderr:\n%s", code, rep.Receipts, stdout, stderr)
+	}
+}
+
+// --receipts checks a pipeline's event by its stage receipts: one of each stage, for its
+// layers, countersigned by the coordinator, verifies; a stage without one leaves the task
+// counted apart; a receipt for other layers or countersigned by someone else is invalid.
+func TestUsageStageReceipts(t *testing.T) {
+	dir := t.TempDir()
+	_, keyID := createKeyCmd(t, dir, "alice")
+	coordKey, _, _ := crypto.GenerateEd25519Key(rand.Reader)
+	coordID, _ := peer.IDFromPrivateKey(coordKey)
+	t0 := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	var hops []inference.StageHop
+	var parts []inference.StageReceipt
+	for i, r := range [][2]int{{0, 2}, {2, 6}} {
+		key, _, _ := crypto.GenerateEd25519Key(rand.Reader)
+		id, _ := peer.IDFromPrivateKey(key)
+		rcpt, err := receipts.SignStage(key, receipts.Receipt{Time: t0, Requester: coordID.String(), Model: "synth-small",
+			DurationMS: 40, Outcome: receipts.Completed, Stage: &receipts.Stage{Lo: r[0], Hi: r[1], Steps: 3, Positions: 9,
+				Session: strings.Repeat(fmt.Sprint(i), 32)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sig, err := receipts.Countersign(coordKey, rcpt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hops = append(hops, inference.StageHop{Peer: id.String(), Lo: r[0], Hi: r[1]})
+		parts = append(parts, inference.StageReceipt{Receipt: rcpt, Countersig: sig})
+	}
+	route := inference.Served{Tier: inference.TierMesh, Stages: hops}.Route()
+	m, err := gateway.OpenMeter(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	moved := slices.Clone(hops)
+	moved[0].Hi, moved[1].Lo = 3, 3
+	for _, e := range []gateway.MeterEvent{
+		{Peer: route, StageReceipts: parts},
+		{Peer: route, StageReceipts: parts[1:]},
+		{Peer: inference.Served{Tier: inference.TierMesh, Stages: moved}.Route(), StageReceipts: parts},
+		{Peer: route, StageReceipts: []inference.StageReceipt{parts[0], parts[0]}},
+	} {
+		e.Time, e.KeyID, e.Model, e.Outcome, e.Coordinator = t0, keyID, "synth-small", gateway.OutcomeCompleted, coordID.String()
+		if err := m.Record(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	forged := gateway.MeterEvent{Time: t0, KeyID: keyID, Model: "synth-small", Outcome: gateway.OutcomeCompleted,
+		Peer: route, StageReceipts: parts, Coordinator: hops[0].Peer}
+	if err := m.Record(forged); err != nil {
+		t.Fatal(err)
+	}
+	m.Close()
+	code, stdout, stderr := runCmd(t, "usage", "--data-dir", dir, "--receipts", "--json")
+	var rep usageReport
+	if code == 0 || json.Unmarshal([]byte(stdout), &rep) != nil || rep.Receipts == nil ||
+		*rep.Receipts != (receiptCheck{Verified: 1, Missing: 1, Invalid: 3}) {
+		t.Fatalf("usage --receipts --json: exit %d, %+v\nstdout:\n%s\nstderr:\n%s", code, rep.Receipts, stdout, stderr)
 	}
 }
 

@@ -15,12 +15,13 @@
 // "result":"sha256:…" (the digest of the output sent, inference.Digest) after outcome. A
 // pipeline stage's part of a task has, after model,
 //
-//	"stage":{"lo":0,"hi":8,"steps":9,"positions":20}
+//	"stage":{"lo":0,"hi":8,"steps":9,"positions":20,"session":"5f0c…"}
 //
 // the layers [lo, hi) it ran, its steps and the positions run over them (its KV cache's
-// length at the end); its requester is the pipeline's head and its token counts are 0 (a
-// stage sees hidden states, not tokens). Other receipts have no stage member, so lines
-// written before it existed read and verify as they always did. time
+// length at the end), and the pipeline session's ID (32 lowercase hex digits; absent from
+// lines written before it existed); its requester is the pipeline's head and its token
+// counts are 0 (a stage sees hidden states, not tokens). Other receipts have no stage
+// member, so lines written before it existed read and verify as they always did. time
 // is when the task ended, RFC 3339 in UTC;
 // requester and server are peer IDs; outcome is "completed" or the task's error code
 // (peer_lost, timeout, client_disconnected, …); seq numbers the lines of one node's log 1, 2,
@@ -73,6 +74,17 @@
 // result and without seq, signed the same way, one line without newline (SignTask,
 // ParseTask). The requester countersigns it (Countersign, VerifyCountersig), so both sides
 // hold a record the other signed. See task.go.
+//
+// # Stage receipts
+//
+// A pipeline stage's receipt of its part travels to the head when the head closes the
+// pipeline in order (transport/stage): the same fields with the stage member and neither
+// result, tokens nor seq, signed the same way, one line without newline (SignStage,
+// ParseStage). The head checks it against the session it ran (CheckStage: signed by that
+// stage's peer, made out to the head, the model, the layers, steps, positions and session
+// it expects, completed) and countersigns it like a task receipt (Countersign,
+// VerifyStageCountersig). The stage's log line of the session carries the same time and
+// stage member. See stage.go.
 //
 // This package may import the standard library and go-libp2p's core crypto and peer packages,
 // nothing else of the project (not transport, not node).

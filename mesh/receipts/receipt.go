@@ -67,7 +67,16 @@ type Stage struct {
 	Hi        int `json:"hi"`
 	Steps     int `json:"steps"`
 	Positions int `json:"positions"`
+	// Session is the pipeline session's ID (transport/stage: 32 lowercase hex digits, chosen
+	// at random by the head). It ties a stage receipt to the one session it is about, so
+	// that a head never takes an earlier session's receipt for this one's, and the stage's
+	// log line to the receipt its head countersigned. Absent from lines written before it
+	// existed, which verify as they did.
+	Session string `json:"session,omitempty"`
 }
+
+// sessionLen is the length of a Stage's Session in hex digits (16 bytes).
+const sessionLen = 32
 
 // Label is model with r's layer range when r is a stage's part, inclusive like a
 // pipeline's route: "synth-large[0-7]"; model alone otherwise.
@@ -120,22 +129,29 @@ func validate(r *Receipt) error {
 		return errors.New("result is not sha256: and 64 lowercase hex digits")
 	case r.Stage != nil && (r.Stage.Lo < 0 || r.Stage.Hi <= r.Stage.Lo || r.Stage.Steps < 0 || r.Stage.Positions < 0):
 		return errors.New("stage is not a layer range [lo, hi) with counts of at least 0")
+	case r.Stage != nil && r.Stage.Session != "" && !lowerHex(r.Stage.Session, sessionLen):
+		return errors.New("stage session is not 32 lowercase hex digits")
 	}
 	return nil
+}
+
+// lowerHex reports whether s is n lowercase hex digits.
+func lowerHex(s string, n int) bool {
+	if len(s) != n {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // validResult reports whether s is the string form of an inference.Digest.
 func validResult(s string) bool {
 	hexPart, ok := strings.CutPrefix(s, resultPrefix)
-	if !ok || len(hexPart) != 64 {
-		return false
-	}
-	for i := 0; i < len(hexPart); i++ {
-		if c := hexPart[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return false
-		}
-	}
-	return true
+	return ok && lowerHex(hexPart, 64)
 }
 
 // resultPrefix starts a result digest (inference.DigestPrefix; this package does not import

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // oldLine was written by this package before receipts had a stage member (commit b3f7e6e),
@@ -122,5 +123,150 @@ func TestTotalsOfStageParts(t *testing.T) {
 	}
 	if b, w := tot.ByModel["synth-large[8-15]"], tot.ByModel["synth-tiny"]; b.Tasks != 1 || w.Tasks != 1 || w.Steps != 0 || len(tot.ByModel) != 3 {
 		t.Fatalf("by model %+v", tot.ByModel)
+	}
+}
+
+const sampleSession = "5f0c2a9e41b7d3806e1f2c4a9b8d7e60"
+
+// stagePart is a stage's receipt of its part of a session headed by head.
+func stagePart(head string) Receipt {
+	return Receipt{Time: t0, Requester: head, Model: "synth-large", DurationMS: 420, Outcome: Completed,
+		Stage: &Stage{Lo: 8, Hi: 16, Steps: 9, Positions: 20, Session: sampleSession}}
+}
+
+// A stage receipt round-trips, the head's check accepts exactly what it ran, and its
+// countersignature verifies for the head only, as a stage receipt only.
+func TestStageReceiptAndCountersig(t *testing.T) {
+	key, server := newKey(t)
+	headKey, head := newKey(t)
+	_, other := newKey(t)
+	line, err := SignStage(key, stagePart(head))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const member = `"stage":{"lo":8,"hi":16,"steps":9,"positions":20,"session":"` + sampleSession + `"}`
+	if strings.Contains(line, `"seq"`) || strings.Contains(line, `"result"`) || !strings.Contains(line, member) {
+		t.Fatalf("stage receipt %s: want %s, no seq, no result", line, member)
+	}
+	want := stagePart(head)
+	want.Server = server
+	r, err := CheckStage(line, want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Server != server || r.Requester != head || *r.Stage != *want.Stage || !r.Time.Equal(t0) || r.DurationMS != 420 {
+		t.Fatalf("checked %+v (stage %+v)", r, r.Stage)
+	}
+	// Time and duration are the stage's to say.
+	later := want
+	later.Time, later.DurationMS = t0.Add(time.Hour), 1
+	if _, err := CheckStage(line, later); err != nil {
+		t.Fatalf("another time and duration: %v", err)
+	}
+
+	sig, err := Countersign(headKey, line)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := VerifyStageCountersig(head, line, sig); err != nil || r.Stage.Session != sampleSession {
+		t.Fatalf("countersignature: %+v, %v", r, err)
+	}
+	if _, err := VerifyStageCountersig(other, line, sig); !errors.Is(err, ErrBadSignature) {
+		t.Fatalf("countersignature claimed by another peer: %v, want ErrBadSignature", err)
+	}
+	if _, err := VerifyCountersig(head, line, sig); !errors.Is(err, ErrNotTaskReceipt) {
+		t.Fatalf("a stage receipt's countersignature as a task's: %v, want ErrNotTaskReceipt", err)
+	}
+	tampered := strings.Replace(line, `"steps":9`, `"steps":90`, 1)
+	if _, err := VerifyStageCountersig(head, tampered, sig); err == nil {
+		t.Fatal("a tampered stage receipt verified")
+	}
+
+	// Each field the head knows must be what it ran.
+	for name, change := range map[string]func(*Receipt){
+		"server":    func(r *Receipt) { r.Server = other },
+		"requester": func(r *Receipt) { r.Requester = other },
+		"model":     func(r *Receipt) { r.Model = "synth-base" },
+		"outcome":   func(r *Receipt) { r.Outcome = "timeout" },
+		"lo":        func(r *Receipt) { r.Stage.Lo = 7 },
+		"hi":        func(r *Receipt) { r.Stage.Hi = 17 },
+		"steps":     func(r *Receipt) { r.Stage.Steps = 10 },
+		"positions": func(r *Receipt) { r.Stage.Positions = 21 },
+		"session":   func(r *Receipt) { r.Stage.Session = strings.Repeat("0", 32) },
+		"no stage":  func(r *Receipt) { r.Stage = nil },
+	} {
+		w := want
+		st := *want.Stage
+		w.Stage = &st
+		change(&w)
+		if _, err := CheckStage(line, w); !errors.Is(err, ErrMismatch) {
+			t.Errorf("%s differs: %v, want ErrMismatch", name, err)
+		}
+	}
+}
+
+// Only a stage receipt is one: a task receipt, a log line, a receipt with tokens or a
+// result are refused, at signing and at parsing; a forged one fails its signature.
+func TestStageReceiptRefusals(t *testing.T) {
+	key, _ := newKey(t)
+	_, head := newKey(t)
+	for name, change := range map[string]func(*Receipt){
+		"no stage":    func(r *Receipt) { r.Stage = nil },
+		"a result":    func(r *Receipt) { r.Result = sampleResult },
+		"tokens in":   func(r *Receipt) { r.TokensIn = 1 },
+		"tokens out":  func(r *Receipt) { r.TokensOut = 1 },
+		"bad session": func(r *Receipt) { r.Stage.Session = strings.ToUpper(sampleSession) },
+		"short":       func(r *Receipt) { r.Stage.Session = sampleSession[:30] },
+	} {
+		r := stagePart(head)
+		change(&r)
+		if _, err := SignStage(key, r); err == nil {
+			t.Errorf("%s: signed", name)
+		}
+	}
+	if _, err := SignTask(key, stagePart(head)); !errors.Is(err, ErrNotTaskReceipt) {
+		t.Fatalf("a stage's part as a task receipt: %v, want ErrNotTaskReceipt", err)
+	}
+
+	line, err := SignStage(key, stagePart(head))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ParseTask(line); !errors.Is(err, ErrNotTaskReceipt) {
+		t.Fatalf("a stage receipt as a task receipt: %v, want ErrNotTaskReceipt", err)
+	}
+	task, err := SignTask(key, taskReceipt(head))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ParseStage(task); !errors.Is(err, ErrNotStageReceipt) {
+		t.Fatalf("a task receipt as a stage receipt: %v, want ErrNotStageReceipt", err)
+	}
+	dir := t.TempDir()
+	l := openLog(t, dir, key)
+	if err := l.Append(stagePart(head)); err != nil {
+		t.Fatal(err)
+	}
+	logLine := lines(t, filepath.Join(dir, File))[0]
+	if _, err := ParseStage(logLine); !errors.Is(err, ErrNotStageReceipt) {
+		t.Fatalf("a log line as a stage receipt: %v, want ErrNotStageReceipt", err)
+	}
+	if res := readAll(t, filepath.Join(dir, File)); len(res.got) != 1 || res.got[0].Stage.Session != sampleSession {
+		t.Fatalf("the log line read as %+v (%v)", res.got, res.errs)
+	}
+	for name, forged := range map[string]string{
+		"session changed":  strings.Replace(line, sampleSession[:8], "00000000", 1),
+		"positions raised": strings.Replace(line, `"positions":20`, `"positions":21`, 1),
+		"truncated":        line[:len(line)-10],
+	} {
+		if forged == line {
+			t.Fatalf("%s: the test did not change the line", name)
+		}
+		if _, err := ParseStage(forged); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if _, err := ParseStage(strings.Repeat("x", MaxTaskReceipt+1)); !errors.Is(err, ErrTooLong) {
+		t.Fatalf("oversized: %v, want ErrTooLong", err)
 	}
 }

@@ -32,21 +32,31 @@ const CounterDomain = "meshinfer/countersig/v1\n"
 const MaxTaskReceipt = 2 << 10
 
 // ErrNotTaskReceipt is returned by ParseTask for a well-signed receipt that is not a task
-// receipt: it has a seq, or no result.
+// receipt: it has a seq, no result, or a stage member (a stage receipt's).
 var ErrNotTaskReceipt = errors.New("not a task receipt")
 
 // SignTask returns the task receipt of r: r with Server set to key's peer ID and no Seq,
-// signed by key. r must carry a Result.
+// signed by key. r must carry a Result, and no Stage.
 func SignTask(key crypto.PrivKey, r Receipt) (string, error) {
-	if err := validate(&r); err != nil {
-		return "", fmt.Errorf("task receipt: %w", err)
-	}
-	if r.Result == "" {
+	switch {
+	case r.Result == "":
 		return "", fmt.Errorf("task receipt: %w: no result", ErrNotTaskReceipt)
+	case r.Stage != nil:
+		return "", fmt.Errorf("task receipt: %w: a stage's part (SignStage)", ErrNotTaskReceipt)
+	}
+	return signOne(key, r, "task receipt")
+}
+
+// signOne returns r with Server set to key's peer ID and no Seq, signed by key, as one line
+// without newline of at most MaxTaskReceipt bytes: a task or stage receipt (what names it
+// in errors).
+func signOne(key crypto.PrivKey, r Receipt, what string) (string, error) {
+	if err := validate(&r); err != nil {
+		return "", fmt.Errorf("%s: %w", what, err)
 	}
 	id, err := peer.IDFromPrivateKey(key)
 	if err != nil {
-		return "", fmt.Errorf("task receipt: %w", err)
+		return "", fmt.Errorf("%s: %w", what, err)
 	}
 	r.Server, r.Seq, r.Sig = id.String(), 0, ""
 	line, err := encodeLine(key, r)
@@ -55,27 +65,33 @@ func SignTask(key crypto.PrivKey, r Receipt) (string, error) {
 	}
 	line = bytes.TrimSuffix(line, []byte("\n"))
 	if len(line) > MaxTaskReceipt {
-		return "", fmt.Errorf("task receipt of %d bytes over the %d byte limit", len(line), MaxTaskReceipt)
+		return "", fmt.Errorf("%s of %d bytes over the %d byte limit", what, len(line), MaxTaskReceipt)
 	}
 	return string(line), nil
 }
 
-// ParseTask verifies a task receipt: canonical, valid, with a result and no seq, signed by
-// the key inside its server ID. It does not check the fields against the task: the caller
-// compares Server, Requester, Result and the counts with what it knows.
+// ParseTask verifies a task receipt: canonical, valid, with a result and neither seq nor
+// stage, signed by the key inside its server ID. It does not check the fields against the
+// task: the caller compares Server, Requester, Result and the counts with what it knows.
 func ParseTask(line string) (Receipt, error) {
+	r, err := parseOne(line)
+	if err != nil {
+		return Receipt{}, err
+	}
+	if r.Seq != 0 || r.Result == "" || r.Stage != nil {
+		return Receipt{}, ErrNotTaskReceipt
+	}
+	return r, nil
+}
+
+// parseOne verifies one receipt sent by a peer (a task or stage receipt), bounded by
+// MaxTaskReceipt before it is read.
+func parseOne(line string) (Receipt, error) {
 	if len(line) > MaxTaskReceipt {
 		return Receipt{}, ErrTooLong
 	}
 	var v verifier
-	r, err := v.parseAny([]byte(line))
-	if err != nil {
-		return Receipt{}, err
-	}
-	if r.Seq != 0 || r.Result == "" {
-		return Receipt{}, ErrNotTaskReceipt
-	}
-	return r, nil
+	return v.parseAny([]byte(line))
 }
 
 // Countersign returns the countersignature of a task receipt by key: "ed25519:" and the
@@ -92,7 +108,12 @@ func Countersign(key crypto.PrivKey, receipt string) (string, error) {
 // countersigner (a peer ID), and that receipt itself is a valid task receipt whose requester
 // is that peer. It returns the receipt.
 func VerifyCountersig(countersigner, receipt, sig string) (Receipt, error) {
-	r, err := ParseTask(receipt)
+	return verifyCountersig(ParseTask, countersigner, receipt, sig)
+}
+
+// verifyCountersig is VerifyCountersig of a receipt that parse accepts.
+func verifyCountersig(parse func(string) (Receipt, error), countersigner, receipt, sig string) (Receipt, error) {
+	r, err := parse(receipt)
 	if err != nil {
 		return Receipt{}, err
 	}

@@ -323,12 +323,17 @@ type HeadedPipeline struct {
 }
 
 // PipelineStage is one stage of a headed pipeline: a peer holding layers [Lo, Hi), and
-// the mean time of its layers per step, as it reported it.
+// the mean time of its layers per step, as it reported it. Once the pipeline ended in
+// order, Receipt is the stage's signed receipt of its part (mesh/receipts' stage receipt,
+// checked by this node) and Countersig this node's countersignature of it; both absent
+// when the stage sent none that held.
 type PipelineStage struct {
-	Peer      string   `json:"peer"`
-	Lo        int      `json:"lo"`
-	Hi        int      `json:"hi"`
-	ForwardMS *float64 `json:"forward_ms,omitempty"`
+	Peer       string   `json:"peer"`
+	Lo         int      `json:"lo"`
+	Hi         int      `json:"hi"`
+	ForwardMS  *float64 `json:"forward_ms,omitempty"`
+	Receipt    string   `json:"receipt,omitempty"`
+	Countersig string   `json:"countersig,omitempty"`
 }
 
 // StageSession is a stage session this node runs for a head now: layers [Lo, Hi) of Model,

@@ -25,14 +25,18 @@ type Meter interface {
 // meter records the meter event of r's request (result res, error err): with the serving
 // peer's receipt when it holds, after the verification's verdict when it is verified. A
 // pipeline's request is metered here, at its head, like any other: its event's peer is the
-// route ("pipeline:<peer>[0-7],…"), and it has no task receipt (each stage logs its part in
-// its own receipts log), so none is asked for or refused.
+// route ("pipeline:<peer>[0-7],…"), and it has no task receipt but its stages' receipts,
+// each checked and countersigned by this node as the pipeline closed (r.stageReceipts).
 func (d *Executor) meter(r *run, res inference.Result, err error, ev gateway.MeterEvent) {
-	if err == nil && r.last.Tier == inference.TierMesh && len(r.last.Stages) == 0 {
+	switch {
+	case err != nil || r.last.Tier != inference.TierMesh:
+	case len(r.last.Stages) == 0:
 		sent := inference.DigestOf(r.sent)
 		if _, ok := d.receiptFor(r, res, &sent); ok {
 			ev.Receipt = res.Receipt
 		}
+	case len(r.stageReceipts) > 0:
+		ev.StageReceipts, ev.Coordinator = r.stageReceipts, d.cfg.Self.String()
 	}
 	if !(err == nil && d.maybeVerify(r, &ev)) {
 		d.cfg.Meter.Write(ev)

@@ -17,33 +17,43 @@ import (
 // where it was served reads "pipeline:<peer>[0-7],<peer>[8-15]".
 
 // PipelineOpener opens a chain of stages for model, sized for maxPositions positions. The
-// Layers it returns run every layer through the chain; close ends the stages' sessions.
+// Layers it returns run every layer through the chain; close ends the stages' sessions
+// and returns the stages' receipts that held, countersigned by this node (none when the
+// chain broke or gives none).
 type PipelineOpener interface {
-	OpenPipeline(ctx context.Context, model string, stages []inference.StageHop, maxPositions int) (layers inference.Layers, close func() error, err error)
+	OpenPipeline(ctx context.Context, model string, stages []inference.StageHop, maxPositions int) (layers inference.Layers, close func() []inference.StageReceipt, err error)
 }
 
-// pipelineGenerate runs req on the pipeline t. A stage that fails is recorded against its
-// peer in reputation (the pipeline itself has no reputation key), and the error, naming
-// the stage, fails the attempt over like a peer's.
+// pipelineGenerate runs req on the pipeline t: pipelineRun without the receipts.
 func (d *Executor) pipelineGenerate(ctx context.Context, t route.Target, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
+	res, _, err := d.pipelineRun(ctx, t, req, emit)
+	return res, err
+}
+
+// pipelineRun runs req on the pipeline t. A stage that fails is recorded against its peer
+// in reputation (the pipeline itself has no reputation key), and the error, naming the
+// stage, fails the attempt over like a peer's. A result comes with the stages' receipts
+// that held, countersigned by this node: the chain is closed before it returns (one more
+// pass along it, for the receipts to come back).
+func (d *Executor) pipelineRun(ctx context.Context, t route.Target, req *inference.Request, emit func(inference.Token) error) (inference.Result, []inference.StageReceipt, error) {
 	if d.cfg.Head == nil || d.cfg.Pipelines == nil {
-		return inference.Result{}, inference.Errorf(inference.CodeUnavailable, "this node cannot head a pipeline")
+		return inference.Result{}, nil, inference.Errorf(inference.CodeUnavailable, "this node cannot head a pipeline")
 	}
 	layers, closeChain, err := d.cfg.Pipelines.OpenPipeline(ctx, req.Model, t.Stages, pipelinePositions(req))
 	if err != nil {
 		d.blameStage(req.Model, err)
-		return inference.Result{}, err
+		return inference.Result{}, nil, err
 	}
-	defer closeChain()
 	res, err := d.cfg.Head.GenerateWith(ctx, req, layers, emit)
+	receipts := closeChain()
 	if err != nil {
 		d.blameStage(req.Model, err)
-		return inference.Result{}, err
+		return inference.Result{}, nil, err
 	}
 	for _, s := range t.Stages {
 		d.cfg.Rep.Record(reputation.Target{Model: req.Model, Peer: s.Peer}, reputation.Success, d.now())
 	}
-	return res, nil
+	return res, receipts, nil
 }
 
 // pipelinePositions is what a pipeline's stages are sized for: req's prompt bound and its

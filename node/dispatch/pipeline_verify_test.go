@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -105,14 +106,15 @@ func (n *stageNet) Generate(ctx context.Context, p peer.ID, req *inference.Reque
 }
 
 // OpenPipeline opens each stage's session on its peer's backend and chains them
-// (PipelineOpener): what transport/stage does over the network.
-func (n *stageNet) OpenPipeline(ctx context.Context, model string, stages []inference.StageHop, maxPositions int) (inference.Layers, func() error, error) {
+// (PipelineOpener): what transport/stage does over the network. Its close gives a stage
+// receipt per stage, opaque at this level: stageReceiptsOf the chain.
+func (n *stageNet) OpenPipeline(ctx context.Context, model string, stages []inference.StageHop, maxPositions int) (inference.Layers, func() []inference.StageReceipt, error) {
 	var sessions []inference.StageSession
-	closeAll := func() error {
+	closeAll := func() []inference.StageReceipt {
 		for _, s := range sessions {
 			s.Close()
 		}
-		return nil
+		return stageReceiptsOf(stages)
 	}
 	for i, h := range stages {
 		b, ok := n.stages[h.Peer]
@@ -137,6 +139,17 @@ func (n *stageNet) OpenPipeline(ctx context.Context, model string, stages []infe
 		return hidden, nil
 	}
 	return layers, closeAll, nil
+}
+
+// stageReceiptsOf is what stageNet's pipelines over stages give as their receipts: one
+// per stage that names it, and a countersignature (opaque to the executor, which carries
+// them to the meter; node tests the real ones).
+func stageReceiptsOf(stages []inference.StageHop) []inference.StageReceipt {
+	out := make([]inference.StageReceipt, len(stages))
+	for i, h := range stages {
+		out[i] = inference.StageReceipt{Receipt: fmt.Sprintf("%s[%d-%d]", h.Peer, h.Lo, h.Hi-1), Countersig: "head"}
+	}
+	return out
 }
 
 // lyingStages returns hidden states rotated by one value: every later layer and the head
@@ -279,7 +292,7 @@ func (w *pipelineWorld) served(t *testing.T, tg route.Target) *run {
 	if _, err := w.d.runOn(context.Background(), tg, &r.req, func(tok inference.Token) error {
 		r.sent = append(r.sent, tok)
 		return nil
-	}, &via); err != nil {
+	}, &via, &r.stageReceipts); err != nil {
 		t.Fatal(err)
 	}
 	return r
@@ -413,8 +426,10 @@ func (m meterLog) Countersign(string) (string, string, error) {
 }
 
 // A coordinator meters a pipeline's request at the head like any: one event, its peer the
-// pipeline's route, its tokens, no receipt asked of the stages and none refused; sampled,
-// the event waits for the verdict, and a lying stage's task is metered as failed.
+// pipeline's route, its tokens, no task receipt asked of the stages and none refused, but
+// the receipts of its own stages (not the verification's) that the pipeline's close gave,
+// with this node as their countersigner; sampled, the event waits for the verdict, and a
+// lying stage's task is metered as failed.
 func TestPipelineMeteredAtTheHead(t *testing.T) {
 	b, truth := loadedModel(t)
 	for _, liar := range []bool{false, true} {
@@ -460,11 +475,12 @@ func TestPipelineMeteredAtTheHead(t *testing.T) {
 				}
 				want := gateway.MeterEvent{Model: pipeModel, Peer: at.Route(), TokensIn: res.Usage.PromptTokens,
 					TokensOut: len(toks), DurationMS: ev.DurationMS, Outcome: gateway.OutcomeCompleted,
-					Verification: inference.VerdictPassed, Verified: true}
+					Verification: inference.VerdictPassed, Verified: true,
+					StageReceipts: stageReceiptsOf(at.Stages), Coordinator: w.d.cfg.Self.String()}
 				if liar {
 					want.Outcome, want.Verification, want.Verified = gateway.OutcomeVerificationFailed, inference.VerdictFailed, false
 				}
-				if ev != want || !strings.HasPrefix(ev.Peer, "pipeline:") {
+				if !reflect.DeepEqual(ev, want) || !strings.HasPrefix(ev.Peer, "pipeline:") {
 					t.Fatalf("metered %+v\nwant    %+v", ev, want)
 				}
 				if n := w.d.stats.receiptsRefused.Load(); n != 0 {

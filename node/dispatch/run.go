@@ -37,6 +37,9 @@ type run struct {
 	// moves are the gate's decisions for the run's cuts (migrate.go), completed when it
 	// ends.
 	moves []*console.MigrationDecision
+	// stageReceipts are the latest attempt's stages' receipts, countersigned, when it ran
+	// on a pipeline that completed.
+	stageReceipts []inference.StageReceipt
 }
 
 // served says where the run's latest attempt ran.
@@ -149,6 +152,7 @@ func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, er
 	r.attempts++
 	r.last = t
 	r.via = r.d.transportFor(&r.req)
+	r.stageReceipts = nil
 	skip := len(r.sent)
 	det := r.deterministic(t)
 	if skip == 0 {
@@ -190,7 +194,7 @@ func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, er
 		// come back first, checked against what was sent and skipped by forward.
 		req = r.replaying()
 	}
-	res, err = r.d.runOn(ctx, t, req, forward, &r.via)
+	res, err = r.d.runOn(ctx, t, req, forward, &r.via, &r.stageReceipts)
 	if skip > 0 && inference.CodeOf(err) == inference.CodeInvalidRequest {
 		// The request was served this far: ids a backend cannot replay (tokens a peer
 		// sent that are none of the model's) mean the stream was not the model's.
@@ -212,8 +216,10 @@ func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, er
 	return inference.Result{}, err, false
 }
 
-// runOn runs req on one target. via is set to the transport a mesh attempt ended up on.
-func (d *Executor) runOn(ctx context.Context, t route.Target, req *inference.Request, emit func(inference.Token) error, via *inference.Transport) (inference.Result, error) {
+// runOn runs req on one target. via is set to the transport a mesh attempt ended up on,
+// and receipts to a pipeline's stage receipts.
+func (d *Executor) runOn(ctx context.Context, t route.Target, req *inference.Request, emit func(inference.Token) error,
+	via *inference.Transport, receipts *[]inference.StageReceipt) (inference.Result, error) {
 	switch t.Tier {
 	case inference.TierLocal:
 		return d.cfg.Local.Generate(ctx, req, emit)
@@ -222,7 +228,9 @@ func (d *Executor) runOn(ctx context.Context, t route.Target, req *inference.Req
 	}
 	if len(t.Stages) > 0 {
 		*via = inference.TransportLibp2p
-		return d.pipelineGenerate(ctx, t, req, emit)
+		res, rs, err := d.pipelineRun(ctx, t, req, emit)
+		*receipts = rs
+		return res, err
 	}
 	return d.peerGenerate(ctx, t.Peer, req, emit, via)
 }

@@ -83,7 +83,11 @@
 // X-Meshinfer-Device (absent when it sent none); outcome is "completed" or the task's
 // error code; verification is the verdict of a sampled verification (absent when not
 // sampled); receipt is the serving peer's signed task receipt (mesh/receipts, opaque here),
-// countersig the coordinator's countersignature of it, coordinator its peer ID. A task that failed verification is metered as zero: its caller records it
+// countersig the coordinator's countersignature of it, coordinator its peer ID. A task a
+// pipeline served (peer "pipeline:<peer>[0-7],…") has no receipt but
+// "stage_receipts":[{"receipt":"{…}","countersig":"ed25519:…"},…]: its stages' signed
+// receipts of their parts that held (mesh/receipts' stage receipts), each countersigned by
+// the coordinator, the pipeline's head. A task that failed verification is metered as zero: its caller records it
 // with outcome "verification_failed" (OutcomeVerificationFailed) and Record writes it with
 // zero tokens; sums (Usage.Add) count no tokens for such a line whatever it says. Each
 // Record writes its line with one write and syncs before returning. A crash mid-write can

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -57,6 +58,8 @@ func FuzzParseEvent(f *testing.F) {
 	f.Add([]byte(`{"time":"2026-05-01T12:00:00Z","key_id":"key_0000000a","outcome":"verification_failed","tokens_in":9}`))
 	f.Add([]byte(`{"time":"2026-05-01T12:00:00Z","key_id":"key_0000000a","device":"dev_0123456789abcdef0123456789abcdef","outcome":"completed"}`))
 	f.Add([]byte(`{"time":"2026-05-01T12:00:00Z","key_id":"key_0000000a","device":"a b","outcome":"completed"}`))
+	f.Add([]byte(`{"time":"2026-05-01T12:00:00Z","key_id":"key_0000000a","outcome":"completed","peer":"pipeline:a[0-1],b[2-3]",` +
+		`"stage_receipts":[{"receipt":"{}","countersig":"ed25519:x"},{"receipt":"","countersig":""}],"coordinator":"12D3KooWc"}`))
 	f.Fuzz(func(t *testing.T, line []byte) {
 		e, err := parseEvent(line)
 		if err != nil {
@@ -74,7 +77,7 @@ func FuzzParseEvent(f *testing.F) {
 			t.Fatalf("%q re-encodes as %q, which reads as %+v, %v", line, again, back, err)
 		}
 		back.Time = e.Time // the same instant; the zone may be spelled differently
-		if back != e {
+		if !reflect.DeepEqual(back, e) {
 			t.Fatalf("round trip changed the event: %+v, then %+v", e, back)
 		}
 	})

@@ -21,9 +21,12 @@ import (
 const UsageFile = "usage.jsonl"
 
 // MaxUsageLine bounds one line of UsageFile in bytes, newline included. An event is about
-// 250 bytes; a model name of maxModel bytes escaped in full is under 2 KiB. A longer line is
-// not one of ours and is skipped unread.
-const MaxUsageLine = 8 << 10
+// 250 bytes; a model name of maxModel bytes escaped in full is under 2 KiB, and a task
+// receipt with it under 6 KiB. A pipeline's event adds up to maxStageReceipts stage
+// receipts, each at most maxReceipt bytes, at most doubled by escaping, with a
+// countersignature and member names. A longer line is not one of ours and is skipped
+// unread.
+const MaxUsageLine = 8<<10 + maxStageReceipts*(2*maxReceipt+256)
 
 // Bounds of an event's strings, in bytes: a model name as transport/openai bounds it, a
 // libp2p peer ID with room to spare, an outcome code.
@@ -69,13 +72,20 @@ type MeterEvent struct {
 	Receipt     string `json:"receipt,omitempty"`
 	Countersig  string `json:"countersig,omitempty"`
 	Coordinator string `json:"coordinator,omitempty"`
+	// StageReceipts are, for a task a pipeline served, its stages' signed receipts of their
+	// parts (mesh/receipts' stage receipts) that held, each with the coordinator's
+	// countersignature (Coordinator is then its peer ID), in chain order; absent for any
+	// other task and for a pipeline whose stages gave none.
+	StageReceipts []inference.StageReceipt `json:"stage_receipts,omitempty"`
 }
 
-// Bounds of an event's receipt fields, in bytes: a task receipt is under 2 KiB
-// (receipts.MaxTaskReceipt), a countersignature is 96 bytes.
+// Bounds of an event's receipt fields, in bytes: a task or stage receipt is under 2 KiB
+// (receipts.MaxTaskReceipt), a countersignature is 96 bytes; and the stage receipts of one
+// event: a pipeline has at most 64 stages (transport/stage's MaxStages).
 const (
-	maxReceipt    = 2 << 10
-	maxCountersig = 128
+	maxReceipt       = 2 << 10
+	maxCountersig    = 128
+	maxStageReceipts = 64
 )
 
 // validate checks the values an event must have.
@@ -99,6 +109,13 @@ func (e *MeterEvent) validate() error {
 		return fmt.Errorf("verification %q is not passed, failed, inconclusive or skipped", e.Verification)
 	case len(e.Receipt) > maxReceipt || len(e.Countersig) > maxCountersig || len(e.Coordinator) > maxPeer:
 		return errors.New("receipt, countersig or coordinator too long")
+	case len(e.StageReceipts) > maxStageReceipts:
+		return fmt.Errorf("%d stage receipts, at most %d", len(e.StageReceipts), maxStageReceipts)
+	}
+	for _, sr := range e.StageReceipts {
+		if len(sr.Receipt) > maxReceipt || len(sr.Countersig) > maxCountersig {
+			return errors.New("stage receipt or countersig too long")
+		}
 	}
 	return nil
 }

@@ -5,8 +5,10 @@ import (
 	"io"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -15,12 +17,14 @@ import (
 	manet "github.com/multiformats/go-multiaddr/net"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/inference/synth"
 )
 
-// Benchmarks of docs' S1 and S2 (BENCHMARKS.md §7.4), each measured against its reference
-// in the same run, interleaved step by step. The model is arith at width 4096 (a 7B
-// model's d_model: 16 KiB of hidden states per decode step) with 4 cheap layers, so that
-// what is measured is the chain, not the layers.
+// Benchmarks of the sharding issue's S1, S2 and S3, each measured against its reference in
+// the same run, interleaved (docs/benchmarks.md §7.1). For S1 and S2 the model is arith at
+// width 4096 (a 7B model's d_model: 16 KiB of hidden states per decode step) with 4 cheap
+// layers, so that what is measured is the chain, not the layers; S3 runs inference/synth's
+// synth-base, whose prefill is the work being split.
 const (
 	benchLayers = 4
 	benchWidth  = 4096
@@ -61,6 +65,16 @@ func median(xs []time.Duration) float64 {
 	s := slices.Clone(xs)
 	slices.Sort(s)
 	return float64(s[len(s)/2].Nanoseconds()) / 1e3
+}
+
+// medianRatio is the median of a[i] ÷ b[i], op by op.
+func medianRatio(a, b []time.Duration) float64 {
+	r := make([]float64, len(a))
+	for i := range a {
+		r[i] = float64(a[i]) / float64(b[i])
+	}
+	slices.Sort(r)
+	return r[len(r)/2]
 }
 
 // diffs is a[i] − b[i], step by step.
@@ -203,6 +217,117 @@ func BenchmarkS2DelayPerHop(b *testing.B) {
 			b.ReportMetric(added/(float64(k)*oneway), "added/(k·oneway)")
 		})
 	}
+}
+
+// BenchmarkS3PrefillThreeStages: S3, a 512-token prompt's prefill through 3 stages over
+// the network ÷ the same prefill on a single node's backend (goal ≤ 1.1: the prompt goes
+// as one batch through each stage, not token by token). The model is synth-base (8 layers,
+// d_model 512: 1 MiB of hidden states for the prompt at each crossing), split 3 + 3 + 2 as
+// BenchmarkShardedPrefill splits it in one process. Each stage is a Server on a libp2p host
+// of its own on loopback, with a synthetic backend of its own that loads only its layers;
+// the head is a synthetic backend on another host that computes the embeddings, the
+// logits and the sampling and runs the layers through a Pipeline; the single node is that
+// backend with the whole model, as a node that holds it runs it. One op is one request
+// of each, max_tokens 1 (the prompt in one call to the layers, the logits, one sampled
+// token), in alternating order; the pipeline is opened and closed outside the timing, as
+// a head opens it once per request before the prompt. Metrics, medians over the ops:
+//
+//	split/single     the pipeline's time ÷ the single node's (the S3 figure)
+//	single-ms        the single node's time
+//	split-ms         the pipeline's
+//
+// and the CPU time of each path per op (the whole process's: the head, the stages and
+// libp2p, on 2 cores) with their ratio (split/single-cpu, a median too): on a machine
+// shared with other work the times' ratio moves with the load, the CPU's much less; and
+// the single node's prompt tokens/s.
+func BenchmarkS3PrefillThreeStages(b *testing.B) {
+	const model = "synth-base"
+	ctx := b.Context()
+	preset, _ := synth.LookupPreset(model)
+	bounds := []int{0, preset.Layers * 3 / 8, preset.Layers * 6 / 8, preset.Layers}
+	single, err := synth.New(model) // also the head: it loads only the embeddings and logits for it
+	if err != nil {
+		b.Fatal(err)
+	}
+	head := newHost(b)
+	var hops []Hop
+	for i := range 3 {
+		be, err := synth.New(model)
+		if err != nil {
+			b.Fatal(err)
+		}
+		h := newHost(b)
+		srv := NewServer(h, be)
+		b.Cleanup(func() { srv.Close() })
+		know(head, h)
+		hops = append(hops, Hop{Peer: h.ID(), Lo: bounds[i], Hi: bounds[i+1]})
+	}
+	// '\x01' is one token; with the two role markers the prompt is 512 tokens.
+	req := &inference.Request{
+		Model:     model,
+		Messages:  []inference.Message{{Role: inference.RoleUser, Content: strings.Repeat("\x01", 510)}},
+		MaxTokens: new(1),
+	}
+	maxPositions := req.PromptTokensBound() + req.EffectiveMaxTokens() // as a head plans it
+	discard := func(inference.Token) error { return nil }
+	var splitTook, singleTook, splitCPU, singleCPU []time.Duration
+	split := func() {
+		p, err := Open(ctx, head, model, hops, maxPositions)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer p.Close()
+		c0, t0 := cpuTime(), time.Now()
+		res, err := single.GenerateWith(ctx, req, p.Forward, discard)
+		took, cpu := time.Since(t0), cpuTime()-c0
+		if err != nil || res.Usage.PromptTokens != 512 {
+			b.Fatalf("GenerateWith: %+v, %v", res, err)
+		}
+		if st := p.Stats(); st.Steps != 1 || st.Positions != 512 {
+			b.Fatalf("the prompt went as %d steps of %d positions in all, want one of 512", st.Steps, st.Positions)
+		}
+		splitTook, splitCPU = append(splitTook, took), append(splitCPU, cpu)
+	}
+	whole := func() {
+		c0, t0 := cpuTime(), time.Now()
+		res, err := single.Generate(ctx, req, discard)
+		took, cpu := time.Since(t0), cpuTime()-c0
+		if err != nil || res.Usage.PromptTokens != 512 {
+			b.Fatalf("Generate: %+v, %v", res, err)
+		}
+		singleTook, singleCPU = append(singleTook, took), append(singleCPU, cpu)
+	}
+	split() // warm up: the stages' layers and the head's embeddings loaded, buffers grown
+	if err := single.Load(ctx, model); err != nil {
+		b.Fatal(err)
+	}
+	whole()
+	splitTook, singleTook, splitCPU, singleCPU = nil, nil, nil, nil
+	b.ResetTimer()
+	for i := range b.N {
+		if i%2 == 0 {
+			whole()
+			split()
+		} else {
+			split()
+			whole()
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(medianRatio(splitTook, singleTook), "split/single")
+	b.ReportMetric(medianRatio(splitCPU, singleCPU), "split/single-cpu")
+	b.ReportMetric(median(singleTook)/1e3, "single-ms")
+	b.ReportMetric(median(splitTook)/1e3, "split-ms")
+	b.ReportMetric(median(singleCPU)/1e3, "single-cpu-ms")
+	b.ReportMetric(median(splitCPU)/1e3, "split-cpu-ms")
+	b.ReportMetric(512/(median(singleTook)/1e6), "prompt-tokens/s")
+}
+
+// cpuTime is the process's user + system CPU time.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // delayProxy forwards the TCP connections made to it to a target, delaying every byte by

@@ -35,7 +35,7 @@
 //	0x01 open     previous hop → stage   JSON (below)                       ≤ MaxOpenFrame
 //	0x02 hidden   forward                uvarint step, uvarint n,           ≤ 21 + 4·width·batch
 //	                                     n × width float32 little-endian
-//	0x03 ready    backward, and last     uvarint width [, 1 timed]          ≤ MaxErrorFrame
+//	0x03 ready    backward, and last     uvarint width [, flags]            ≤ MaxErrorFrame
 //	              stage → head
 //	0x04 error    either way             JSON {"stage","code","message"}    ≤ MaxErrorFrame
 //	0x05 attach   head → last stage      16-byte session ID                 = 17 bytes
@@ -43,6 +43,8 @@
 //	0x07 timed    forward, timed         uvarint step, uvarint n,           ≤ 21 + 650 + 4·width·batch
 //	              sessions               uvarint k, k × uvarint ns,
 //	                                     n × width float32 little-endian
+//	0x08 receipts forward, receipted     uvarint k, k × (uvarint len,       ≤ 2 + k·(3 + MaxReceipt)
+//	              sessions' end          len bytes)
 //
 // The open frame's JSON:
 //
@@ -51,7 +53,8 @@
 //	 "max_batch": B in [1, P] (the most positions of one step the head sends),
 //	 "index": the receiving stage's place in the chain (0 first),
 //	 "hops": [{"peer", "lo", "hi", "addrs"}, …],
-//	 "timing": true (optional: the head asks for the stages' times, below)}
+//	 "timing": true (optional: the head asks for the stages' times, below),
+//	 "receipts": true (optional: the head asks for the stages' receipts, below)}
 //
 // hops is the receiving stage's own hop (its layers [lo, hi)) followed by the rest of the
 // chain: 1 to MaxStages − index hops, with contiguous non-empty ranges; addrs (at most
@@ -75,6 +78,36 @@
 // asked for, and so is the attach's ready with it; a frame of the other kind, or with
 // another count of times, is a protocol violation. Times are what stages say: a stage can
 // misreport its own and those before it (they are for status, never for routing).
+//
+// A ready frame's flags byte, present only when a flag is set, says what the stage and
+// every stage after it do of what the open asked: 1 timed, 2 receipted, 3 both. A flag
+// that was not asked for, or a zero byte, is a protocol violation.
+//
+// Receipted sessions. A head that wants each stage's signed receipt of its part (as a
+// peer that served it a task sends a task receipt: mesh/receipts) sets "receipts" in its
+// open frame; a stage that signs receipts (WithReceiptSigner) passes it on, and is
+// receipted when it is the last stage or its next hop answered ready with the receipts
+// flag; it answers with the flag then. So, as for times, the chain gives receipts from end
+// to end or not at all: a stage that predates them, or signs none, ignores the field and
+// passes none on, and every stage before it and the head go without. Receipts come at the
+// end only, with the end frame: stage 0 reads the head's end frame; every later stage of a
+// receipted session reads instead a receipts frame with the receipts of exactly the stages
+// before it (k = its index), in chain order, each at most MaxReceipt bytes (empty: that
+// stage has none, its signer failed). It appends its own, signed for the session as it
+// ended (the time, steps and positions of its own report of the session), and writes the
+// receipts frame on to its next hop, the last stage on the return stream. The head, after
+// its end frame, reads the last stage's receipts frame with a receipt for every stage,
+// within CloseTimeout, then closes its streams. A plain end frame where a receipts frame is
+// due, a receipts frame where it is not, or one with another count, is a protocol
+// violation. The receipts' content is opaque here: the head checks each against the stage's
+// part of the session as it knows it (Part: the stage's peer as signer, its layers, the
+// model, the session ID, the steps and positions the head ran, made out to the head) with
+// the function the node gives (WithReceipts), and keeps those that hold (Receipts); one
+// that does not is dropped and recorded against its stage as a protocol violation. A
+// stage passes the receipts before it on unread, so a stage can drop or spoil the receipt
+// of a stage before it, never forge one (it is signed, and names the session); what it
+// spoils is blamed on the receipt's stage, as a fault it reports is believed as far as the
+// chain's order allows.
 //
 // Bounds: a session's steps carry at most batch = min(B, P, MaxStepBytes / (4·width))
 // positions, so every reader knows its hidden frames' bound before reading one; a longer
@@ -110,8 +143,10 @@
 // pipeline's error.
 //
 // End. The head ends a session in order with an end frame on its stream to stage 0, and
-// closes its streams. Each stage, on reading it between steps, writes it to its next hop
-// (the last stage: on the return stream), closes its streams and frees the session. An end
+// closes its streams (in a receipted session, the return stream once the receipts came,
+// or CloseTimeout passed). Each stage, on reading it between steps, writes it to its next
+// hop (the last stage: on the return stream; in a receipted session, as a receipts frame),
+// closes its streams and frees the session. An end
 // frame is the only orderly end: a stream that ends without one (a closed connection
 // reads the same) is the loss of that hop, peer_lost, except the head's return stream,
 // which the head may close at any time (it writes nothing on it after attach). A session
@@ -122,7 +157,8 @@
 // # Rules, bounds and deadlines
 //
 //   - Every read is bounded before its body: the open or attach frame by MaxOpenFrame,
-//     backward frames by MaxErrorFrame, hidden frames by the session's bound. A frame over
+//     backward frames by MaxErrorFrame, hidden frames by the session's bound, a receipts
+//     frame by its count's (under 129 KiB, for MaxStages receipts). A frame over
 //     its bound, or of the wrong type or content for its place, is a protocol violation:
 //     the stream is reset and the peer recorded (Observer: reputation.MalformedFrame or
 //     ProtocolViolation).

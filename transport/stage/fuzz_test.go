@@ -32,8 +32,11 @@ func FuzzStageFrame(f *testing.F) {
 		appendHiddenFrame(nil, 300, 1, []float32{1, 2, 3, 4}),
 		appendTimedFrame(nil, 0, 2, []time.Duration{0, 3 * time.Millisecond}, []float32{1, -2, 3.5, 0, 1e-40, 7, 8, -0}),
 		appendTimedFrame(nil, 7, 3, []time.Duration{MaxStageTime}, make([]float32, 3*width)),
-		frame.Append(nil, encodeReady(width, false)),
-		frame.Append(nil, encodeReady(width, true)),
+		frame.Append(nil, encodeReady(width, 0)),
+		frame.Append(nil, encodeReady(width, flagTimed)),
+		frame.Append(nil, encodeReady(width, flagTimed|flagReceipts)),
+		frame.Append(nil, encodeReceipts([]string{"{\"a\":1}", "", "x"})),
+		frame.Append(nil, encodeReceipts(nil)),
 		frame.Append(nil, encodeAttach(o.session)),
 		frame.Append(nil, encodeError(stageFault{stage: 2, code: inference.CodeTimeout, msg: "slow <3>"})),
 		frame.Append(nil, encodeOpen(o)),
@@ -58,12 +61,15 @@ func FuzzStageFrame(f *testing.F) {
 				t.Fatalf("a %d-byte frame read under a %d-byte bound", len(body), bound)
 			}
 			checkHidden(t, body, width, batch)
-			if w, timed, err := decodeReady(body, true); err == nil && (w < 1 || !bytes.Equal(encodeReady(w, timed), body)) {
-				t.Fatalf("ready %d (timed %v) from %x re-encodes to %x", w, timed, body, encodeReady(w, timed))
+			if w, flags, err := decodeReady(body, flagTimed|flagReceipts); err == nil && (w < 1 || !bytes.Equal(encodeReady(w, flags), body)) {
+				t.Fatalf("ready %d (flags %b) from %x re-encodes to %x", w, flags, body, encodeReady(w, flags))
 			}
-			if _, timed, err := decodeReady(body, false); err == nil && timed {
-				t.Fatalf("ready %x read as timed by a reader that did not ask for times", body)
+			for _, asked := range []byte{0, flagTimed, flagReceipts} {
+				if _, flags, err := decodeReady(body, asked); err == nil && flags&^asked != 0 {
+					t.Fatalf("ready %x read with flags %b by a reader that asked for %b", body, flags, asked)
+				}
 			}
+			checkReceipts(t, body)
 			checkTimed(t, body, width, batch)
 			if id, err := decodeAttach(body); err == nil && !bytes.Equal(encodeAttach(id), body) {
 				t.Fatalf("attach %x re-encodes differently", body)
@@ -72,6 +78,31 @@ func FuzzStageFrame(f *testing.F) {
 			checkOpen(t, body)
 		}
 	})
+}
+
+// checkReceipts: a receipts frame decodes only with its own count of receipts, each within
+// MaxReceipt, and encodes back byte for byte.
+func checkReceipts(t *testing.T, body []byte) {
+	for k := range 4 {
+		rs, err := decodeReceipts(body, k)
+		if err != nil {
+			continue
+		}
+		if len(rs) != k {
+			t.Fatalf("receipts frame %x read as %d receipts, want %d", body, len(rs), k)
+		}
+		for _, r := range rs {
+			if len(r) > MaxReceipt {
+				t.Fatalf("a receipt of %d bytes accepted", len(r))
+			}
+		}
+		if again := encodeReceipts(rs); !bytes.Equal(again, body) {
+			t.Fatalf("receipts frame %x re-encodes to %x", body, again)
+		}
+		if len(body) > receiptsFrameMax(k) {
+			t.Fatalf("a %d-byte receipts frame of %d receipts, over its bound %d", len(body), k, receiptsFrameMax(k))
+		}
+	}
 }
 
 func checkHidden(t *testing.T, body []byte, width, batch int) {

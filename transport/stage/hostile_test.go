@@ -75,7 +75,7 @@ func (r *rawHead) ready(t *testing.T, st network.Stream, body []byte, width int)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w, _, err := decodeReady(got, false); err != nil || w != width {
+	if w, _, err := decodeReady(got, 0); err != nil || w != width {
 		t.Fatalf("answer %q: width %d, %v; want ready with %d", got, w, err, width)
 	}
 }
@@ -110,7 +110,7 @@ func TestStageRejectsBadFrames(t *testing.T) {
 		{"values past the positions", frame.Append(nil, hiddenBody(0, 1, width+1)), reputation.ProtocolViolation},
 		{"step out of order", frame.Append(nil, hiddenBody(1, 1, width)), reputation.ProtocolViolation},
 		{"non-minimal step", frame.Append(nil, append([]byte{frameHidden, 0x80, 0x00, 1}, make([]byte, 4*width)...)), reputation.ProtocolViolation},
-		{"a backward frame forward", frame.Append(nil, encodeReady(width, false)), reputation.ProtocolViolation},
+		{"a backward frame forward", frame.Append(nil, encodeReady(width, 0)), reputation.ProtocolViolation},
 		{"an error blaming a later stage", frame.Append(nil, encodeError(stageFault{stage: 0, code: inference.CodeTimeout})), reputation.ProtocolViolation},
 	}
 	for _, tt := range tests {
@@ -249,12 +249,29 @@ func TestOnlyTheHeadAttaches(t *testing.T) {
 // return stream (back) or on the head's stream to it (up).
 func fakeStage(t *testing.T, width int, answer func(step []byte) (back, up []byte)) host.Host {
 	t.Helper()
-	return fakeChainStage(t, width, false, false, answer)
+	return fakeChainStage(t, width, 0, 0, answer)
 }
 
 // fakeChainStage is fakeStage answering the open's and the attach's ready with the given
-// timed flags.
-func fakeChainStage(t *testing.T, width int, openTimed, attachTimed bool, answer func(step []byte) (back, up []byte)) host.Host {
+// flags.
+func fakeChainStage(t *testing.T, width int, openFlags, attachFlags byte, answer func(step []byte) (back, up []byte)) host.Host {
+	t.Helper()
+	return fakeHost(t, width, openFlags, attachFlags, func(up, ret network.Stream) {
+		step, err := frame.ReadOne(up, 1<<20)
+		if err != nil {
+			return
+		}
+		back, toUp := answer(step)
+		ret.Write(back)
+		up.Write(toUp)
+		up.Read(make([]byte, 1)) // until the head resets it
+	})
+}
+
+// fakeHost is a one-stage chain's stage that sets up as the protocol says, answering the
+// open's and the attach's ready with the given flags, then runs serve on the head's stream
+// to it (up) and the head's return stream, and resets both when serve returns.
+func fakeHost(t *testing.T, width int, openFlags, attachFlags byte, serve func(up, ret network.Stream)) host.Host {
 	t.Helper()
 	h := newHost(t)
 	rets := make(chan network.Stream, 1)
@@ -265,29 +282,21 @@ func fakeChainStage(t *testing.T, width int, openTimed, attachTimed bool, answer
 			return
 		}
 		if body[0] == frameAttach {
-			frame.Write(st, encodeReady(width, attachTimed))
+			frame.Write(st, encodeReady(width, attachFlags))
 			rets <- st
 			return
 		}
-		frame.Write(st, encodeReady(width, openTimed))
-		step, err := frame.ReadOne(st, 1<<20)
-		if err != nil {
-			st.Reset()
-			return
-		}
-		back, up := answer(step)
+		frame.Write(st, encodeReady(width, openFlags))
 		var ret network.Stream
 		select {
-		case ret = <-rets:
+		case ret = <-rets: // the head attaches before it sends a step
 		case <-t.Context().Done():
 			st.Reset()
 			return
 		}
-		ret.Write(back)
-		st.Write(up)
-		st.Read(make([]byte, 1)) // until the head resets it
-		st.Reset()
-		ret.Reset()
+		defer ret.Reset()
+		defer st.Reset()
+		serve(st, ret)
 	})
 	return h
 }
@@ -310,7 +319,7 @@ func TestHeadRejectsBadOutput(t *testing.T) {
 		{"output over the bound", binary.AppendUvarint(nil, uint64(max(stepFrameMax(width, maxPositions), MaxErrorFrame)+1)), nil, reputation.MalformedFrame},
 		{"error naming a stage outside the chain", frame.Append(nil, encodeError(stageFault{stage: 3, code: inference.CodeTimeout})), nil, reputation.ProtocolViolation},
 		{"an end frame the head did not send", frame.Append(nil, []byte{frameEnd}), nil, reputation.ProtocolViolation},
-		{"a ready frame back on stage 0's stream", nil, frame.Append(nil, encodeReady(width, false)), reputation.ProtocolViolation},
+		{"a ready frame back on stage 0's stream", nil, frame.Append(nil, encodeReady(width, 0)), reputation.ProtocolViolation},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -3,6 +3,7 @@ package stage
 import (
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -29,6 +30,7 @@ type pipelineConfig struct {
 	maxBatch    int
 	observer    Observer
 	transfers   func(peer.ID, bandwidth.Transfer)
+	check       func(Part, string) error
 }
 
 // WithStepTimeout bounds one step at the head: from sending its hidden states to stage 0 to
@@ -58,11 +60,35 @@ func WithPipelineTransfers(fn func(from peer.ID, t bandwidth.Transfer)) Pipeline
 	return func(c *pipelineConfig) { c.transfers = fn }
 }
 
+// WithReceipts asks the stages for their signed receipts of the session (a receipted
+// session), which come back when Close ends it in order. check tells whether receipt is
+// the stage's signed record of part (mesh/receipts' CheckStage, as the node wires it); a
+// receipt it refuses is dropped and recorded against its stage in the observer as a
+// protocol violation. Receipts returns those that hold.
+func WithReceipts(check func(part Part, receipt string) error) PipelineOption {
+	return func(c *pipelineConfig) { c.check = check }
+}
+
+// Part is a stage's part of a pipeline's session as the head knows it: what the stage's
+// receipt must state.
+type Part struct {
+	Session string  // the session's ID, 32 lowercase hex digits
+	Head    peer.ID // the head: the receipt is made out to it
+	Model   string
+	Index   int // the stage's place in the chain
+	Stage   Hop // the stage's peer, the signer, and its layers
+	// Steps and Positions are those the session ran: every stage runs each step.
+	Steps, Positions int
+}
+
 // Pipeline is the head's side of a chain of stages: Forward sends a step's hidden states to
 // stage 0 and returns what the last stage sends back. It is one generation's: its stages
 // hold that generation's KV cache. Forward calls run one at a time.
 type Pipeline struct {
 	stages      []Hop
+	head        peer.ID
+	model       string
+	session     [sessionIDLen]byte
 	width       int
 	maxPos      int
 	batch       int // positions per step
@@ -79,6 +105,10 @@ type Pipeline struct {
 	// timed: every stage reports its layers' time in each step (stage 0 answered the open
 	// with the timed flag), so the output comes in timed frames.
 	timed bool
+	// receipted: every stage sends its receipt at the end (stage 0 answered the open with
+	// the receipts flag), checked by check.
+	receipted bool
+	check     func(Part, string) error
 
 	busy atomic.Bool // a Forward is running
 	// Owned by the Forward that holds busy.
@@ -90,6 +120,9 @@ type Pipeline struct {
 	err    error // why no step can run: the pipeline broke, or was closed; nil while usable
 	closed bool  // Close ended it while it was usable
 	stats  Stats // the steps run, under mu (Forward writes, Stats reads)
+	// receipts are the stages' receipts that held, set by an orderly Close of a receipted
+	// session.
+	receipts []string
 }
 
 // Stats is what a pipeline's steps took, as its head measured them and its stages reported
@@ -136,7 +169,8 @@ func Open(ctx context.Context, h host.Host, model string, stages []Hop, maxPosit
 	if batch <= 0 || batch > maxPositions {
 		batch = maxPositions
 	}
-	o := &open{head: h.ID(), model: model, maxPositions: maxPositions, maxBatch: batch, hops: stages, timing: true}
+	o := &open{head: h.ID(), model: model, maxPositions: maxPositions, maxBatch: batch, hops: stages, timing: true,
+		receipts: cfg.check != nil}
 	rand.Read(o.session[:])
 	for _, hop := range stages {
 		o.addrs = append(o.addrs, dialable(h.Peerstore().Addrs(hop.Peer)))
@@ -146,8 +180,9 @@ func Open(ctx context.Context, h host.Host, model string, stages []Hop, maxPosit
 		return nil, err
 	}
 	p := &Pipeline{
-		stages: append([]Hop(nil), stages...), maxPos: maxPositions, stepTimeout: cfg.stepTimeout,
-		observer: cfg.observer, transfers: cfg.transfers, watched: make(chan struct{}),
+		stages: append([]Hop(nil), stages...), head: h.ID(), model: model, session: o.session,
+		maxPos: maxPositions, stepTimeout: cfg.stepTimeout, observer: cfg.observer, check: cfg.check,
+		transfers: cfg.transfers, watched: make(chan struct{}),
 	}
 	octx, cancel := context.WithTimeout(ctx, OpenTimeout)
 	defer cancel()
@@ -226,12 +261,13 @@ func (p *Pipeline) open(ctx context.Context, h host.Host, o *open, body []byte, 
 		return nil, p.lost(0, "send open", err)
 	}
 	upR := frame.NewReader(up, MaxErrorFrame)
-	width, timed, err := p.answer(ctx, upR, 0, false)
+	width, flags, err := p.answer(ctx, upR, 0, flagsOf(o.timing, o.receipts))
 	if err != nil {
 		return nil, err
 	}
-	p.width, p.batch, p.timed = width, maxBatch(width, o.maxPositions, batch), timed
-	if timed {
+	p.width, p.batch = width, maxBatch(width, o.maxPositions, batch)
+	p.timed, p.receipted = flags&flagTimed != 0, flags&flagReceipts != 0
+	if p.timed {
 		p.stats.Forward = make([]time.Duration, len(p.stages))
 	}
 
@@ -246,8 +282,11 @@ func (p *Pipeline) open(ctx context.Context, h host.Host, o *open, body []byte, 
 		return nil, inference.Errorf(inference.CodeOverloaded, "head: %v", err)
 	}
 	frameMax := stepFrameMax(width, p.batch)
+	if p.receipted {
+		frameMax = max(frameMax, receiptsFrameMax(len(p.stages)))
+	}
 	if err := ret.Scope().ReserveMemory(frameMax, network.ReservationPriorityHigh); err != nil {
-		return nil, inference.Errorf(inference.CodeOverloaded, "head: no memory for %d-byte steps: %v", frameMax, err)
+		return nil, inference.Errorf(inference.CodeOverloaded, "head: no memory for %d-byte frames: %v", frameMax, err)
 	}
 	ret.SetDeadline(deadline)
 	if err := frame.Write(ret, encodeAttach(o.session)); err != nil {
@@ -255,7 +294,7 @@ func (p *Pipeline) open(ctx context.Context, h host.Host, o *open, body []byte, 
 	}
 	p.retM = bandwidth.NewMeter(ret)
 	p.retR = frame.NewReader(p.retM, max(frameMax, MaxErrorFrame))
-	w, _, err := p.answer(ctx, p.retR, last, true)
+	w, _, err := p.answer(ctx, p.retR, last, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -280,17 +319,18 @@ func (p *Pipeline) unreachable(ctx context.Context, i int, err error) error {
 }
 
 // answer reads stage from's answer to an open or attach from r: ready with the model's
-// width (and, for the open, whether the chain reports its times), or an error frame. The
-// open's names a stage of the chain (stage 0 passes back the refusal of a stage after
-// it); the attach's concerns the last stage alone, whatever it names. The set-up's
-// deadline (ctx's) gives timeout.
-func (p *Pipeline) answer(ctx context.Context, r *frame.Reader, from int, attach bool) (int, bool, error) {
+// width (and, for the open, the flags of what the chain does of what it was asked), or an
+// error frame. The open's names a stage of the chain (stage 0 passes back the refusal of a
+// stage after it); the attach's (asked nothing) concerns the last stage alone, whatever it
+// names. The set-up's deadline (ctx's) gives timeout.
+func (p *Pipeline) answer(ctx context.Context, r *frame.Reader, from int, asked byte) (int, byte, error) {
+	attach := asked == 0
 	body, err := r.Next()
 	switch {
 	case err != nil && (isTimeout(err) || ctx.Err() != nil):
-		return 0, false, p.stageErr(inference.CodeTimeout, from, "no answer within %v", OpenTimeout)
+		return 0, 0, p.stageErr(inference.CodeTimeout, from, "no answer within %v", OpenTimeout)
 	case err != nil:
-		return 0, false, p.lost(from, "read answer", err)
+		return 0, 0, p.lost(from, "read answer", err)
 	case len(body) > 0 && body[0] == frameError:
 		lo := 0
 		if attach {
@@ -298,18 +338,18 @@ func (p *Pipeline) answer(ctx context.Context, r *frame.Reader, from int, attach
 		}
 		f, err := decodeError(body, lo, len(p.stages))
 		if err != nil {
-			return 0, false, p.lost(from, "read answer", err)
+			return 0, 0, p.lost(from, "read answer", err)
 		}
 		if attach {
 			f.stage = from
 		}
-		return 0, false, p.faultErr(f)
+		return 0, 0, p.faultErr(f)
 	}
-	w, timed, err := decodeReady(body, !attach)
+	w, flags, err := decodeReady(body, asked)
 	if err != nil {
-		return 0, false, p.lost(from, "read answer", err)
+		return 0, 0, p.lost(from, "read answer", err)
 	}
-	return w, timed, nil
+	return w, flags, nil
 }
 
 // Stats returns what the pipeline's steps took so far. It may be called at any time, also
@@ -465,8 +505,10 @@ func (p *Pipeline) watch(r *frame.Reader) {
 }
 
 // Close ends the pipeline in order: the end frame goes along the chain, and each stage
-// frees its session as it passes. A Forward running is broken off (its streams reset, every
-// stage freeing its session) and returns an error. Idempotent.
+// frees its session as it passes. In a receipted session (WithReceipts) it then waits, at
+// most CloseTimeout, for the stages' receipts to come back from the last stage, and checks
+// them (Receipts). A Forward running is broken off (its streams reset, every stage freeing
+// its session, no receipts) and returns an error. Idempotent.
 func (p *Pipeline) Close() error {
 	p.mu.Lock()
 	first := p.err == nil
@@ -484,14 +526,77 @@ func (p *Pipeline) Close() error {
 		p.ret.Reset()
 	default:
 		p.up.SetWriteDeadline(time.Now().Add(errorWriteTimeout))
-		if err := frame.Write(p.up, []byte{frameEnd}); err != nil {
+		err := frame.Write(p.up, []byte{frameEnd})
+		if err != nil {
 			p.up.Reset()
 		}
 		p.up.Close()
+		if err == nil && p.receipted {
+			p.collect()
+		}
 		p.ret.Close()
 	}
 	<-p.watched
 	return nil
+}
+
+// Receipts returns the stages' receipts of a receipted session that Close ended in order,
+// in chain order, each as its stage signed it and as WithReceipts' check accepted it; ""
+// for a stage whose receipt did not come or did not hold. It is nil before Close, and
+// when the chain gave none: it was not receipted (a stage predates receipts, or has no
+// signer), it broke, or its receipts did not come within CloseTimeout.
+func (p *Pipeline) Receipts() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.receipts)
+}
+
+// collect reads the last stage's receipts frame, which follows the end frame along the
+// chain, and keeps the receipts that check accepts. A receipt it refuses is recorded
+// against its stage; a frame that breaks the protocol, against the last stage.
+func (p *Pipeline) collect() {
+	last := len(p.stages) - 1
+	p.ret.SetReadDeadline(time.Now().Add(CloseTimeout))
+	body, err := p.retR.Next()
+	switch {
+	case err == nil && len(body) > 0 && body[0] == frameError:
+		// A stage failed while the end passed (its next hop went away): no receipts.
+		if _, err = decodeError(body, headStage, len(p.stages)); err == nil {
+			return
+		}
+	case err == nil:
+		var rs []string
+		if rs, err = decodeReceipts(body, len(p.stages)); err == nil {
+			p.keep(rs)
+			return
+		}
+	}
+	observe(p.observer, p.stages[last].Peer, err)
+	log.Debugw("no stage receipts", "peer", p.stages[last].Peer, "model", p.model, "err", err)
+}
+
+// keep checks each stage's receipt against its part, and keeps those that hold.
+func (p *Pipeline) keep(rs []string) {
+	st := p.Stats()
+	kept := make([]string, len(rs))
+	for i, r := range rs {
+		if r == "" {
+			continue // the stage had none to give
+		}
+		part := Part{
+			Session: hex.EncodeToString(p.session[:]), Head: p.head, Model: p.model, Index: i,
+			Stage: p.stages[i], Steps: st.Steps, Positions: st.Positions,
+		}
+		if err := p.check(part, r); err != nil {
+			observe(p.observer, p.stages[i].Peer, fmt.Errorf("%w: receipt: %w", errProtocol, err))
+			log.Debugw("stage receipt refused", "peer", p.stages[i].Peer, "model", p.model, "err", err)
+			continue
+		}
+		kept[i] = r
+	}
+	p.mu.Lock()
+	p.receipts = kept
+	p.mu.Unlock()
 }
 
 // broken is why no step can run, or nil.

@@ -85,6 +85,15 @@ const (
 	errorWriteTimeout = 2 * time.Second
 	// sessionIDLen is the length of a session ID in bytes (random, chosen by the head).
 	sessionIDLen = 16
+	// MaxReceipt bounds one stage's receipt in a receipts frame (bytes): mesh/receipts'
+	// MaxTaskReceipt, which a stage receipt (two peer IDs, a model name of at most 256
+	// bytes, a session ID and a signature) stays under.
+	MaxReceipt = 2 << 10
+	// CloseTimeout bounds the head's wait, after its end frame, for the receipts of a
+	// receipted session: k one-way crossings and a signature per stage, milliseconds on
+	// any link a chain runs on. A chain that does not answer within it leaves the pipeline
+	// without receipts, and the head's Close returns then.
+	CloseTimeout = 5 * time.Second
 )
 
 // Frame types: the first byte of every frame body.
@@ -96,6 +105,15 @@ const (
 	frameAttach byte = 0x05 // head → last stage: the session ID
 	frameEnd    byte = 0x06 // forward: the session ends in order (the head closed it)
 	frameTimed  byte = 0x07 // forward, timed sessions: a hidden frame with the stages' times
+	// forward, receipted sessions: the end, with the receipts of the stages so far
+	frameReceipts byte = 0x08
+)
+
+// Flags of a ready frame, after its width: what the stage and every stage after it do for
+// the session, each only when the open asked for it.
+const (
+	flagTimed    byte = 1 << 0 // they report their layers' times in each step
+	flagReceipts byte = 1 << 1 // they send their receipts at the end
 )
 
 // headStage is the stage index that names the head in an error frame.
@@ -182,6 +200,9 @@ type openMsg struct {
 	// Timing asks the stages to report their layers' time in each step (a timed session).
 	// A stage that does not know the field ignores it, and answers a ready without the flag.
 	Timing bool `json:"timing,omitempty"`
+	// Receipts asks the stages for their signed receipts at the end (a receipted session),
+	// ignored like Timing by a stage that does not know it.
+	Receipts bool `json:"receipts,omitempty"`
 }
 
 type wireHop struct {
@@ -202,6 +223,7 @@ type open struct {
 	hops         []Hop
 	addrs        [][]ma.Multiaddr // per hop
 	timing       bool             // the head asks for the stages' times
+	receipts     bool             // the head asks for the stages' receipts
 }
 
 // stages is the chain's length.
@@ -211,6 +233,7 @@ func encodeOpen(o *open) []byte {
 	m := openMsg{
 		Session: hex.EncodeToString(o.session[:]), Head: o.head.String(), Model: o.model,
 		MaxPositions: o.maxPositions, MaxBatch: o.maxBatch, Index: o.index, Timing: o.timing,
+		Receipts: o.receipts,
 	}
 	for i, h := range o.hops {
 		wh := wireHop{Peer: h.Peer.String(), Lo: h.Lo, Hi: h.Hi}
@@ -238,7 +261,8 @@ func decodeOpen(body []byte) (*open, error) {
 	if err := json.Unmarshal(body[1:], &m); err != nil {
 		return nil, fmt.Errorf("%w: open frame: %v", errProtocol, err)
 	}
-	o := &open{model: m.Model, maxPositions: m.MaxPositions, maxBatch: m.MaxBatch, index: m.Index, timing: m.Timing}
+	o := &open{model: m.Model, maxPositions: m.MaxPositions, maxBatch: m.MaxBatch, index: m.Index, timing: m.Timing,
+		receipts: m.Receipts}
 	if len(m.Session) != 2*sessionIDLen || hex.EncodeToString(mustHex(m.Session)) != m.Session {
 		return nil, fmt.Errorf("%w: session ID %q", errProtocol, m.Session)
 	}
@@ -417,35 +441,88 @@ func readStates(b []byte, m int, dst []float32) []float32 {
 	return h
 }
 
-// encodeReady is a ready frame: the width, then, when the stage and every stage after it
-// report their times (a timed session), the uvarint 1.
-func encodeReady(width int, timed bool) []byte {
+// encodeReady is a ready frame: the width, then the flags byte when any flag is set
+// (flagTimed, flagReceipts).
+func encodeReady(width int, flags byte) []byte {
 	b := binary.AppendUvarint([]byte{frameReady}, uint64(width))
-	if timed {
-		b = append(b, 1)
+	if flags != 0 {
+		b = append(b, flags)
 	}
 	return b
 }
 
 // decodeReady decodes a ready frame: a width of at least 1 that lets a step carry one
-// position, and whether the session is timed. The timed flag is allowed only when the
-// reader asked for times (timing); a stage that does not report times sends none.
-func decodeReady(body []byte, timing bool) (width int, timed bool, err error) {
+// position, and its flags. A flag is allowed only when the reader asked for it (asked); a
+// flags byte is present only when a flag is set.
+func decodeReady(body []byte, asked byte) (width int, flags byte, err error) {
 	if len(body) == 0 || body[0] != frameReady {
-		return 0, false, fmt.Errorf("%w: not a ready frame", errProtocol)
+		return 0, 0, fmt.Errorf("%w: not a ready frame", errProtocol)
 	}
 	w, rest, ok := uvarint(body[1:])
 	if !ok || w < 1 || w > MaxStepBytes/4 {
-		return 0, false, fmt.Errorf("%w: bad ready frame", errProtocol)
+		return 0, 0, fmt.Errorf("%w: bad ready frame", errProtocol)
 	}
 	switch {
 	case len(rest) == 0:
-	case timing && len(rest) == 1 && rest[0] == 1:
-		timed = true
+	case len(rest) == 1 && rest[0] != 0 && rest[0]&^asked == 0:
+		flags = rest[0]
 	default:
-		return 0, false, fmt.Errorf("%w: bad ready frame", errProtocol)
+		return 0, 0, fmt.Errorf("%w: bad ready frame", errProtocol)
 	}
-	return int(w), timed, nil
+	return int(w), flags, nil
+}
+
+// flagsOf is the ready flags a stage asks its next hop for, or answers with: timed and
+// receipted as given.
+func flagsOf(timed, receipted bool) byte {
+	var f byte
+	if timed {
+		f |= flagTimed
+	}
+	if receipted {
+		f |= flagReceipts
+	}
+	return f
+}
+
+// receiptsFrameMax bounds a receipts frame with k receipts: the type, the count (k ≤
+// MaxStages, one byte) and k receipts of at most MaxReceipt bytes with their lengths.
+func receiptsFrameMax(k int) int { return 2 + k*(binary.MaxVarintLen16+MaxReceipt) }
+
+// encodeReceipts is a receipts frame: the count, then each receipt's length and bytes, in
+// chain order ("" for a stage that has none).
+func encodeReceipts(receipts []string) []byte {
+	b := binary.AppendUvarint([]byte{frameReceipts}, uint64(len(receipts)))
+	for _, r := range receipts {
+		b = binary.AppendUvarint(b, uint64(len(r)))
+		b = append(b, r...)
+	}
+	return b
+}
+
+// decodeReceipts decodes a receipts frame that must carry exactly k receipts, each at most
+// MaxReceipt bytes. What a receipt says is not this package's to read: the head checks each
+// against what it ran (WithReceipts).
+func decodeReceipts(body []byte, k int) ([]string, error) {
+	if len(body) == 0 || body[0] != frameReceipts {
+		return nil, fmt.Errorf("%w: not a receipts frame", errProtocol)
+	}
+	count, rest, ok := uvarint(body[1:])
+	if !ok || count != uint64(k) {
+		return nil, fmt.Errorf("%w: receipts of %d stages, want %d", errProtocol, count, k)
+	}
+	out := make([]string, k)
+	for i := range out {
+		var n uint64
+		if n, rest, ok = uvarint(rest); !ok || n > MaxReceipt || n > uint64(len(rest)) {
+			return nil, fmt.Errorf("%w: bad receipt of stage %d", errProtocol, i)
+		}
+		out[i], rest = string(rest[:n]), rest[n:]
+	}
+	if len(rest) != 0 {
+		return nil, fmt.Errorf("%w: %d bytes after the receipts", errProtocol, len(rest))
+	}
+	return out, nil
 }
 
 func encodeAttach(id [sessionIDLen]byte) []byte { return append([]byte{frameAttach}, id[:]...) }

@@ -3,6 +3,7 @@ package stage
 import (
 	"cmp"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -67,7 +68,17 @@ func WithServerTransfers(fn func(from peer.ID, t bandwidth.Transfer)) ServerOpti
 	return func(s *Server) { s.transfers = fn }
 }
 
-// WithClock sets the clock a SessionEnd's Duration is measured on; time.Now by default.
+// WithReceiptSigner makes the stage send the head its signed receipt of each session the
+// head closes in order, when the head asks for receipts (a receipted session): sign
+// returns it for the session's SessionEnd (the same the stage's WithOnSessionEnd function
+// gets), at most MaxReceipt bytes. A stage without one takes part in no receipted
+// session, as one that predates them.
+func WithReceiptSigner(sign func(SessionEnd) (string, error)) ServerOption {
+	return func(s *Server) { s.sign = sign }
+}
+
+// WithClock sets the clock a SessionEnd's Time and Duration are measured on; time.Now by
+// default.
 func WithClock(now func() time.Time) ServerOption { return func(s *Server) { s.now = now } }
 
 // OutcomeClosed is a SessionEnd's Outcome when the chain closed the session in order (the
@@ -83,8 +94,11 @@ type SessionEnd struct {
 	Lo, Hi    int // the layers it ran
 	Steps     int // the steps it ran
 	Positions int // the positions it ran (its KV cache's length)
-	// Duration is from the session's admission to its end, on the server's clock
-	// (WithClock).
+	// Session is the session's ID, as the head chose it: 32 lowercase hex digits.
+	Session string
+	// Time is when the session ended and Duration its time from admission to then, on the
+	// server's clock (WithClock).
+	Time     time.Time
 	Duration time.Duration
 	// Outcome is OutcomeClosed, or the code of the failure that ended the session; Failed
 	// is then the stage the failure names (-1 the head).
@@ -112,6 +126,7 @@ type Server struct {
 	observer       Observer
 	onEnd          func(SessionEnd)
 	transfers      func(peer.ID, bandwidth.Transfer)
+	sign           func(SessionEnd) (string, error)
 	now            func() time.Time
 	// untimed makes the stage act as one that predates timed sessions: it ignores an open's
 	// timing and answers without the flag (tests of a mixed chain).
@@ -284,6 +299,7 @@ func (s *Server) serveOpen(from peer.ID, up network.Stream, body []byte) {
 		return
 	}
 	o.timing = o.timing && !s.untimed
+	o.receipts = o.receipts && s.sign != nil
 	ss, err := s.admit(from, up, o)
 	if err != nil {
 		log.Debugw("session refused", "peer", from, "model", o.model, "err", err)
@@ -332,16 +348,16 @@ func (s *Server) admit(from peer.ID, up network.Stream, o *open) (*session, erro
 	if err := s.reserve(ss); err != nil {
 		return nil, err
 	}
-	if err := up.Scope().ReserveMemory(ss.frameMax, network.ReservationPriorityHigh); err != nil {
+	if err := up.Scope().ReserveMemory(ss.upMax, network.ReservationPriorityHigh); err != nil {
 		s.unreserve(ss)
 		s.refused.Add(1)
-		return nil, inference.Errorf(inference.CodeOverloaded, "no memory for the session's %d-byte steps: %v", ss.frameMax, err)
+		return nil, inference.Errorf(inference.CodeOverloaded, "no memory for the session's %d-byte frames: %v", ss.upMax, err)
 	}
 	ctx, cancel := context.WithTimeout(ss.ctx, OpenTimeout)
 	defer cancel()
 	bs, err := s.backend.OpenStage(ctx, o.model, self.Lo, self.Hi, o.maxPositions)
 	if err != nil {
-		up.Scope().ReleaseMemory(ss.frameMax)
+		up.Scope().ReleaseMemory(ss.upMax)
 		s.unreserve(ss)
 		if s.ctx.Err() != nil {
 			return nil, inference.Errorf(inference.CodeShuttingDown, "stage is shutting down")
@@ -408,20 +424,39 @@ func (s *Server) release(ss *session, up network.Stream, f *failure) {
 	if err := ss.backend.Close(); err != nil {
 		log.Warnw("closing a stage session", "model", ss.open.model, "err", err)
 	}
-	up.Scope().ReleaseMemory(ss.frameMax)
+	up.Scope().ReleaseMemory(ss.upMax)
 	s.unreserve(ss)
-	if s.onEnd == nil {
-		return
+	if s.onEnd != nil {
+		s.onEnd(s.sessionEnd(ss, f))
 	}
-	end := SessionEnd{
-		Head: ss.open.head, From: ss.from, Index: ss.index, Model: ss.open.model,
-		Lo: ss.open.hops[0].Lo, Hi: ss.open.hops[0].Hi, Steps: ss.steps, Positions: ss.positions,
-		Duration: s.now().Sub(ss.admitted), Outcome: OutcomeClosed,
+}
+
+// sessionEnd describes ss, which ended (end ran) for f.
+func (s *Server) sessionEnd(ss *session, f *failure) SessionEnd {
+	self := ss.open.hops[0]
+	e := SessionEnd{
+		Head: ss.open.head, From: ss.from, Index: ss.index, Model: ss.open.model, Lo: self.Lo, Hi: self.Hi,
+		Steps: ss.steps, Positions: ss.positions, Session: hex.EncodeToString(ss.key.id[:]),
+		Time: ss.endedAt, Duration: ss.endedAt.Sub(ss.admitted), Outcome: OutcomeClosed,
 	}
 	if f.fault.code != "" {
-		end.Outcome, end.Failed = string(f.fault.code), f.fault.stage
+		e.Outcome, e.Failed = string(f.fault.code), f.fault.stage
 	}
-	s.onEnd(end)
+	return e
+}
+
+// receipt is this stage's signed receipt of ss, which the head closed in order (f), for
+// its receipts frame: "" when it cannot sign one (the head then has none of this stage).
+func (s *Server) receipt(ss *session, f *failure) string {
+	r, err := s.sign(s.sessionEnd(ss, f))
+	if err == nil && len(r) > MaxReceipt {
+		err = fmt.Errorf("%d bytes, over the protocol's %d", len(r), MaxReceipt)
+	}
+	if err != nil {
+		log.Warnw("stage receipt not signed; the head gets none", "peer", ss.open.head, "model", ss.open.model, "err", err)
+		return ""
+	}
+	return r
 }
 
 // faultOf is err as a fault of stage: its code and its message (the *inference.Error's

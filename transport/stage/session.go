@@ -36,6 +36,7 @@ type session struct {
 	width    int
 	batch    int   // the most positions of one step
 	frameMax int   // the bound of a hidden frame
+	upMax    int   // the bound of a frame from the previous hop: frameMax, or a receipts frame's
 	kv       int64 // the KV cache's bytes, against the server's budget
 	backend  inference.StageSession
 
@@ -46,6 +47,15 @@ type session struct {
 	// does (the open asked for times and the next hop answered timed): its output goes out
 	// in timed frames, and its input comes in them unless it is stage 0.
 	timed bool
+	// receipted: this stage sends its receipt at the end, as every stage after it does
+	// (the open asked for receipts, this stage signs them, and the next hop answered
+	// receipted): its end goes out as a receipts frame, and comes in as one unless it is
+	// stage 0. closing holds the receipts of the stages before it, from that frame.
+	receipted bool
+	closing   []string
+	// endedAt is when the session ended, on the server's clock: the time of its receipt
+	// and of its SessionEnd alike. Set by end.
+	endedAt time.Time
 
 	// Run so far: written by the handler goroutine under mu, read by Server.Running.
 	steps, positions int
@@ -66,9 +76,13 @@ func newSession(parent context.Context, from peer.ID, o *open, shape inference.M
 	self := o.hops[0]
 	batch := maxBatch(shape.Width, o.maxPositions, o.maxBatch)
 	ctx, cancel := context.WithCancel(parent)
+	frameMax, upMax := stepFrameMax(shape.Width, batch), stepFrameMax(shape.Width, batch)
+	if o.receipts && o.index > 0 {
+		upMax = max(upMax, receiptsFrameMax(o.index))
+	}
 	return &session{
 		key: sessionKey{head: o.head, id: o.session}, from: from, index: o.index, stages: o.stages(),
-		open: o, width: shape.Width, batch: batch, frameMax: stepFrameMax(shape.Width, batch),
+		open: o, width: shape.Width, batch: batch, frameMax: frameMax, upMax: upMax,
 		kv:  shape.KVBytesPerToken * int64(self.Hi-self.Lo) * int64(o.maxPositions) / int64(max(shape.Layers, 1)),
 		ctx: ctx, cancel: cancel, ret: make(chan network.Stream, 1),
 	}
@@ -76,6 +90,10 @@ func newSession(parent context.Context, from peer.ID, o *open, shape inference.M
 
 // last reports whether this stage is the chain's last: it returns its output to the head.
 func (ss *session) last() bool { return len(ss.open.hops) == 1 }
+
+// receiptsIn reports whether the session's end comes as a receipts frame: it is receipted
+// and has a stage before it (stage 0 gets the head's end frame).
+func (ss *session) receiptsIn() bool { return ss.receipted && ss.index > 0 }
 
 // nextIndex is the index of the stage after this one, or headStage for the last stage
 // (whose output goes to the head).
@@ -192,17 +210,18 @@ func (s *Server) finalFailure(ss *session) *failure {
 func (s *Server) link(ss *session, up network.Stream) (network.Stream, *frame.Reader, *failure) {
 	var down network.Stream
 	var downR *frame.Reader
-	ss.timed = ss.open.timing
+	ss.timed, ss.receipted = ss.open.timing, ss.open.receipts
 	if !ss.last() {
 		var f *failure
-		var nextTimed bool
-		if down, downR, nextTimed, f = s.dialNext(ss); f != nil {
+		var next byte
+		if down, downR, next, f = s.dialNext(ss); f != nil {
 			return down, nil, f
 		}
-		ss.timed = ss.timed && nextTimed
+		ss.timed = ss.timed && next&flagTimed != 0
+		ss.receipted = ss.receipted && next&flagReceipts != 0
 	}
 	up.SetWriteDeadline(time.Now().Add(OpenTimeout))
-	if err := frame.Write(up, encodeReady(ss.width, ss.timed)); err != nil {
+	if err := frame.Write(up, encodeReady(ss.width, flagsOf(ss.timed, ss.receipted))); err != nil {
 		return down, nil, s.broken(ss, sideUp, err)
 	}
 	if !ss.last() {
@@ -218,16 +237,16 @@ func (s *Server) link(ss *session, up network.Stream) (network.Stream, *frame.Re
 		return nil, nil, s.finalFailure(ss)
 	}
 	down.SetWriteDeadline(time.Now().Add(OpenTimeout))
-	if err := frame.Write(down, encodeReady(ss.width, false)); err != nil {
+	if err := frame.Write(down, encodeReady(ss.width, 0)); err != nil {
 		return down, nil, s.broken(ss, sideDown, err)
 	}
 	return down, frame.NewReader(down, MaxErrorFrame), nil
 }
 
 // dialNext opens the next hop's session and waits for its answer: ready once the rest of
-// the chain is set up (timed when it and every stage after it report their times), or an
-// error frame to pass back.
-func (s *Server) dialNext(ss *session) (network.Stream, *frame.Reader, bool, *failure) {
+// the chain is set up, with the flags of what it and every stage after it do (report
+// their times, send their receipts), or an error frame to pass back.
+func (s *Server) dialNext(ss *session) (network.Stream, *frame.Reader, byte, *failure) {
 	next, addrs := ss.open.hops[1], ss.open.addrs[1]
 	// The head's addresses for the next hop help only where this host knows none: a head
 	// cannot make it dial more than MaxAddrsPerHop, nor replace what it knows.
@@ -239,16 +258,16 @@ func (s *Server) dialNext(ss *session) (network.Stream, *frame.Reader, bool, *fa
 	down, err := s.h.NewStream(ctx, next.Peer, ID)
 	if err != nil {
 		if ss.ctx.Err() != nil {
-			return nil, nil, false, s.finalFailure(ss)
+			return nil, nil, 0, s.finalFailure(ss)
 		}
-		return nil, nil, false, &failure{
+		return nil, nil, 0, &failure{
 			fault: stageFault{stage: ss.index + 1, code: inference.CodeUnavailable, msg: fmt.Sprintf("open stream: %v", err)},
 			from:  sideDown, abort: true,
 		}
 	}
 	if err := down.Scope().SetService(ServiceName); err != nil {
 		down.Reset()
-		return nil, nil, false, &failure{fault: stageFault{stage: ss.index, code: inference.CodeOverloaded, msg: err.Error()}}
+		return nil, nil, 0, &failure{fault: stageFault{stage: ss.index, code: inference.CodeOverloaded, msg: err.Error()}}
 	}
 	// The set-up's timeout or Close resets the stream, which ends the wait below.
 	stop := context.AfterFunc(ctx, func() { down.Reset() })
@@ -257,41 +276,41 @@ func (s *Server) dialNext(ss *session) (network.Stream, *frame.Reader, bool, *fa
 	next1.index, next1.hops, next1.addrs = ss.index+1, ss.open.hops[1:], ss.open.addrs[1:]
 	down.SetWriteDeadline(time.Now().Add(OpenTimeout))
 	if err := frame.Write(down, encodeOpen(&next1)); err != nil {
-		return down, nil, false, s.setUpFailure(ctx, ss, err)
+		return down, nil, 0, s.setUpFailure(ctx, ss, err)
 	}
 	r := frame.NewReader(down, MaxErrorFrame)
 	down.SetReadDeadline(time.Now().Add(OpenTimeout))
 	body, err := r.Next()
 	if err != nil {
-		return down, nil, false, s.setUpFailure(ctx, ss, err)
+		return down, nil, 0, s.setUpFailure(ctx, ss, err)
 	}
 	switch {
 	case len(body) == 0:
-		return down, nil, false, s.broken(ss, sideDown, fmt.Errorf("%w: empty frame in answer to open", errProtocol))
+		return down, nil, 0, s.broken(ss, sideDown, fmt.Errorf("%w: empty frame in answer to open", errProtocol))
 	case body[0] == frameError:
 		f, err := decodeError(body, ss.index+1, ss.stages)
 		if err != nil {
-			return down, nil, false, s.broken(ss, sideDown, err)
+			return down, nil, 0, s.broken(ss, sideDown, err)
 		}
-		return down, nil, false, &failure{fault: f, from: sideDown}
+		return down, nil, 0, &failure{fault: f, from: sideDown}
 	case body[0] != frameReady:
-		return down, nil, false, s.broken(ss, sideDown, fmt.Errorf("%w: frame %#x in answer to open", errProtocol, body[0]))
+		return down, nil, 0, s.broken(ss, sideDown, fmt.Errorf("%w: frame %#x in answer to open", errProtocol, body[0]))
 	}
-	w, timed, err := decodeReady(body, ss.open.timing)
+	w, flags, err := decodeReady(body, flagsOf(ss.open.timing, ss.open.receipts))
 	if err != nil {
-		return down, nil, false, s.broken(ss, sideDown, err)
+		return down, nil, 0, s.broken(ss, sideDown, err)
 	}
 	if w != ss.width {
-		return down, nil, false, &failure{
+		return down, nil, 0, &failure{
 			fault: stageFault{stage: ss.index + 1, code: inference.CodeUnavailable, msg: fmt.Sprintf("model width %d, the previous stage's is %d", w, ss.width)},
 			from:  sideDown, abort: true,
 		}
 	}
 	if !stop() {
-		return down, nil, false, s.setUpFailure(ctx, ss, context.Canceled)
+		return down, nil, 0, s.setUpFailure(ctx, ss, context.Canceled)
 	}
 	down.SetDeadline(time.Time{})
-	return down, r, timed, nil
+	return down, r, flags, nil
 }
 
 // setUpFailure classifies a failed exchange with the next hop during set-up: Close, the
@@ -332,7 +351,7 @@ func (s *Server) broken(ss *session, sd side, err error) *failure {
 // cancelled already.
 func (s *Server) steps(ss *session, up, down network.Stream) {
 	m := bandwidth.NewMeter(up) // times each step's frame (WithServerTransfers)
-	r := frame.NewReader(m, max(ss.frameMax, MaxErrorFrame))
+	r := frame.NewReader(m, max(ss.upMax, MaxErrorFrame))
 	var out []byte // reused: the frame is written before the next step
 	for step := uint64(0); ; step++ {
 		up.SetReadDeadline(time.Now().Add(s.idle))
@@ -356,8 +375,19 @@ func (s *Server) steps(ss *session, up, down network.Stream) {
 		case err != nil:
 			ss.fail(*s.broken(ss, sideUp, err))
 			return
-		case len(body) == 1 && body[0] == frameEnd:
+		case len(body) == 1 && body[0] == frameEnd && !ss.receiptsIn():
 			ss.fail(failure{from: sideUp}) // the head closed the session: an orderly end
+			return
+		case len(body) > 0 && body[0] == frameReceipts && ss.receiptsIn():
+			// The head closed the session, and the stages before this one sent their receipts.
+			if ss.closing, err = decodeReceipts(body, ss.index); err != nil {
+				ss.fail(*s.broken(ss, sideUp, err))
+				return
+			}
+			ss.fail(failure{from: sideUp})
+			return
+		case len(body) > 0 && (body[0] == frameEnd || body[0] == frameReceipts):
+			ss.fail(*s.broken(ss, sideUp, fmt.Errorf("%w: end frame of type %#x in a session receipted: %v", errProtocol, body[0], ss.receipted)))
 			return
 		case len(body) > 0 && body[0] == frameError:
 			f, err := decodeError(body, headStage, ss.index)
@@ -479,6 +509,7 @@ func (s *Server) watch(ss *session, down network.Stream, r *frame.Reader) {
 // cause it gets the error frame, then an orderly close; the side that broke is reset. An
 // orderly end (the previous hop's end frame) passes the end frame on to the next hop.
 func (s *Server) end(ss *session, f *failure, up, down network.Stream) {
+	ss.endedAt = s.now()
 	for _, l := range []struct {
 		st network.Stream
 		sd side
@@ -490,8 +521,13 @@ func (s *Server) end(ss *session, f *failure, up, down network.Stream) {
 		case l.sd == f.from:
 			l.st.Close()
 		case f.fault.code == "":
+			// Only the next hop gets here: the previous one sent the end.
+			end := []byte{frameEnd}
+			if ss.receipted {
+				end = encodeReceipts(append(ss.closing, s.receipt(ss, f)))
+			}
 			l.st.SetWriteDeadline(time.Now().Add(errorWriteTimeout))
-			if err := frame.Write(l.st, []byte{frameEnd}); err != nil {
+			if err := frame.Write(l.st, end); err != nil {
 				l.st.Reset()
 				continue
 			}

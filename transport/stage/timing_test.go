@@ -126,16 +126,17 @@ func TestChainWithAnUntimedStage(t *testing.T) {
 	}
 }
 
-// timedRaw sets up, by hand, a session of layers [0, layers) at n as the last stage (index 1)
-// of a two-stage chain that asks for times: the raw host plays both the previous hop and the
-// head. The stage must answer the open timed and the attach untimed.
-func timedRaw(t *testing.T, n *stageNode, layers, width, batch int) *rawHead {
+// lastStageRaw sets up, by hand, a session of layers [0, layers) at n as the last stage
+// (index 1) of a two-stage chain whose open asks for what asked says (times, receipts):
+// the raw host plays both the previous hop and the head. The stage must answer the open
+// with exactly those flags and the attach with none.
+func lastStageRaw(t *testing.T, n *stageNode, layers, width, batch int, asked byte) *rawHead {
 	t.Helper()
 	r := &rawHead{h: newHost(t)}
 	know(r.h, n.h)
 	rand.Read(r.id[:])
 	o := &open{session: r.id, head: r.h.ID(), model: arithModel, maxPositions: 16, maxBatch: batch, index: 1,
-		hops: []Hop{{Peer: n.h.ID(), Lo: 0, Hi: layers}}, timing: true}
+		hops: []Hop{{Peer: n.h.ID(), Lo: 0, Hi: layers}}, timing: asked&flagTimed != 0, receipts: asked&flagReceipts != 0}
 	var err error
 	if r.up, err = r.h.NewStream(t.Context(), n.h.ID(), ID); err != nil {
 		t.Fatal(err)
@@ -148,14 +149,14 @@ func timedRaw(t *testing.T, n *stageNode, layers, width, batch int) *rawHead {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w, timed, err := decodeReady(got, true); err != nil || w != width || !timed {
-		t.Fatalf("answer to a timed open %x: width %d, timed %v, %v", got, w, timed, err)
+	if w, flags, err := decodeReady(got, asked); err != nil || w != width || flags != asked {
+		t.Fatalf("answer to an open asking for %b %x: width %d, flags %b, %v", asked, got, w, flags, err)
 	}
 	if r.ret, err = r.h.NewStream(t.Context(), n.h.ID(), ID); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.ret.Reset() })
-	r.ready(t, r.ret, encodeAttach(r.id), width) // untimed: decodeReady(…, false)
+	r.ready(t, r.ret, encodeAttach(r.id), width) // no flags: decodeReady(…, 0)
 	return r
 }
 
@@ -175,7 +176,7 @@ func TestTimedStageChecksItsInput(t *testing.T) {
 	}
 	t.Run("good", func(t *testing.T) {
 		n := newStage(t, newArith(layers, width, 1))
-		r := timedRaw(t, n, layers, width, batch)
+		r := lastStageRaw(t, n, layers, width, batch, flagTimed)
 		earlier := 1234567 * time.Nanosecond
 		if _, err := r.up.Write(appendTimedFrame(nil, 0, 1, []time.Duration{earlier}, promptStates(1, width))); err != nil {
 			t.Fatal(err)
@@ -207,26 +208,35 @@ func TestTimedStageChecksItsInput(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var seen observed
 			n := newStage(t, newArith(layers, width, 1), WithServerObserver(&seen))
-			r := timedRaw(t, n, layers, width, batch)
-			if _, err := r.up.Write(tt.wire); err != nil {
-				t.Fatal(err)
-			}
-			body, err := frame.ReadOne(r.ret, MaxErrorFrame)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if f, err := decodeError(body, headStage, 2); err != nil || f.code != inference.CodePeerLost || f.stage != 0 {
-				t.Fatalf("return stream got %+v (%v), want peer_lost naming the previous hop", f, err)
-			}
-			if _, err := r.up.Read(make([]byte, 1)); !errors.Is(err, network.ErrReset) {
-				t.Fatalf("read on the offending stream: %v, want a reset", err)
-			}
-			n.freed(t, string(inference.CodePeerLost))
-			want := r.h.ID().String() + " " + reputation.ProtocolViolation.String()
-			if got := seen.events(); len(got) != 1 || got[0] != want {
-				t.Fatalf("observed %q, want %q", got, want)
-			}
+			r := lastStageRaw(t, n, layers, width, batch, flagTimed)
+			r.violates(t, n, &seen, tt.wire)
 		})
+	}
+}
+
+// violates writes wire (whole frames) on r's stream to n, the last stage of a two-stage
+// chain, and checks that n takes it as its previous hop's violation: peer_lost naming
+// stage 0 passed on to the head, the offending stream reset, the session freed, the
+// violation recorded in seen.
+func (r *rawHead) violates(t *testing.T, n *stageNode, seen *observed, wire []byte) {
+	t.Helper()
+	if _, err := r.up.Write(wire); err != nil {
+		t.Fatal(err)
+	}
+	body, err := frame.ReadOne(r.ret, MaxErrorFrame)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f, err := decodeError(body, headStage, 2); err != nil || f.code != inference.CodePeerLost || f.stage != 0 {
+		t.Fatalf("return stream got %+v (%v), want peer_lost naming the previous hop", f, err)
+	}
+	if _, err := r.up.Read(make([]byte, 1)); !errors.Is(err, network.ErrReset) {
+		t.Fatalf("read on the offending stream: %v, want a reset", err)
+	}
+	n.freed(t, string(inference.CodePeerLost))
+	want := r.h.ID().String() + " " + reputation.ProtocolViolation.String()
+	if got := seen.events(); len(got) != 1 || got[0] != want {
+		t.Fatalf("observed %q, want %q", got, want)
 	}
 }
 
@@ -292,5 +302,5 @@ func TestHeadChecksTimes(t *testing.T) {
 // with the given timed flags, then the first step with back on the return stream.
 func fakeTimedStage(t *testing.T, width int, openTimed, attachTimed bool, back []byte) host.Host {
 	t.Helper()
-	return fakeChainStage(t, width, openTimed, attachTimed, func([]byte) ([]byte, []byte) { return back, nil })
+	return fakeChainStage(t, width, flagsOf(openTimed, false), flagsOf(attachTimed, false), func([]byte) ([]byte, []byte) { return back, nil })
 }
