@@ -2,6 +2,7 @@ package testnet
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math"
 	"net/http"
@@ -39,8 +40,15 @@ func TestPipelineServesAModelNoNodeHolds(t *testing.T) {
 	})
 	within(t, 20*time.Second, "converge", tn.Converged)
 	router := tn.Node(0)
-	for seed := range int64(3) {
-		body := routedBody(model, 6, seed, nil)
+	// Greedy, sampled and nucleus-sampled, and one cut by a stop string taken from its own
+	// uninterrupted output.
+	sampling := []struct {
+		temp, topP float64
+		stop       bool
+	}{{0, 1, false}, {0.8, 1, false}, {1.3, 0.5, true}}
+	for seed := range int64(len(sampling)) {
+		sp := sampling[seed]
+		body := samplingBody(t, model, 6, seed, sp.temp, sp.topP, sp.stop)
 		r := stream(t, router.APIAddr(), body, nil, nil)
 		if r.errCode != "" || !r.done {
 			t.Fatalf("seed %d: %+v", seed, r)
@@ -53,7 +61,7 @@ func TestPipelineServesAModelNoNodeHolds(t *testing.T) {
 			t.Fatalf("seed %d: pipeline gave %q, a single node %q", seed, r.text(), want)
 		}
 	}
-	if st := router.Status().Pipelines; st.Headed < 3 {
+	if st := router.Status().Pipelines; st.Headed < uint64(len(sampling)) {
 		t.Fatalf("router pipelines status %+v, want 3 headed", st)
 	}
 	// With two of the three stopped, the mesh cannot hold the model: a typed refusal
@@ -194,6 +202,21 @@ func TestPipelineLosesAStageMidStream(t *testing.T) {
 	if hi < lo+3 {
 		t.Fatalf("first steps of %d to %d positions: the second pipeline did not replay the tokens sent", lo, hi)
 	}
+}
+
+// samplingBody is a routed request for model with the given sampling; with stop, it stops
+// at two characters from the middle of its own uninterrupted output.
+func samplingBody(t *testing.T, model string, maxTokens int, seed int64, temp, topP float64, stop bool) string {
+	m := map[string]any{
+		"model": model, "max_tokens": maxTokens, "seed": seed, "temperature": temp, "top_p": topP, "stream": true,
+		"messages": []map[string]string{{"role": "user", "content": "tell me about meshes"}},
+	}
+	b, _ := json.Marshal(m)
+	if full := reference(t, string(b)); stop && len(full) > 4 {
+		m["stop"] = []string{full[len(full)/2 : len(full)/2+2]}
+		b, _ = json.Marshal(m)
+	}
+	return string(b)
 }
 
 // stageBudgets gives node 0 (the router, serving nothing) no budget and every other node
