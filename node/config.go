@@ -185,6 +185,13 @@ type Config struct {
 	// WebRTCConnectTimeout bounds setting up a WebRTC path to a peer before the request
 	// goes over libp2p instead. Default: webrtc.DefaultConnectTimeout (5 s).
 	WebRTCConnectTimeout time.Duration
+	// PeerFirstTokenTimeout and PeerInterTokenTimeout bound a peer's silence on this node's
+	// requests to peers (transport/infer's Client, over libp2p and WebRTC): before the first
+	// token, and then between two frames. PeerInterTokenTimeout also bounds a decode step of
+	// a pipeline this node heads (transport/stage). Zero: infer.DefaultFirstTokenTimeout
+	// (30 s) and infer.DefaultInterTokenTimeout (5 s); a peer frozen mid-stream is found
+	// within the latter and the stream resumed elsewhere. Testnets shorten them.
+	PeerFirstTokenTimeout, PeerInterTokenTimeout time.Duration
 	// WebRTCSettingEngine configures pion (tests: a virtual network, candidate filters);
 	// nil means webrtc.DefaultSettingEngine().
 	WebRTCSettingEngine *pionwebrtc.SettingEngine

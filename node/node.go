@@ -326,7 +326,10 @@ func (n *Node) start() error {
 			n.closers = append(n.closers, cb.Close)
 		}
 		coordinator := cfg.HasRole(RoleCoordinator)
-		clientOpts := []infer.ClientOption{infer.WithClientObserver(n.rep)}
+		clientOpts := []infer.ClientOption{
+			infer.WithClientObserver(n.rep),
+			infer.WithTimeouts(cfg.PeerFirstTokenTimeout, cfg.PeerInterTokenTimeout),
+		}
 		if coordinator {
 			// The meter opens first and closes last: the executor's verifications record
 			// in it until the executor has closed.

@@ -153,6 +153,9 @@ func TestPipelineLosesAStageMidStream(t *testing.T) {
 		Configure: func(i int, cfg *node.Config) {
 			// Three stages of 2+1+1 layers out of four candidates: one spare.
 			cfg.MemoryBudget = []int64{0, 10 << 20, 10 << 20, 5 << 20, 5 << 20}[i]
+			// The stages are held until the test has killed one: the lost stage, not a
+			// step timing out at the head, is what the test is about.
+			cfg.PeerInterTokenTimeout = time.Minute
 			cfg.WrapStages = func(b inference.StageBackend) inference.StageBackend {
 				return heldStages{StageBackend: b, node: i, step: 5, reached: reached, release: release, firsts: firsts}
 			}
