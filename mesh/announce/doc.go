@@ -33,6 +33,8 @@
 //	seq the registry holds for it (vectors pulled by sync)
 //	a new identity past the forwarder's budget, or a peer found    Ignore (registry.Admit)
 //	unreachable lately
+//	the author's rate used up (rateBurst back to back, then        Ignore (rate_limited)
+//	ratePerHeartbeat per heartbeat; see validator.go)
 //	otherwise                                                      Accept
 //
 // The per-peer seq high-water mark lives here, not in GossipSub's seen-cache, so a replay is
