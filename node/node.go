@@ -159,6 +159,9 @@ func (n *Node) start() error {
 		dht.ProtocolPrefix(DHTProtocolPrefix),
 		dht.Mode(mode),
 		dht.BootstrapPeers(cfg.Bootstrap...),
+		// At most 3 peers of one public IP group in the routing table (eclipse; loopback
+		// and private groups exempt, see mesh/discovery's diverse.go).
+		dht.RoutingTablePeerDiversityFilter(discovery.DHTDiversityFilter(h)),
 	}
 	if cfg.Loopback {
 		// The random-walk refresh queries ~20 peers per bucket; on one machine it connects each
