@@ -16,7 +16,9 @@ import (
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
+	rcmgr "github.com/libp2p/go-libp2p/p2p/host/resource-manager"
 	"github.com/libp2p/go-libp2p/p2p/transport/tcp"
+	ma "github.com/multiformats/go-multiaddr"
 	manet "github.com/multiformats/go-multiaddr/net"
 
 	"github.com/meshinfer/meshinfer/mesh/announce"
@@ -388,4 +390,37 @@ func TestSybilsOnOneIPScoreBelowPublish(t *testing.T) {
 		t.Fatal("the peer on its own address was disconnected")
 	}
 	t.Logf("%d Sybils on %s connected (%d refused by the per-IP cap), each scoring %.0f; the peer on 127.0.0.3 scores 0", len(sybils), ip, refused, want)
+}
+
+// Bootstrap peers' IP addresses are allowlisted in the resource manager for their own peer
+// ID only; a DNS address is left out; another peer on the same address is not allowlisted.
+func TestBootstrapPeersAllowlisted(t *testing.T) {
+	key, _, err := crypto.GenerateEd25519Key(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	boot, _ := peer.IDFromPrivateKey(key)
+	other := tcpPeer(t, "127.0.0.1").ID()
+	rm, err := newResourceManager(Config{Bootstrap: []peer.AddrInfo{{ID: boot, Addrs: []ma.Multiaddr{
+		ma.StringCast("/ip4/203.0.113.7/tcp/4001"), ma.StringCast("/ip6/2001:db8::7/udp/4001/quic-v1"), ma.StringCast("/dns4/boot.example.com/tcp/4001"),
+	}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rm.Close()
+	al := rcmgr.GetAllowlist(rm)
+	for _, tc := range []struct {
+		p    peer.ID
+		addr string
+		want bool
+	}{
+		{boot, "/ip4/203.0.113.7/tcp/5555", true},
+		{boot, "/ip6/2001:db8::7/tcp/4001", true},
+		{boot, "/ip4/203.0.113.8/tcp/4001", false},
+		{other, "/ip4/203.0.113.7/tcp/4001", false},
+	} {
+		if got := al.AllowedPeerAndMultiaddr(tc.p, ma.StringCast(tc.addr)); got != tc.want {
+			t.Errorf("%s from %s: allowlisted %v, want %v", tc.p, tc.addr, got, tc.want)
+		}
+	}
 }
