@@ -108,10 +108,12 @@ type scoreWatch struct {
 	grafts map[peer.ID]int
 	// validated counts, per peer that delivered them, the messages that entered validation.
 	validated map[peer.ID]int
+	// recv counts, per author, the messages that arrived in RPCs (before any graylisting).
+	recv map[peer.ID]int
 }
 
 func newScoreWatch() *scoreWatch {
-	return &scoreWatch{topic: announce.Topic(DefaultMesh), mesh: map[peer.ID]bool{}, grafts: map[peer.ID]int{}, validated: map[peer.ID]int{}}
+	return &scoreWatch{topic: announce.Topic(DefaultMesh), mesh: map[peer.ID]bool{}, grafts: map[peer.ID]int{}, validated: map[peer.ID]int{}, recv: map[peer.ID]int{}}
 }
 
 // options are the node's PubsubOptions: the inspector every 20 ms and the tracer.
@@ -148,6 +150,13 @@ func (w *scoreWatch) validations(p peer.ID) int {
 	return w.validated[p]
 }
 
+// received is how many messages authored by p arrived in RPCs, graylisted or not.
+func (w *scoreWatch) received(p peer.ID) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.recv[p]
+}
+
 func (w *scoreWatch) Graft(p peer.ID, topic string) {
 	if topic != w.topic {
 		return
@@ -175,28 +184,35 @@ func (w *scoreWatch) ValidateMessage(msg *pubsub.Message) {
 	w.mu.Unlock()
 }
 
-func (w *scoreWatch) OnNewOutboundStream(peer.ID, protocol.ID)             {}
-func (w *scoreWatch) OnClosedOutboundStream(peer.ID)                       {}
-func (w *scoreWatch) Join(string)                                          {}
-func (w *scoreWatch) Leave(string)                                         {}
-func (w *scoreWatch) DeliverMessage(*pubsub.Message)                       {}
-func (w *scoreWatch) RejectMessage(*pubsub.Message, string)                {}
-func (w *scoreWatch) DuplicateMessage(*pubsub.Message)                     {}
-func (w *scoreWatch) ThrottlePeer(peer.ID)                                 {}
-func (w *scoreWatch) RecvRPC(*pubsub.RPC)                                  {}
+func (w *scoreWatch) OnNewOutboundStream(peer.ID, protocol.ID) {}
+func (w *scoreWatch) OnClosedOutboundStream(peer.ID)           {}
+func (w *scoreWatch) Join(string)                              {}
+func (w *scoreWatch) Leave(string)                             {}
+func (w *scoreWatch) DeliverMessage(*pubsub.Message)           {}
+func (w *scoreWatch) RejectMessage(*pubsub.Message, string)    {}
+func (w *scoreWatch) DuplicateMessage(*pubsub.Message)         {}
+func (w *scoreWatch) ThrottlePeer(peer.ID)                     {}
+func (w *scoreWatch) RecvRPC(r *pubsub.RPC) {
+	w.mu.Lock()
+	for _, m := range r.GetPublish() {
+		w.recv[peer.ID(m.GetFrom())]++
+	}
+	w.mu.Unlock()
+}
 func (w *scoreWatch) SendRPC(*pubsub.RPC, peer.ID)                         {}
 func (w *scoreWatch) SendRPCCompleted(*pubsub.RPC, peer.ID, time.Duration) {}
 func (w *scoreWatch) DropRPC(*pubsub.RPC, peer.ID)                         {}
 func (w *scoreWatch) UndeliverableMessage(*pubsub.Message)                 {}
 
 // gossipPeer is a plain libp2p host on ip with GossipSub (no scoring of its own),
-// subscribed to the capability topic.
+// subscribed to the capability topic. It flood-publishes, as an attacker would: its own
+// messages go to every peer on the topic, also to a node that pruned it from its mesh.
 func gossipPeer(t *testing.T, ip string) (host.Host, *pubsub.Topic) {
 	t.Helper()
 	h := tcpPeer(t, ip)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	ps, err := pubsub.NewGossipSub(ctx, h)
+	ps, err := pubsub.NewGossipSub(ctx, h, pubsub.WithFloodPublish(true))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,19 +309,21 @@ func TestGossipSubGraylistsAForger(t *testing.T) {
 		return !in
 	})
 
-	// Graylisted: its RPCs are dropped before validation. Ten more forgeries, then the
-	// honest node's next announcement: once that one has been validated, nothing of the
-	// attacker's was (RPCs are handled in arrival order, the dropping in that same step).
-	validated := w.validations(att.ID())
+	// Graylisted: its RPCs are dropped before validation. Ten more forgeries arrive; then,
+	// once two more of the honest node's messages have been validated, none of the ten has
+	// been (RPCs are handled in arrival order, and a graylisted one is dropped in the step
+	// that would queue its messages for validation).
+	validated, arrived := w.validations(att.ID()), w.received(att.ID())
 	for i := range 10 {
 		if err := topic.Publish(ctx, forgedVector(t, att.ID(), uint64(sent+i+1))); err != nil {
 			t.Fatal(err)
 		}
 	}
+	within(t, 10*time.Second, "the ten forgeries arrived at the victim", func() bool { return w.received(att.ID()) >= arrived+10 })
 	honestSeen := w.validations(honest.ID())
 	within(t, 10*time.Second, "the honest node's next announcements validated", func() bool { return w.validations(honest.ID()) >= honestSeen+2 })
 	if got := w.validations(att.ID()); got != validated || victim.Status().Announcements.Rejected != rejected {
-		t.Fatalf("graylisted attacker: %d of its messages validated after the graylisting, rejected %d → %d", got-validated, rejected, victim.Status().Announcements.Rejected)
+		t.Fatalf("graylisted attacker: %d of its 10 arrived messages validated, rejected %d → %d", got-validated, rejected, victim.Status().Announcements.Rejected)
 	}
 	hs, _ := w.score(honest.ID())
 	if in, _ := w.inMesh(honest.ID()); hs.Score <= 0 || !in {
@@ -335,9 +353,9 @@ func localIPv4() string {
 // ignores loopback in P6 and the resource manager exempts it), and the node connects to
 // one peer on 127.0.0.3.
 // The per-IP connection cap lets limitConnsPerIPv4 (8) of the twelve in; GossipSub's IP
-// colocation factor then scores each of them (8-3)² = 25 times -10: -250, below the publish
-// threshold (-100), so the node neither gossips to them nor flood-publishes its
-// announcements to them. The peer on its own address scores 0 and stays connected.
+// colocation factor then scores each of them (8-3)² = 25 times -10: -250, below the gossip
+// (-50) and publish (-100) thresholds and under zero: no mesh place, no gossip, never a
+// publish target. The peer on its own address scores 0 and stays connected.
 func TestSybilsOnOneIPScoreBelowPublish(t *testing.T) {
 	ip := localIPv4()
 	if ip == "" {

@@ -48,7 +48,7 @@
 // does for the topic (P1 time in the mesh, P2 first deliveries of valid vectors: at most
 // 60 points), and subtracts invalid messages (P4), too many peers on one IP (P6) and the
 // router's own behaviour penalties (P7); P3's delivery-rate floor is off. Below
-// ScoreGossip a peer gets no gossip, below ScorePublish none of our own announcements,
+// ScoreGossip a peer gets no gossip, below ScorePublish it is no target of our own publishes,
 // below ScoreGraylist its RPCs are dropped unread; a peer under zero is also pruned from
 // the mesh at the next GossipSub heartbeat. The figures: a peer is graylisted at its 7th
 // invalid vector whatever its standing, and so is every identity of an IP with ten or more;

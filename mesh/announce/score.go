@@ -49,11 +49,12 @@ const (
 	// P6, IP colocation: minus ten points times the square of the number of peers beyond
 	// three that share one IP address. Several honest nodes behind one NAT are normal (a
 	// household, an office): three cost nothing, four -10 (paid for by a few minutes of
-	// standing), five -40; ten cost -490, below the graylist. A Sybil with 30 identities on
-	// one IP (F11) is graylisted on every one of them, though the node's per-IP connection
-	// cap (8) lets only eight in: -250 each, below the publish threshold. GossipSub itself
-	// leaves loopback addresses out of this count (go-libp2p-pubsub's getIPs), so a
-	// testnet's nodes, all on 127.0.0.1, are never penalized, and no setting changes that.
+	// standing), five -40; ten cost -490, below the graylist. Of a Sybil's 30 identities on
+	// one IP (F11), the node's per-IP connection cap (8) lets only eight in, and each of
+	// them scores -250: below the gossip and publish thresholds and under zero, so out of
+	// every mesh. GossipSub itself leaves loopback addresses out of this count
+	// (go-libp2p-pubsub's getIPs), so a testnet's nodes, all on 127.0.0.1, are never
+	// penalized, and no setting changes that.
 	scoreColocationWeight    = -10.0
 	scoreColocationThreshold = 3
 
@@ -79,7 +80,8 @@ const (
 	// ScoreGossip: no IHAVE gossip to or from the peer. Reached by a peer with no standing
 	// at its 3rd invalid message, or six peers on one IP.
 	ScoreGossip = -50.0
-	// ScorePublish: this node's own announcements are not flood-published to the peer.
+	// ScorePublish: the peer is never a target for this node's own announcements (as a
+	// fanout or floodsub peer; flood publishing, which it also gates, is off).
 	ScorePublish = -100.0
 	// ScoreGraylist: every RPC of the peer is dropped unread, before validation: its
 	// messages cost this node nothing more. Reached at the 7th invalid message, or with
