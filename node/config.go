@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	pubsub "github.com/libp2p/go-libp2p-pubsub"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 	pionwebrtc "github.com/pion/webrtc/v4"
@@ -212,6 +213,16 @@ type Config struct {
 	Heartbeat time.Duration
 	// ConnsLow and ConnsHigh are the connection manager's water marks.
 	ConnsLow, ConnsHigh int
+	// LimitLoopback applies the resource manager's per-IP connection cap (host.go) to
+	// loopback addresses too. go-libp2p exempts 127.0.0.0/8 and ::1 by default, so that a
+	// testnet's nodes, all on 127.0.0.1, are not taken for one host's Sybils; tests of the
+	// cap set it and bind peers to distinct 127.0.0.x. (GossipSub's IP colocation penalty
+	// ignores loopback addresses whatever this says: see mesh/announce's PeerScore.)
+	LimitLoopback bool
+	// PubsubOptions are appended to GossipSub's options after the node's own: a test hook
+	// (a score inspector, pubsub.WithPeerScoreInspect, must come after the node's
+	// pubsub.WithPeerScore; a raw tracer). Nil in production.
+	PubsubOptions []pubsub.Option
 	// Loopback configures the node for a testnet on one machine: no NAT traversal services,
 	// DHT in server mode (loopback addresses are never "public"), no mDNS, and no DHT
 	// routing-table refresh, DHT rendezvous or GossipSub peer exchange (on one machine they

@@ -13,9 +13,12 @@
 // Loopback pitfalls, handled here on purpose:
 //   - go-libp2p's resource manager exempts 127.0.0.0/8 from its per-IP connection limits, so
 //     100 nodes on one address are not throttled as one host would be. Tests of those limits
-//     must bind peers to distinct 127.0.0.x addresses.
+//     set node.Config.LimitLoopback and bind peers to distinct 127.0.0.x addresses.
+//     GossipSub's IP colocation penalty ignores loopback addresses altogether (its tests use
+//     the machine's own non-loopback address).
 //   - kad-dht's IP-diversity filter would put all of 127/8 in one group and keep only a few
-//     peers per bucket; meshinfer nodes do not enable it, so the DHT fills normally.
+//     peers per bucket; meshinfer nodes enable it with loopback and private groups exempt
+//     (mesh/discovery's DHTDiversityFilter), so the DHT fills normally.
 //   - loopback addresses are never "public", so DHT server mode is forced (Config.Loopback)
 //     and NAT traversal services, which would only burn CPU here, are off.
 //   - verification voters must be on hosts apart, and every node on 127.0.0.1 is one host:

@@ -120,6 +120,12 @@ func newRig(t *testing.T, seenTTL time.Duration) *rig { return newRigLowWater(t,
 // newRigLowWater is newRig with the victim's ContactLowWater (0: the default).
 func newRigLowWater(t *testing.T, seenTTL time.Duration, lowWater int) *rig {
 	t.Helper()
+	return newRigClock(t, seenTTL, lowWater, time.Now)
+}
+
+// newRigClock is newRigLowWater with the victim's clock.
+func newRigClock(t *testing.T, seenTTL time.Duration, lowWater int, now func() time.Time) *rig {
+	t.Helper()
 	vKey, aKey := newKey(t), newKey(t)
 	vh, ah := newHost(t, vKey), newHost(t, aKey)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -149,7 +155,7 @@ func newRigLowWater(t *testing.T, seenTTL time.Duration, lowWater int) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(vh, vps, vKey, reg, fixedSource{}, Params{Mesh: testMesh, Heartbeat: time.Minute, Contact: slowContact, Observer: rep,
+	a, err := New(vh, vps, vKey, reg, fixedSource{}, Params{Mesh: testMesh, Heartbeat: time.Minute, Now: now, Contact: slowContact, Observer: rep,
 		ContactLowWater: lowWater, Transfers: func(from peer.ID, t bandwidth.Transfer) {
 			select {
 			case r.transfers <- syncTransfer{from, t}:
@@ -184,7 +190,8 @@ func (r *rig) send(t *testing.T, data []byte) Counts {
 		return c.Accepted+c.Rejected+c.Ignored > before.Accepted+before.Rejected+before.Ignored
 	})
 	after := r.victim.Counts()
-	return Counts{after.Accepted - before.Accepted, after.Rejected - before.Rejected, after.Ignored - before.Ignored}
+	return Counts{Accepted: after.Accepted - before.Accepted, Rejected: after.Rejected - before.Rejected, Ignored: after.Ignored - before.Ignored,
+		RateLimited: after.RateLimited - before.RateLimited}
 }
 
 func TestValidatorRejectsForgeriesWithoutStateChange(t *testing.T) {
@@ -471,7 +478,7 @@ func TestReplayPenalizesOnlyTheAuthorsOwnRollback(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	v := newValidator(func() time.Time { return now })
+	v := newValidator(func() time.Time { return now }, time.Minute)
 	v.observe = func(p peer.ID, e reputation.Event) { rep.Observe(p.String(), e, now) }
 	msg := func(seq, env uint64) *pubsub.Message {
 		seqno := binary.BigEndian.AppendUint64(nil, env)
