@@ -8,7 +8,9 @@
 // 127.0.0.1 TCP and QUIC with OS-chosen ports; consoles listen on ConsoleBase+i (or
 // OS-chosen ports when ConsoleBase is 0), and OpenAI APIs on APIBase+i likewise. Nodes
 // serve different synthetic models (DefaultModels), so some requests must cross the mesh.
-// Options.Faults makes the last nodes misbehave (liars and slow nodes; see Faults).
+// Options.Faults makes the last nodes misbehave (liars and slow nodes; see Faults), and
+// Options.Links puts a fault proxy in front of every node, so that tests delay, throttle,
+// blackhole and reset the links between nodes while they run (links.go).
 //
 // Loopback pitfalls, handled here on purpose:
 //   - go-libp2p's resource manager exempts 127.0.0.0/8 from its per-IP connection limits, so
