@@ -192,7 +192,7 @@ type peerView interface {
 
 // Links into and out of node 2 add 50 ms each way from the start: node 0, which routes,
 // measures a round trip to node 2 of at least 100 ms (the peerstore's latency, the RTT the
-// executor gives route.Decide as Peer.RTT) and well under 50 ms to node 1. The share of
+// executor gives route.Decide as Peer.RTT) and less to node 1. The share of
 // requests node 2 gets is logged, not asserted: route.Decide orders mesh peers by score,
 // measured performance and spare capacity, and uses the RTT only in the mesh tier's TTFT
 // estimate, so a 100 ms longer round trip does not reliably lower a peer's share (a
@@ -219,8 +219,10 @@ func TestLinkDelay(t *testing.T) {
 	if got := rtt(slow.ID()); got < 2*delay {
 		t.Errorf("RTT to the delayed peer %v, want ≥ %v", got, 2*delay)
 	}
-	if got := rtt(fast.ID()); got >= delay {
-		t.Errorf("RTT to the direct peer %v, want < %v", got, delay)
+	// Only node 2's links are delayed (an upper bound on the other's RTT would time the
+	// machine).
+	if got := rtt(fast.ID()); got >= rtt(slow.ID()) {
+		t.Errorf("RTT to the direct peer %v, not under the delayed peer's %v", got, rtt(slow.ID()))
 	}
 	t.Logf("RTT: delayed peer %v, other %v", rtt(slow.ID()), rtt(fast.ID()))
 
