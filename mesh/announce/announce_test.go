@@ -459,11 +459,10 @@ func TestSyncCannotBringBackAForgottenPeer(t *testing.T) {
 	}
 }
 
-// TestReplayPenalizesOnlyTheAuthorsOwnRollback: a whole GossipSub message replayed (its
-// signed seqno unchanged) is ignored and penalizes nobody, since anyone can replay it; a
-// message the author signed afresh around an old vector is its own rollback, a protocol
-// violation.
-func TestReplayPenalizesOnlyTheAuthorsOwnRollback(t *testing.T) {
+// seqRig is a validator recording into a reputation store, and msg builds the author's
+// GossipSub message carrying its vector seq in the message seqno env.
+func seqRig(t *testing.T) (peer.ID, *reputation.Store, *validator, func(seq, env uint64) *pubsub.Message) {
+	t.Helper()
 	key := newKey(t)
 	author, _ := peer.IDFromPrivateKey(key)
 	rep, err := reputation.New(reputation.DefaultParams())
@@ -477,6 +476,15 @@ func TestReplayPenalizesOnlyTheAuthorsOwnRollback(t *testing.T) {
 		seqno := binary.BigEndian.AppendUint64(nil, env)
 		return &pubsub.Message{Message: &pubsub_pb.Message{From: []byte(author), Seqno: seqno, Data: signed(t, key, seq, now, time.Minute, nil)}}
 	}
+	return author, rep, v, msg
+}
+
+// TestReplayPenalizesOnlyTheAuthorsOwnRollback: a whole GossipSub message replayed (its
+// signed seqno unchanged) is ignored and penalizes nobody, since anyone can replay it; a
+// message the author signed afresh around an old vector is its own rollback, a protocol
+// violation.
+func TestReplayPenalizesOnlyTheAuthorsOwnRollback(t *testing.T) {
+	author, rep, v, msg := seqRig(t)
 	if got := v.check(msg(20, 5)); got != pubsub.ValidationAccept {
 		t.Fatalf("first message: %v", got)
 	}
@@ -502,21 +510,9 @@ func TestReplayPenalizesOnlyTheAuthorsOwnRollback(t *testing.T) {
 // TestPartitionAndHeal a healed peer scored 0 for protocol_violation; this is the path
 // that can do it.)
 func TestLateMessageAfterPartitionIsNoRollback(t *testing.T) {
-	key := newKey(t)
-	author, _ := peer.IDFromPrivateKey(key)
-	rep, err := reputation.New(reputation.DefaultParams())
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	v := newValidator(func() time.Time { return now })
-	v.observe = func(p peer.ID, e reputation.Event) { rep.Observe(p.String(), e, now) }
+	author, rep, v, msg := seqRig(t)
 	registrySeq := uint64(0)
 	v.newer = func(p peer.ID, seq uint64) bool { return p == author && registrySeq > seq }
-	msg := func(seq, env uint64) *pubsub.Message {
-		seqno := binary.BigEndian.AppendUint64(nil, env)
-		return &pubsub.Message{Message: &pubsub_pb.Message{From: []byte(author), Seqno: seqno, Data: signed(t, key, seq, now, time.Minute, nil)}}
-	}
 	if got := v.check(msg(20, 5)); got != pubsub.ValidationAccept {
 		t.Fatalf("first message: %v", got)
 	}
@@ -524,7 +520,7 @@ func TestLateMessageAfterPartitionIsNoRollback(t *testing.T) {
 	if got := v.check(msg(25, 7)); got != pubsub.ValidationIgnore {
 		t.Fatalf("late message under the synced vector: %v, want ignored", got)
 	}
-	v.raise(author, 40, now) // the registry forgot the author at seq 40
+	v.raise(author, 40, time.Now()) // the registry forgot the author at seq 40
 	if got := v.check(msg(35, 9)); got != pubsub.ValidationIgnore {
 		t.Fatalf("late message under the raised mark: %v, want ignored", got)
 	}
