@@ -108,6 +108,11 @@ type Config struct {
 	Roles []Role
 	// ListenAddrs are libp2p multiaddrs to listen on. Default: DefaultListenAddrs.
 	ListenAddrs []string
+	// AnnounceAddrs, when set, are the only addresses the node tells its peers (identify,
+	// its peer record, AddrInfo) instead of its listen and observed addresses, as kubo's
+	// Addresses.Announce: a port forwarded to this node, or (testnet) a fault proxy in front
+	// of it that peers must dial. Multiaddrs without /p2p.
+	AnnounceAddrs []string
 	// Bootstrap peers are dialled at start and whenever the node runs short of connections.
 	Bootstrap []peer.AddrInfo
 	// MDNS turns on LAN discovery.

@@ -2,6 +2,7 @@ package node
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/libp2p/go-libp2p"
@@ -81,6 +82,11 @@ func newHost(cfg Config, key crypto.PrivKey) (host.Host, error) {
 	if err != nil {
 		return nil, err
 	}
+	announce, err := parseAddrs(cfg.AnnounceAddrs)
+	if err != nil {
+		rm.Close()
+		return nil, fmt.Errorf("announce addresses: %w", err)
+	}
 	cm, err := connmgr.NewConnManager(cfg.ConnsLow, cfg.ConnsHigh, connmgr.WithGracePeriod(connGrace))
 	if err != nil {
 		rm.Close()
@@ -105,6 +111,9 @@ func newHost(cfg Config, key crypto.PrivKey) (host.Host, error) {
 		libp2p.UserAgent("meshinfer/" + cfg.Version),
 		libp2p.Ping(true),
 		libp2p.DisableMetrics(),
+	}
+	if len(announce) > 0 {
+		opts = append(opts, libp2p.AddrsFactory(func([]ma.Multiaddr) []ma.Multiaddr { return slices.Clone(announce) }))
 	}
 	if cfg.Loopback {
 		// One machine: nothing to traverse, and AutoNAT probes between loopback peers only
@@ -265,4 +274,16 @@ func isRelay(a ma.Multiaddr) bool { return isProto(a, ma.P_CIRCUIT) }
 func isProto(a ma.Multiaddr, code int) bool {
 	_, err := a.ValueForProtocol(code)
 	return err == nil
+}
+
+func parseAddrs(ss []string) ([]ma.Multiaddr, error) {
+	out := make([]ma.Multiaddr, 0, len(ss))
+	for _, s := range ss {
+		a, err := ma.NewMultiaddr(s)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	return out, nil
 }

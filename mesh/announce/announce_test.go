@@ -466,11 +466,10 @@ func TestSyncCannotBringBackAForgottenPeer(t *testing.T) {
 	}
 }
 
-// TestReplayPenalizesOnlyTheAuthorsOwnRollback: a whole GossipSub message replayed (its
-// signed seqno unchanged) is ignored and penalizes nobody, since anyone can replay it; a
-// message the author signed afresh around an old vector is its own rollback, a protocol
-// violation.
-func TestReplayPenalizesOnlyTheAuthorsOwnRollback(t *testing.T) {
+// seqRig is a validator recording into a reputation store, and msg builds the author's
+// GossipSub message carrying its vector seq in the message seqno env.
+func seqRig(t *testing.T) (peer.ID, *reputation.Store, *validator, func(seq, env uint64) *pubsub.Message) {
+	t.Helper()
 	key := newKey(t)
 	author, _ := peer.IDFromPrivateKey(key)
 	rep, err := reputation.New(reputation.DefaultParams())
@@ -484,6 +483,15 @@ func TestReplayPenalizesOnlyTheAuthorsOwnRollback(t *testing.T) {
 		seqno := binary.BigEndian.AppendUint64(nil, env)
 		return &pubsub.Message{Message: &pubsub_pb.Message{From: []byte(author), Seqno: seqno, Data: signed(t, key, seq, now, time.Minute, nil)}}
 	}
+	return author, rep, v, msg
+}
+
+// TestReplayPenalizesOnlyTheAuthorsOwnRollback: a whole GossipSub message replayed (its
+// signed seqno unchanged) is ignored and penalizes nobody, since anyone can replay it; a
+// message the author signed afresh around an old vector is its own rollback, a protocol
+// violation.
+func TestReplayPenalizesOnlyTheAuthorsOwnRollback(t *testing.T) {
+	author, rep, v, msg := seqRig(t)
 	if got := v.check(msg(20, 5)); got != pubsub.ValidationAccept {
 		t.Fatalf("first message: %v", got)
 	}
@@ -494,6 +502,40 @@ func TestReplayPenalizesOnlyTheAuthorsOwnRollback(t *testing.T) {
 		t.Fatal("a replay of the author's own message penalized the author")
 	}
 	if got := v.check(msg(19, 6)); got != pubsub.ValidationIgnore {
+		t.Fatalf("re-signed old vector: %v, want ignored", got)
+	}
+	if reason, _, _ := rep.LastChange(author.String()); reason != reputation.ProtocolViolation.String() {
+		t.Fatalf("re-signed old vector: reason %q, want protocol_violation", reason)
+	}
+}
+
+// TestLateMessageAfterPartitionIsNoRollback: after a partition heals, the author's messages
+// held across it arrive after a newer vector a sync answer brought, or after the mark was
+// raised when the registry forgot the author. Their seqnos are above the last accepted
+// message's, their vectors below the newest: ignored, and no penalty, since the author
+// never signed an older vector after a newer one. (Once in an early run of testnet's
+// TestPartitionAndHeal a healed peer scored 0 for protocol_violation; this is the path
+// that can do it.)
+func TestLateMessageAfterPartitionIsNoRollback(t *testing.T) {
+	author, rep, v, msg := seqRig(t)
+	registrySeq := uint64(0)
+	v.newer = func(p peer.ID, seq uint64) bool { return p == author && registrySeq > seq }
+	if got := v.check(msg(20, 5)); got != pubsub.ValidationAccept {
+		t.Fatalf("first message: %v", got)
+	}
+	registrySeq = 30 // a sync answer brought seq 30
+	if got := v.check(msg(25, 7)); got != pubsub.ValidationIgnore {
+		t.Fatalf("late message under the synced vector: %v, want ignored", got)
+	}
+	v.raise(author, 40, time.Now()) // the registry forgot the author at seq 40
+	if got := v.check(msg(35, 9)); got != pubsub.ValidationIgnore {
+		t.Fatalf("late message under the raised mark: %v, want ignored", got)
+	}
+	if reason, _, changed := rep.LastChange(author.String()); changed {
+		t.Fatalf("late messages penalized their author: %s", reason)
+	}
+	// A real rollback is still one: seq 19 in a message after the one that carried 20.
+	if got := v.check(msg(19, 10)); got != pubsub.ValidationIgnore {
 		t.Fatalf("re-signed old vector: %v, want ignored", got)
 	}
 	if reason, _, _ := rep.LastChange(author.String()); reason != reputation.ProtocolViolation.String() {

@@ -93,6 +93,10 @@ type mark struct {
 	env uint64    // the accepted GossipSub message's seqno (0: raised by a sweep or a drop)
 	// tokens is what is left of the author's rate as of at (see rateBurst).
 	tokens float64
+	// envSeq is the vector seq that message env carried: seq may be raised past it by a
+	// sweep or a drop, and the registry may hold a higher one from a sync answer, but only
+	// (envSeq, env) are a pair the author signed.
+	envSeq uint64
 }
 
 // tokensAt is what the author's rate holds at now: the tokens left at m.at, plus one per
@@ -153,7 +157,7 @@ func (v *validator) check(msg *pubsub.Message) pubsub.ValidationResult {
 	}
 	seqno := envelopeSeqno(msg)
 	if v.newer != nil && v.newer(author, vec.Seq) {
-		v.replayed(author, seqno)
+		v.replayed(author, vec.Seq, seqno)
 		return pubsub.ValidationIgnore
 	}
 	if v.admit != nil && !v.admit(author, msg.ReceivedFrom) {
@@ -162,7 +166,7 @@ func (v *validator) check(msg *pubsub.Message) pubsub.ValidationResult {
 	}
 	switch v.advance(author, vec.Seq, seqno, now) {
 	case replay:
-		v.replayed(author, seqno)
+		v.replayed(author, vec.Seq, seqno)
 		return pubsub.ValidationIgnore
 	case rateLimited:
 		v.limited.Add(1)
@@ -182,16 +186,19 @@ func (v *validator) reject(msg *pubsub.Message, author peer.ID, e reputation.Eve
 	return pubsub.ValidationReject
 }
 
-// replayed handles a vector at or below the author's seq mark. Whoever replays a whole
-// GossipSub message cannot change its seqno (it is signed), so a message whose seqno is not
-// above the author's latest accepted one is someone's replay: ignored, nobody penalized. A
-// message the author signed afresh around an old vector is the author rolling back its own
-// seq: a protocol violation.
-func (v *validator) replayed(author peer.ID, seqno uint64) {
+// replayed handles a vector of seq seq, in the GossipSub message seqno, at or below the
+// author's seq mark or the registry's. Whoever replays a whole GossipSub message cannot
+// change its seqno (it is signed), so a message whose seqno is not above the author's
+// latest accepted one is someone's replay: ignored, nobody penalized. A message the author
+// signed afresh around a vector no newer than one it signed in an earlier message is the
+// author rolling back its own seq: a protocol violation. Only that pair (envSeq, env) proves
+// it: a message merely older than a vector a sync answer brought, or than a mark raised when
+// the registry forgot the author, arrives late after a partition, and is only ignored.
+func (v *validator) replayed(author peer.ID, seq, seqno uint64) {
 	v.mu.Lock()
 	m, ok := v.high[author]
 	v.mu.Unlock()
-	if ok && m.env != 0 && seqno > m.env && v.observe != nil {
+	if ok && m.env != 0 && seqno > m.env && seq <= m.envSeq && v.observe != nil {
 		log.Debugw("announcement ignored: author re-signed an old vector", "author", author)
 		v.observe(author, reputation.ProtocolViolation)
 	}
@@ -232,7 +239,7 @@ func (v *validator) advance(p peer.ID, seq, env uint64, now time.Time) advanced 
 	} else if len(v.high) >= highWaterCap {
 		v.evictLocked(now)
 	}
-	v.high[p] = mark{seq: seq, at: now, env: env, tokens: tokens - 1}
+	v.high[p] = mark{seq: seq, at: now, env: env, envSeq: seq, tokens: tokens - 1}
 	return raised
 }
 
@@ -260,7 +267,7 @@ func (v *validator) raise(p peer.ID, seq uint64, now time.Time) {
 	} else if len(v.high) >= highWaterCap {
 		v.evictLocked(now)
 	}
-	v.high[p] = mark{seq: seq, at: now, env: m.env, tokens: tokens}
+	v.high[p] = mark{seq: seq, at: now, env: m.env, envSeq: m.envSeq, tokens: tokens}
 }
 
 func (v *validator) evictLocked(now time.Time) {
