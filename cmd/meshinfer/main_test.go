@@ -178,6 +178,7 @@ func TestNodeHelpListsEveryFlagWithItsDefault(t *testing.T) {
 		{"listen", "default TCP and QUIC on port 4001"},
 		{"bootstrap", "/p2p/"},
 		{"no-mdns", ""},
+		{"loopback", ""},
 		{"console", `(default "127.0.0.1:3131")`},
 		{"console-public", ""},
 		{"heartbeat", "(default 15s)"},

@@ -84,6 +84,7 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&listen, "listen", "libp2p listen multiaddr, repeatable (default TCP and QUIC on port 4001, IPv4 and IPv6)")
 	fs.Var(&boots, "bootstrap", "bootstrap peer multiaddr ending in /p2p/<peer ID>, repeatable")
 	noMDNS := fs.Bool("no-mdns", false, "do not discover or answer peers on the local network (mDNS)")
+	loopback := fs.Bool("loopback", false, "for a testnet of nodes on this one machine (meshinfer testnet --procs): DHT server mode on loopback addresses, no NAT traversal, mDNS, DHT rendezvous or peer exchange")
 	fs.Var(&models, "model", "model to serve, repeatable: with --backend synth a built-in synthetic model, synth-tiny, synth-small or synth-base (default synth-tiny; \"none\" serves nothing and only routes); with --backend openai the upstream's name for it (required)")
 	backend := fs.String("backend", node.BackendSynth, "what serves --model: synth (built-in synthetic models) or openai (an OpenAI-compatible server at --upstream)")
 	upstreamURL := fs.String("upstream", "", "base URL of the OpenAI-compatible server for --backend openai, e.g. http://127.0.0.1:8080 (llama-server) or http://127.0.0.1:11434 (Ollama)")
@@ -122,6 +123,7 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 		Mesh:          *mesh,
 		ListenAddrs:   listen,
 		MDNS:          !*noMDNS,
+		Loopback:      *loopback,
 		Models:        modelList(models, *backend),
 		APIAddr:       *apiAddr,
 		APIPublic:     *apiPublic,
