@@ -54,6 +54,10 @@ type ProcOptions struct {
 	// MemoryBudget is every node's --memory-budget; DefaultMemoryBudget when 0.
 	MemoryBudget int64
 	Heartbeat    time.Duration // --heartbeat; the node's default when 0
+	// NoQUIC makes the nodes listen on TCP only. A SIGKILLed node's TCP connections are
+	// reset by the kernel, so its peers notice at once; over QUIC (UDP) nothing tells them,
+	// and a killed node looks like a frozen one until their idle timeouts.
+	NoQUIC bool
 	// Logs receives every child's stderr (its logs), prefixed with its index; discarded
 	// when nil. Env is added to the children's environment (e.g. GOLOG_LOG_LEVEL=info).
 	Logs io.Writer
@@ -164,9 +168,12 @@ func (ps *Procs) start(ctx context.Context, i int, boot []string) (*Proc, error)
 	}
 	ip := fmt.Sprintf("127.0.0.%d", i+1)
 	args := []string{"node", "--data-dir", dataDir, "--mesh", ps.opts.Mesh, "--config", config,
-		"--listen", "/ip4/" + ip + "/tcp/0", "--listen", "/ip4/" + ip + "/udp/0/quic-v1",
+		"--listen", "/ip4/" + ip + "/tcp/0",
 		"--api", ip + ":0", "--console", ip + ":0", "--no-mdns", "--loopback",
 		"--memory-budget", strconv.FormatInt(cmp.Or(ps.opts.MemoryBudget, DefaultMemoryBudget), 10) + "B"}
+	if !ps.opts.NoQUIC {
+		args = append(args, "--listen", "/ip4/"+ip+"/udp/0/quic-v1")
+	}
 	if ps.opts.Heartbeat > 0 {
 		args = append(args, "--heartbeat", ps.opts.Heartbeat.String())
 	}
