@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshinfer/meshinfer/node"
 	"github.com/meshinfer/meshinfer/node/console"
 )
 
@@ -69,8 +70,9 @@ type ProcOptions struct {
 const procStartTimeout = 30 * time.Second
 
 // ProcCloseGrace is how long Close lets the children stop on SIGTERM before it kills them:
-// a node bounds its own shutdown at 10 s (cmd/meshinfer), plus a margin.
-const ProcCloseGrace = 12 * time.Second
+// a node drains for up to node.DefaultDrainTimeout, then bounds its Close at 10 s
+// (cmd/meshinfer), plus a margin.
+const ProcCloseGrace = node.DefaultDrainTimeout + 12*time.Second
 
 // Proc is one node process.
 type Proc struct {

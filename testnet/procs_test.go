@@ -249,7 +249,7 @@ func checkResumed(t *testing.T, ps *Procs, r streamResult, body string, p *Proc)
 	if r.errCode != "" || !r.done {
 		t.Fatalf("error %q done %v after %d tokens", r.errCode, r.done, len(r.tokens))
 	}
-	if want := procReference(t, ps, r.final.Route, body); r.text() != want {
+	if want := procReference(t, servingProc(t, ps, r.final.Route), body); r.text() != want {
 		t.Fatalf("resumed stream differs from the reference\n got %q\nwant %q", r.text(), want)
 	}
 	if r.final.Route == "peer:"+p.ID || r.final.Attempts < 2 {
@@ -258,12 +258,12 @@ func checkResumed(t *testing.T, ps *Procs, r streamResult, body string, p *Proc)
 }
 
 // procReference is the reference output for body: the same request served uninterrupted,
-// local-only, by the peer process that route names. The synthetic model is deterministic,
-// so this is what reference computes, without running a long generation under the race
-// detector in this process (tens of seconds on a busy machine).
-func procReference(t *testing.T, ps *Procs, route, body string) string {
+// local-only, by the peer process p. The synthetic model is deterministic, so this is what
+// reference computes, without running a long generation under the race detector in this
+// process (tens of seconds on a busy machine).
+func procReference(t *testing.T, p *Proc, body string) string {
 	t.Helper()
-	r := stream(t, servingProc(t, ps, route).API, body, http.Header{"X-Meshinfer-Privacy": {"local-only"}}, nil)
+	r := stream(t, p.API, body, http.Header{"X-Meshinfer-Privacy": {"local-only"}}, nil)
 	if r.errCode != "" || !r.done || r.final.Route != "local" {
 		t.Fatalf("reference: error %q done %v route %q", r.errCode, r.done, r.final.Route)
 	}
@@ -276,6 +276,48 @@ func skipUnlessIdleTimeoutShort(t *testing.T) {
 	t.Helper()
 	if infer.DefaultIdleTimeout > frozenDetectBudget && !soakTests {
 		t.Skipf("the peer idle timeout is %v (over %v): run with -tags soak", infer.DefaultIdleTimeout, frozenDetectBudget)
+	}
+}
+
+// A serving peer sent SIGTERM mid-stream drains (node.Drain): it takes no new task but
+// finishes the one in flight, so the stream ends on it, in one attempt, identical to the
+// reference; then the process exits with status 0. (Before draining, SIGTERM closed the
+// node at once, cancelling the task; the router resumed it elsewhere.)
+func TestProcsDrainOnSIGTERM(t *testing.T) {
+	ps := startProcs(t, ProcOptions{Nodes: 3, Heartbeat: time.Second, ModelsFor: routerAndPeers("synth-small")})
+	waitProcsConverged(t, ps)
+	body := routedBody("synth-small", 900, 13, nil)
+	var drained *Proc
+	r := stream(t, ps.Proc(0).API, body, nil, func(n int, route string) {
+		if n != 1 {
+			return
+		}
+		drained = servingProc(t, ps, route)
+		if err := ps.Terminate(drained.Index); err != nil {
+			t.Error(err)
+		}
+	})
+	if drained == nil {
+		t.Fatalf("stream ended before its first token: error %q", r.errCode)
+	}
+	t.Logf("SIGTERM to node %d (pid %d) at token 1; %d tokens, %d attempts", drained.Index, drained.PID, len(r.tokens), r.final.Attempts)
+	if r.errCode != "" || !r.done {
+		t.Fatalf("error %q done %v after %d tokens", r.errCode, r.done, len(r.tokens))
+	}
+	if r.final.Route != "peer:"+drained.ID || r.final.Attempts != 1 {
+		t.Fatalf("final route %s after %d attempts, want the draining peer %s in one", r.final.Route, r.final.Attempts, drained.ID)
+	}
+	other := ps.Proc(3 - drained.Index) // the peers are nodes 1 and 2
+	if want := procReference(t, other, body); r.text() != want {
+		t.Fatalf("drained stream differs from the reference\n got %q\nwant %q", r.text(), want)
+	}
+	select {
+	case <-drained.Exited():
+	case <-time.After(ProcCloseGrace):
+		t.Fatalf("node %d still runs %v after SIGTERM", drained.Index, ProcCloseGrace)
+	}
+	if err := drained.Err(); err != nil {
+		t.Fatalf("drained node exited with %v, want status 0", err)
 	}
 }
 

@@ -182,6 +182,7 @@ func TestNodeHelpListsEveryFlagWithItsDefault(t *testing.T) {
 		{"console", `(default "127.0.0.1:3131")`},
 		{"console-public", ""},
 		{"heartbeat", "(default 15s)"},
+		{"drain-timeout", "(default 10s)"},
 		{"memory-budget", "default half the memory available at start"},
 		{"conns-low", "(default 64)"},
 		{"conns-high", "(default 128)"},

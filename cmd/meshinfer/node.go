@@ -94,6 +94,7 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	consoleAddr := fs.String("console", node.DefaultConsoleAddr, `console listen address, or "off"`)
 	consolePublic := fs.Bool("console-public", false, "allow a non-loopback console address (exposes peers and addresses)")
 	heartbeat := fs.Duration("heartbeat", node.DefaultHeartbeat, "capability re-announcement period")
+	drainTimeout := fs.Duration("drain-timeout", node.DefaultDrainTimeout, "on Ctrl-C or SIGTERM, refuse new tasks from peers and let those in flight finish for up to this long before stopping (0: stop at once, cancelling them; their routers resume them elsewhere)")
 	connsLow := fs.Int("conns-low", node.DefaultConnsLow, "connection manager low water mark")
 	connsHigh := fs.Int("conns-high", node.DefaultConnsHigh, "connection manager high water mark")
 	probeRoot := fs.String("probe-root", "/", "filesystem root under which /proc and /sys are read (for tests)")
@@ -237,6 +238,15 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintln(stdout, "Ctrl-C stops the node.")
 	<-ctx.Done()
+	stop() // a second Ctrl-C or SIGTERM ends the process at once, drain or not
+	if *drainTimeout > 0 {
+		fmt.Fprintf(stdout, "draining: no new tasks from peers, up to %v for those in flight (Ctrl-C again stops at once)...\n", *drainTimeout)
+		dctx, cancel := context.WithTimeout(context.Background(), *drainTimeout)
+		if err := n.Drain(dctx); err != nil {
+			fmt.Fprintf(stdout, "%v: cancelling them (their routers resume them elsewhere)\n", err)
+		}
+		cancel()
+	}
 	fmt.Fprintln(stdout, "stopping...")
 	done := make(chan error, 1)
 	go func() { done <- n.Close() }()
