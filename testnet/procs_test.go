@@ -4,15 +4,18 @@ package testnet
 
 // Nodes as processes (issue 18 part 1): each node a real `meshinfer node` process, faults
 // real signals. The binary is built once per test binary run (procsBinary) and removed by
-// TestMain. These tests add about 15 s to the package under -race on 2 cores, most of it
-// the one go build; TestProcsFrozenPeerIsDetected runs only when the peer idle timeout is
-// short enough for `make test` (see there).
+// TestMain. These tests add about 15 s to the package under -race on 2 cores, the one go
+// build included. The ones whose length is the peer idle timeout (a frozen peer; a peer
+// killed while the router reaches it over QUIC) run in make test only once that timeout
+// is at most frozenDetectBudget, else with -tags soak (make soak, or go test -tags soak
+// -run TestProcs ./testnet/).
 
 import (
 	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -362,49 +365,66 @@ func TestProcsFrozenPeerIsDetected(t *testing.T) {
 	}
 }
 
-// A testnet's children die with the testnet's command even when it is SIGKILLed and has no
-// chance to reap them: the kernel sends them the parent-death signal (Linux).
-func TestProcsDieWithKilledParent(t *testing.T) {
+// `meshinfer testnet --procs` leaves no child behind: on Ctrl-C (SIGINT) it stops and reaps
+// them and exits 0; SIGKILLed, with no chance to reap them, its children die too, of the
+// parent-death signal the kernel sends them (Linux).
+func TestProcsCommandLeavesNoChild(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("the parent-death signal is Linux's")
 	}
-	cmd := exec.Command(procsBinary(t), "testnet", "--procs", "--nodes", "2")
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Wait()
-	defer cmd.Process.Kill()
-	// The table's rows start with the node's index and its PID.
-	var pids []int
-	sc := bufio.NewScanner(out)
-	for len(pids) < 2 && sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) >= 2 && f[0] == strconv.Itoa(len(pids)) {
-			pid, err := strconv.Atoi(f[1])
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGKILL} {
+		t.Run(sig.String(), func(t *testing.T) {
+			cmd := exec.Command(procsBinary(t), "testnet", "--procs", "--nodes", "2")
+			out, err := cmd.StdoutPipe()
 			if err != nil {
-				t.Fatalf("table row %q: %v", sc.Text(), err)
+				t.Fatal(err)
 			}
-			pids = append(pids, pid)
-		}
-	}
-	if len(pids) < 2 {
-		t.Fatalf("no table of 2 node PIDs: %v", sc.Err())
-	}
-	if err := cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := WaitFor(ctx, 10*time.Millisecond, func() bool { return !alive(pids[0]) && !alive(pids[1]) }); err != nil {
-		for _, pid := range pids {
-			if alive(pid) {
-				syscall.Kill(pid, syscall.SIGKILL) // leave nothing behind, even failing
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
 			}
-		}
-		t.Fatalf("children %v of a SIGKILLed testnet still run after 10s", pids)
+			var pids []int
+			defer func() {
+				cmd.Process.Kill()
+				cmd.Wait()
+				for _, pid := range pids {
+					if alive(pid) {
+						syscall.Kill(pid, syscall.SIGKILL) // leave nothing behind, even failing
+					}
+				}
+			}()
+			// The table's rows start with the node's index and its PID; "try:" follows the
+			// convergence and the demo.
+			var stdout strings.Builder
+			sc := bufio.NewScanner(out)
+			for sc.Scan() && !strings.HasPrefix(sc.Text(), "try:") {
+				stdout.WriteString(sc.Text() + "\n")
+				if f := strings.Fields(sc.Text()); len(f) >= 2 && f[0] == strconv.Itoa(len(pids)) {
+					pid, err := strconv.Atoi(f[1])
+					if err != nil {
+						t.Fatalf("table row %q: %v", sc.Text(), err)
+					}
+					pids = append(pids, pid)
+				}
+			}
+			if len(pids) != 2 {
+				t.Fatalf("no table of 2 node PIDs before the demo's end:\n%s", stdout.String())
+			}
+			if err := cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+			if sig == syscall.SIGINT {
+				go io.Copy(io.Discard, out) // ends at the command's exit
+				if err := cmd.Wait(); err != nil {
+					t.Fatalf("testnet --procs on Ctrl-C: %v", err)
+				}
+				assertGone(t, pids) // reaped by the command before it exited
+				return
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := WaitFor(ctx, 10*time.Millisecond, func() bool { return !alive(pids[0]) && !alive(pids[1]) }); err != nil {
+				t.Fatalf("children %v of a SIGKILLed testnet still run after 10s", pids)
+			}
+		})
 	}
 }

@@ -27,6 +27,12 @@ every node holds every other's verified capability vector, sends a few requests 
 router at work (local, a peer, the stand-in cloud, a local-only refusal), then prints live
 status. Ctrl-C (or --duration) stops every node cleanly.
 
+With --procs every node is a 'meshinfer node' process of its own instead, node i on
+127.0.0.(i+1): the table shows each PID, so real signals are real faults (kill -KILL crashes
+a node, -STOP freezes it, -CONT thaws it, -TERM drains and stops it). The children never
+outlive the command: Ctrl-C stops and reaps them, and on Linux they die with it even if it
+is killed.
+
 With --cloud (the default) a stand-in cloud API runs too: the built-in models behind a
 meshinfer API that adds --cloud-latency before each response; every node uses it as its
 cloud tier, for requests whose privacy is any.`
