@@ -220,6 +220,7 @@ func TestProcsStreamResumesAfterSIGKILL(t *testing.T) {
 			ps := startProcs(t, ProcOptions{Nodes: 3, Heartbeat: time.Second, ModelsFor: routerAndPeers("synth-small"), NoQUIC: tc.noQUIC})
 			waitProcsConverged(t, ps)
 			body := routedBody("synth-small", 900, 11, nil)
+			transports := routerTransports(t, ps)
 			var killed *Proc
 			var killedAt time.Time
 			r := stream(t, ps.Proc(0).API, body, nil, func(n int, route string) {
@@ -235,14 +236,32 @@ func TestProcsStreamResumesAfterSIGKILL(t *testing.T) {
 			if killed == nil {
 				t.Fatalf("stream ended before its first token: error %q", r.errCode)
 			}
-			t.Logf("killed node %d (pid %d) at token 1; stream done %v after the kill, %d tokens, %d attempts",
-				killed.Index, killed.PID, time.Since(killedAt), len(r.tokens), r.final.Attempts)
+			t.Logf("killed node %d (pid %d) at token 1, the router connected to it over %v; stream done %v after the kill, %d tokens, %d attempts",
+				killed.Index, killed.PID, transports[killed.ID], time.Since(killedAt), len(r.tokens), r.final.Attempts)
 			checkResumed(t, ps, r, body, killed)
 			if !strings.Contains(fmt.Sprint(killed.Err()), "killed") {
 				t.Fatalf("killed node ended with %v, want signal: killed", killed.Err())
 			}
 		})
 	}
+}
+
+// routerTransports are the transports of node 0's connections to each peer, by peer ID.
+func routerTransports(t *testing.T, ps *Procs) map[string][]string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	peers, err := ps.Peers(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]string{}
+	for _, p := range peers {
+		for _, c := range p.Conns {
+			out[p.PeerID] = append(out[p.PeerID], c.Transport)
+		}
+	}
+	return out
 }
 
 // checkResumed checks that r, cut on peer p, ended well on another peer with the
