@@ -221,21 +221,7 @@ func TestProcsStreamResumesAfterSIGKILL(t *testing.T) {
 			waitProcsConverged(t, ps)
 			body := routedBody("synth-small", 900, 11, nil)
 			transports := routerTransports(t, ps)
-			var killed *Proc
-			var killedAt time.Time
-			r := stream(t, ps.Proc(0).API, body, nil, func(n int, route string) {
-				if n != 1 {
-					return
-				}
-				killed = servingProc(t, ps, route)
-				if err := ps.Kill(killed.Index); err != nil {
-					t.Error(err)
-				}
-				killedAt = time.Now()
-			})
-			if killed == nil {
-				t.Fatalf("stream ended before its first token: error %q", r.errCode)
-			}
+			r, killed, killedAt := faultAtFirstToken(t, ps, body, ps.Kill)
 			t.Logf("killed node %d (pid %d) at token 1, the router connected to it over %v; stream done %v after the kill, %d tokens, %d attempts",
 				killed.Index, killed.PID, transports[killed.ID], time.Since(killedAt), len(r.tokens), r.final.Attempts)
 			checkResumed(t, ps, r, body, killed)
@@ -244,6 +230,29 @@ func TestProcsStreamResumesAfterSIGKILL(t *testing.T) {
 			}
 		})
 	}
+}
+
+// faultAtFirstToken streams body through node 0's API and, once the client has its first
+// token, applies fault to the peer process serving it. It returns the stream, that peer and
+// when the fault was applied.
+func faultAtFirstToken(t *testing.T, ps *Procs, body string, fault func(i int) error) (streamResult, *Proc, time.Time) {
+	t.Helper()
+	var p *Proc
+	var at time.Time
+	r := stream(t, ps.Proc(0).API, body, nil, func(n int, route string) {
+		if n != 1 {
+			return
+		}
+		p = servingProc(t, ps, route)
+		if err := fault(p.Index); err != nil {
+			t.Error(err)
+		}
+		at = time.Now()
+	})
+	if p == nil {
+		t.Fatalf("stream ended before its first token: error %q", r.errCode)
+	}
+	return r, p, at
 }
 
 // routerTransports are the transports of node 0's connections to each peer, by peer ID.
@@ -309,19 +318,7 @@ func TestProcsDrainOnSIGTERM(t *testing.T) {
 	ps := startProcs(t, ProcOptions{Nodes: 3, Heartbeat: time.Second, ModelsFor: routerAndPeers("synth-small")})
 	waitProcsConverged(t, ps)
 	body := routedBody("synth-small", 900, 13, nil)
-	var drained *Proc
-	r := stream(t, ps.Proc(0).API, body, nil, func(n int, route string) {
-		if n != 1 {
-			return
-		}
-		drained = servingProc(t, ps, route)
-		if err := ps.Terminate(drained.Index); err != nil {
-			t.Error(err)
-		}
-	})
-	if drained == nil {
-		t.Fatalf("stream ended before its first token: error %q", r.errCode)
-	}
+	r, drained, _ := faultAtFirstToken(t, ps, body, ps.Terminate)
 	t.Logf("SIGTERM to node %d (pid %d) at token 1; %d tokens, %d attempts", drained.Index, drained.PID, len(r.tokens), r.final.Attempts)
 	if r.errCode != "" || !r.done {
 		t.Fatalf("error %q done %v after %d tokens", r.errCode, r.done, len(r.tokens))
@@ -358,21 +355,7 @@ func TestProcsFrozenPeerIsDetected(t *testing.T) {
 	ps := startProcs(t, ProcOptions{Nodes: 3, Heartbeat: time.Second, ModelsFor: routerAndPeers("synth-small")})
 	waitProcsConverged(t, ps)
 	body := routedBody("synth-small", 900, 12, nil)
-	var frozen *Proc
-	var frozenAt time.Time
-	r := stream(t, ps.Proc(0).API, body, nil, func(n int, route string) {
-		if n != 1 {
-			return
-		}
-		frozen = servingProc(t, ps, route)
-		if err := ps.Freeze(frozen.Index); err != nil {
-			t.Error(err)
-		}
-		frozenAt = time.Now()
-	})
-	if frozen == nil {
-		t.Fatalf("stream ended before its first token: error %q", r.errCode)
-	}
+	r, frozen, frozenAt := faultAtFirstToken(t, ps, body, ps.Freeze)
 	defer ps.Thaw(frozen.Index)
 	detect := time.Since(frozenAt)
 	t.Logf("froze node %d (pid %d) at token 1; stream done %v after the freeze (idle timeout %v), %d tokens, %d attempts",
