@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	pubsub "github.com/libp2p/go-libp2p-pubsub"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 	pionwebrtc "github.com/pion/webrtc/v4"
@@ -107,6 +108,11 @@ type Config struct {
 	Roles []Role
 	// ListenAddrs are libp2p multiaddrs to listen on. Default: DefaultListenAddrs.
 	ListenAddrs []string
+	// AnnounceAddrs, when set, are the only addresses the node tells its peers (identify,
+	// its peer record, AddrInfo) instead of its listen and observed addresses, as kubo's
+	// Addresses.Announce: a port forwarded to this node, or (testnet) a fault proxy in front
+	// of it that peers must dial. Multiaddrs without /p2p.
+	AnnounceAddrs []string
 	// Bootstrap peers are dialled at start and whenever the node runs short of connections.
 	Bootstrap []peer.AddrInfo
 	// MDNS turns on LAN discovery.
@@ -185,6 +191,13 @@ type Config struct {
 	// WebRTCConnectTimeout bounds setting up a WebRTC path to a peer before the request
 	// goes over libp2p instead. Default: webrtc.DefaultConnectTimeout (5 s).
 	WebRTCConnectTimeout time.Duration
+	// PeerFirstTokenTimeout and PeerInterTokenTimeout bound a peer's silence on this node's
+	// requests to peers (transport/infer's Client, over libp2p and WebRTC): before the first
+	// token, and then between two frames. PeerInterTokenTimeout also bounds a decode step of
+	// a pipeline this node heads (transport/stage). Zero: infer.DefaultFirstTokenTimeout
+	// (30 s) and infer.DefaultInterTokenTimeout (5 s); a peer frozen mid-stream is found
+	// within the latter and the stream resumed elsewhere. Testnets shorten them.
+	PeerFirstTokenTimeout, PeerInterTokenTimeout time.Duration
 	// WebRTCSettingEngine configures pion (tests: a virtual network, candidate filters);
 	// nil means webrtc.DefaultSettingEngine().
 	WebRTCSettingEngine *pionwebrtc.SettingEngine
@@ -205,6 +218,16 @@ type Config struct {
 	Heartbeat time.Duration
 	// ConnsLow and ConnsHigh are the connection manager's water marks.
 	ConnsLow, ConnsHigh int
+	// LimitLoopback applies the resource manager's per-IP connection cap (host.go) to
+	// loopback addresses too. go-libp2p exempts 127.0.0.0/8 and ::1 by default, so that a
+	// testnet's nodes, all on 127.0.0.1, are not taken for one host's Sybils; tests of the
+	// cap set it and bind peers to distinct 127.0.0.x. (GossipSub's IP colocation penalty
+	// ignores loopback addresses whatever this says: see mesh/announce's PeerScore.)
+	LimitLoopback bool
+	// PubsubOptions are appended to GossipSub's options after the node's own: a test hook
+	// (a score inspector, pubsub.WithPeerScoreInspect, must come after the node's
+	// pubsub.WithPeerScore; a raw tracer). Nil in production.
+	PubsubOptions []pubsub.Option
 	// Loopback configures the node for a testnet on one machine: no NAT traversal services,
 	// DHT in server mode (loopback addresses are never "public"), no mDNS, and no DHT
 	// routing-table refresh, DHT rendezvous or GossipSub peer exchange (on one machine they

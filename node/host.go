@@ -2,12 +2,14 @@ package node
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/libp2p/go-libp2p"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
 	rcmgr "github.com/libp2p/go-libp2p/p2p/host/resource-manager"
 	"github.com/libp2p/go-libp2p/p2p/muxer/yamux"
 	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
@@ -38,6 +40,25 @@ const (
 	limitPeerMemory      = 64 << 20 // bytes per peer (64 MiB)
 )
 
+// Per-IP connection caps (docs/reliability.md L3, F11, F12): connections, inbound and
+// outbound alike, counted against the remote address by the resource manager, which
+// refuses one more before the security handshake. An attacker's identities are free, its
+// addresses are not: filling the 256 inbound slots takes 32 IPv4 addresses, not one
+// machine. Loopback is exempt (go-libp2p's own default) unless Config.LimitLoopback. There
+// is no cap per /24: a LAN mesh has all its nodes in one, and a bootstrap node on it is
+// dialled by every one of them.
+const (
+	// limitConnsPerIPv4 per IPv4 address: go-libp2p's default, made explicit. A node holds
+	// up to two connections to a peer (TCP and QUIC while a dial race settles), so one
+	// address carries four nodes behind a NAT, a household's or an office's.
+	limitConnsPerIPv4 = 8
+	// limitConnsPerIPv6Site per IPv6 /56 (one subscriber's site) and limitConnsPerIPv6Net
+	// per /48: go-libp2p's defaults. An IPv6 subscriber gets a whole /56 or /64s, so one
+	// address means nothing there.
+	limitConnsPerIPv6Site = 8
+	limitConnsPerIPv6Net  = 64
+)
+
 // Circuit relay v2 limits for the bootstrap role. go-libp2p's defaults reset a relayed
 // connection after 2 minutes or 128 KiB, which cuts a long token stream; these let a relayed
 // request run for an hour or 64 MiB each way, while the slot counts stay at the defaults'
@@ -57,9 +78,14 @@ const connGrace = 30 * time.Second
 // relay client. The bootstrap role adds the relay service and the AutoNAT
 // service.
 func newHost(cfg Config, key crypto.PrivKey) (host.Host, error) {
-	rm, err := newResourceManager()
+	rm, err := newResourceManager(cfg)
 	if err != nil {
 		return nil, err
+	}
+	announce, err := parseAddrs(cfg.AnnounceAddrs)
+	if err != nil {
+		rm.Close()
+		return nil, fmt.Errorf("announce addresses: %w", err)
 	}
 	cm, err := connmgr.NewConnManager(cfg.ConnsLow, cfg.ConnsHigh, connmgr.WithGracePeriod(connGrace))
 	if err != nil {
@@ -85,6 +111,9 @@ func newHost(cfg Config, key crypto.PrivKey) (host.Host, error) {
 		libp2p.UserAgent("meshinfer/" + cfg.Version),
 		libp2p.Ping(true),
 		libp2p.DisableMetrics(),
+	}
+	if len(announce) > 0 {
+		opts = append(opts, libp2p.AddrsFactory(func([]ma.Multiaddr) []ma.Multiaddr { return slices.Clone(announce) }))
 	}
 	if cfg.Loopback {
 		// One machine: nothing to traverse, and AutoNAT probes between loopback peers only
@@ -121,7 +150,7 @@ func newHost(cfg Config, key crypto.PrivKey) (host.Host, error) {
 	return h, nil
 }
 
-func newResourceManager() (network.ResourceManager, error) {
+func newResourceManager(cfg Config) (network.ResourceManager, error) {
 	limits := rcmgr.PartialLimitConfig{
 		System: rcmgr.ResourceLimits{
 			Conns:           limitSystemConns,
@@ -147,11 +176,53 @@ func newResourceManager() (network.ResourceManager, error) {
 	// Metrics off, as for the host (libp2p.DisableMetrics does not reach a resource manager
 	// passed in): otherwise every stream and memory reservation goes through the Prometheus
 	// StatsTraceReporter, time.Now().Format included, and nothing ever reads it.
-	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(concrete), rcmgr.WithMetricsDisabled())
+	opts := []rcmgr.Option{
+		rcmgr.WithMetricsDisabled(),
+		rcmgr.WithLimitPerSubnet(
+			[]rcmgr.ConnLimitPerSubnet{{PrefixLength: 32, ConnCount: limitConnsPerIPv4}},
+			[]rcmgr.ConnLimitPerSubnet{{PrefixLength: 56, ConnCount: limitConnsPerIPv6Site}, {PrefixLength: 48, ConnCount: limitConnsPerIPv6Net}},
+		),
+	}
+	if cfg.LimitLoopback {
+		// No prefix is exempt: go-libp2p's default list holds only 127.0.0.0/8 and ::1,
+		// unlimited. (Its connection rate limiter keeps its own loopback exemption.)
+		opts = append(opts, rcmgr.WithNetworkPrefixLimit([]rcmgr.NetworkPrefixLimit{}, []rcmgr.NetworkPrefixLimit{}))
+	}
+	if allow := bootstrapAllowlist(cfg.Bootstrap); len(allow) > 0 {
+		// A bootstrap peer connects even when attackers hold every inbound slot (F12, L3):
+		// its connections, from its addresses and with its peer ID only, go to the
+		// allowlisted scopes when the system's are full.
+		opts = append(opts, rcmgr.WithAllowlistedMultiaddrs(allow))
+	}
+	rm, err := rcmgr.NewResourceManager(rcmgr.NewFixedLimiter(concrete), opts...)
 	if err != nil {
 		return nil, fmt.Errorf("resource manager: %w", err)
 	}
 	return rm, nil
+}
+
+// bootstrapAllowlist is the bootstrap peers' IP addresses, each bound to its peer ID, for
+// the resource manager's allowlist. Addresses without an IP (DNS names) are left out.
+func bootstrapAllowlist(boot []peer.AddrInfo) []ma.Multiaddr {
+	var out []ma.Multiaddr
+	for _, ai := range boot {
+		id, err := ma.NewComponent("p2p", ai.ID.String())
+		if err != nil {
+			continue
+		}
+		for _, a := range ai.Addrs {
+			ip, err := manet.ToIP(a)
+			if err != nil {
+				continue
+			}
+			ipAddr, err := manet.FromIP(ip)
+			if err != nil {
+				continue
+			}
+			out = append(out, ipAddr.Encapsulate(id))
+		}
+	}
+	return out
 }
 
 // lanQUICDelay is how long a dial to a private QUIC address waits for the TCP dial to the
@@ -203,4 +274,16 @@ func isRelay(a ma.Multiaddr) bool { return isProto(a, ma.P_CIRCUIT) }
 func isProto(a ma.Multiaddr, code int) bool {
 	_, err := a.ValueForProtocol(code)
 	return err == nil
+}
+
+func parseAddrs(ss []string) ([]ma.Multiaddr, error) {
+	out := make([]ma.Multiaddr, 0, len(ss))
+	for _, s := range ss {
+		a, err := ma.NewMultiaddr(s)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	return out, nil
 }

@@ -215,3 +215,27 @@ func TestResourceManagerBoundsPeerStreams(t *testing.T) {
 	}
 	t.Logf("refused after %d streams (%d KiB accounted): %v", held, held*yamuxWindow>>10, refusal)
 }
+
+// With AnnounceAddrs the host tells exactly those addresses, not its listen address, and a
+// malformed one fails newHost.
+func TestAnnounceAddrs(t *testing.T) {
+	key, _, err := crypto.GenerateEd25519Key(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const announced = "/ip4/127.0.0.9/tcp/4999"
+	h, err := newHost(Config{ListenAddrs: []string{"/ip4/127.0.0.1/tcp/0"}, AnnounceAddrs: []string{announced}, ConnsLow: 8, ConnsHigh: 16, Loopback: true}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if got := h.Addrs(); len(got) != 1 || got[0].String() != announced {
+		t.Fatalf("addrs %v, want only %s", got, announced)
+	}
+	if len(h.Network().ListenAddresses()) != 1 {
+		t.Fatalf("listen addrs %v", h.Network().ListenAddresses())
+	}
+	if _, err := newHost(Config{ListenAddrs: []string{"/ip4/127.0.0.1/tcp/0"}, AnnounceAddrs: []string{"127.0.0.9:4999"}, ConnsLow: 8, ConnsHigh: 16, Loopback: true}, key); err == nil {
+		t.Fatal("a malformed announce address was accepted")
+	}
+}

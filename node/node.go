@@ -162,6 +162,9 @@ func (n *Node) start() error {
 		dht.ProtocolPrefix(DHTProtocolPrefix),
 		dht.Mode(mode),
 		dht.BootstrapPeers(cfg.Bootstrap...),
+		// At most 3 peers of one public IP group in the routing table (eclipse; loopback
+		// and private groups exempt, see mesh/discovery's diverse.go).
+		dht.RoutingTablePeerDiversityFilter(discovery.DHTDiversityFilter(h)),
 	}
 	if cfg.Loopback {
 		// The random-walk refresh queries ~20 peers per bucket; on one machine it connects each
@@ -181,7 +184,11 @@ func (n *Node) start() error {
 	// GossipSub's lifetime is its context; Close cancels it.
 	psCtx, psCancel := context.WithCancel(context.Background())
 	n.closers = append(n.closers, func() error { psCancel(); return nil })
-	n.ps, err = pubsub.NewGossipSub(psCtx, h,
+	// Peer scoring on the capability topic: a neighbour forwarding forged vectors, or too
+	// many identities on one IP, is pruned and then graylisted by GossipSub itself
+	// (mesh/announce's package doc has the figures).
+	scoreParams, scoreThresholds := announce.PeerScore(cfg.Mesh)
+	psOpts := []pubsub.Option{
 		// On loopback the bootstrap node is connected to every node, prunes constantly and
 		// its PX sends each pruned node up to 16 more dials.
 		pubsub.WithPeerExchange(cfg.HasRole(RoleBootstrap) && !cfg.Loopback),
@@ -189,7 +196,9 @@ func (n *Node) start() error {
 		// GossipSub's defaults (32 each) drop announcements in a join burst (B6).
 		pubsub.WithValidateQueueSize(pubsubValidateQueue),
 		pubsub.WithPeerOutboundQueueSize(pubsubPeerQueue),
-	)
+		pubsub.WithPeerScore(scoreParams, scoreThresholds),
+	}
+	n.ps, err = pubsub.NewGossipSub(psCtx, h, append(psOpts, cfg.PubsubOptions...)...)
 	if err != nil {
 		return fmt.Errorf("start gossipsub: %w", err)
 	}
@@ -329,7 +338,10 @@ func (n *Node) start() error {
 			n.closers = append(n.closers, cb.Close)
 		}
 		coordinator := cfg.HasRole(RoleCoordinator)
-		clientOpts := []infer.ClientOption{infer.WithClientObserver(n.rep)}
+		clientOpts := []infer.ClientOption{
+			infer.WithClientObserver(n.rep),
+			infer.WithTimeouts(cfg.PeerFirstTokenTimeout, cfg.PeerInterTokenTimeout),
+		}
 		if coordinator {
 			// The meter opens first and closes last: the executor's verifications record
 			// in it until the executor has closed.

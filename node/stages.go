@@ -111,7 +111,8 @@ func (n *Node) OpenPipeline(ctx context.Context, model string, stages []inferenc
 		hops[i] = stage.Hop{Peer: id, Lo: s.Lo, Hi: s.Hi}
 	}
 	p, err := stage.Open(ctx, n.dialer, model, hops, maxPositions, stage.WithPipelineTransfers(n.noteTransfer),
-		stage.WithReceipts(checkStageReceipt), stage.WithPipelineObserver(n.rep))
+		stage.WithReceipts(checkStageReceipt), stage.WithPipelineObserver(n.rep),
+		stage.WithStepTimeouts(0, n.cfg.PeerInterTokenTimeout))
 	if err != nil {
 		n.pipelines.failed.Add(1)
 		return nil, nil, err

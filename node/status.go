@@ -83,14 +83,15 @@ func (n *Node) Status() console.Status {
 			DHTPeers:       n.dht.RoutingTable().Size(),
 		},
 		Announcements: console.Announcements{
-			Published: n.announcer.Published(),
-			Accepted:  c.Accepted,
-			Rejected:  c.Rejected,
-			Ignored:   c.Ignored,
-			Synced:    n.announcer.Synced(),
-			Contacted: contacted,
-			Dropped:   dropped,
-			Refused:   n.reg.Counts(),
+			Published:   n.announcer.Published(),
+			Accepted:    c.Accepted,
+			Rejected:    c.Rejected,
+			Ignored:     c.Ignored,
+			RateLimited: c.RateLimited,
+			Synced:      n.announcer.Synced(),
+			Contacted:   contacted,
+			Dropped:     dropped,
+			Refused:     n.reg.Counts(),
 		},
 	}
 }

@@ -36,7 +36,12 @@ func TestBatteryDrainPausesAndResumes(t *testing.T) {
 			}
 			return []string{"synth-small"}
 		},
-		Configure: gate.configure})
+		Configure: func(i int, cfg *node.Config) {
+			gate.configure(i, cfg)
+			// The test holds the stream mid-way on purpose while it drains the battery and
+			// watches the pause spread: not a frozen peer, however long that takes.
+			cfg.PeerInterTokenTimeout = time.Minute
+		}})
 	within(t, 15*time.Second, "converge", tn.Converged)
 	router := tn.Node(0)
 	for i := 1; i < 4; i++ {

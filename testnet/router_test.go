@@ -393,7 +393,8 @@ func killRoute(t *testing.T, tn *Testnet, route string) {
 }
 
 // With no other peer serving the model, a peer killed mid-stream ends the client's stream
-// with peer_lost within the idle timeout plus a second.
+// with peer_lost within the inter-token timeout plus a second (the kill closes its
+// connections, so it is found at once).
 func TestNoAlternativeLeftGivesPeerLost(t *testing.T) {
 	gate := newTokenGate()
 	tn := start(t, Options{Nodes: 2, NoConsole: true, Heartbeat: 15 * time.Second, Configure: gate.configure})
@@ -412,7 +413,7 @@ func TestNoAlternativeLeftGivesPeerLost(t *testing.T) {
 	if killedAt.IsZero() || r.errCode != "peer_lost" || r.done {
 		t.Fatalf("want an error event peer_lost after the kill; got %+v", r)
 	}
-	if took := time.Since(killedAt); took > infer.DefaultIdleTimeout+time.Second {
+	if took := time.Since(killedAt); took > infer.DefaultInterTokenTimeout+time.Second {
 		t.Fatalf("peer_lost %v after the kill", took)
 	}
 }

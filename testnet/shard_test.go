@@ -153,6 +153,9 @@ func TestPipelineLosesAStageMidStream(t *testing.T) {
 		Configure: func(i int, cfg *node.Config) {
 			// Three stages of 2+1+1 layers out of four candidates: one spare.
 			cfg.MemoryBudget = []int64{0, 10 << 20, 10 << 20, 5 << 20, 5 << 20}[i]
+			// The stages are held until the test has killed one: the lost stage, not a
+			// step timing out at the head, is what the test is about.
+			cfg.PeerInterTokenTimeout = time.Minute
 			cfg.WrapStages = func(b inference.StageBackend) inference.StageBackend {
 				return heldStages{StageBackend: b, node: i, step: 5, reached: reached, release: release, firsts: firsts}
 			}
@@ -385,7 +388,10 @@ func TestCoordinatorVerifiesAPipelineOnAnotherPlan(t *testing.T) {
 		if lied := r.text() != reference(t, body); lied != lie {
 			t.Fatalf("round %d: the client's output differs from the model's: %v, want %v", round, lied, lie)
 		}
-		within(t, 20*time.Second, "verdict", func() bool {
+		// A lie is voted on by three plans, then each stage of the outvoted pipeline is
+		// isolated, a convicted one twice: up to seven runs of synth-small, a few seconds
+		// each under -race on a loaded machine.
+		within(t, time.Minute, "verdict", func() bool {
 			return coord.Status().Routing.Verification.Sampled == uint64(round+1) && verificationsInFlight(coord) == 0
 		})
 		routes = append(routes, r.final.Route)

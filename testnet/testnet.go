@@ -8,14 +8,19 @@
 // 127.0.0.1 TCP and QUIC with OS-chosen ports; consoles listen on ConsoleBase+i (or
 // OS-chosen ports when ConsoleBase is 0), and OpenAI APIs on APIBase+i likewise. Nodes
 // serve different synthetic models (DefaultModels), so some requests must cross the mesh.
-// Options.Faults makes the last nodes misbehave (liars and slow nodes; see Faults).
+// Options.Faults makes the last nodes misbehave (liars and slow nodes; see Faults), and
+// Options.Links puts a fault proxy in front of every node, so that tests delay, throttle,
+// blackhole and reset the links between nodes while they run (links.go).
 //
 // Loopback pitfalls, handled here on purpose:
 //   - go-libp2p's resource manager exempts 127.0.0.0/8 from its per-IP connection limits, so
 //     100 nodes on one address are not throttled as one host would be. Tests of those limits
-//     must bind peers to distinct 127.0.0.x addresses.
+//     set node.Config.LimitLoopback and bind peers to distinct 127.0.0.x addresses.
+//     GossipSub's IP colocation penalty ignores loopback addresses altogether (its tests use
+//     the machine's own non-loopback address).
 //   - kad-dht's IP-diversity filter would put all of 127/8 in one group and keep only a few
-//     peers per bucket; meshinfer nodes do not enable it, so the DHT fills normally.
+//     peers per bucket; meshinfer nodes enable it with loopback and private groups exempt
+//     (mesh/discovery's DHTDiversityFilter), so the DHT fills normally.
 //   - loopback addresses are never "public", so DHT server mode is forced (Config.Loopback)
 //     and NAT traversal services, which would only burn CPU here, are off.
 //   - verification voters must be on hosts apart, and every node on 127.0.0.1 is one host:
@@ -111,6 +116,14 @@ type Options struct {
 	// direct paths for requests that ask for WebRTC, and direct tasks. Without it (or
 	// WebRTC) no node answers one, and such requests go over libp2p.
 	WebRTCAccept bool
+	// Links puts a fault proxy in front of every node (see links.go): node i listens on
+	// 127.0.0.(i+1) TCP only (no QUIC: it would bypass the proxy) and announces the proxy,
+	// and the link faults change while the nodes run (Testnet.Link, LinksOf, Between).
+	// Implies DistinctHosts; not with WebRTC.
+	Links bool
+	// LinkFaults, with Links, gives each link's faults at start (from node i to node j);
+	// none when nil. Set here, a delay is in the first round trip peers measure.
+	LinkFaults func(i, j int) LinkFaults
 	// Configure, when set, adjusts node i's configuration last (tests: another backend, a
 	// default privacy).
 	Configure func(i int, cfg *node.Config)
@@ -138,6 +151,9 @@ type Testnet struct {
 	stop      chan struct{}
 	faultWG   sync.WaitGroup
 	closeOnce sync.Once
+	// linkState is the faults of every link and proxies the proxy in front of each node
+	// (by index), with Options.Links; nil without.
+	linkState *linkState
 	// tmp holds the testnet's files: each node's data dir (receipts) and simulated sensor
 	// tree; removed by Close.
 	tmp string
@@ -145,6 +161,7 @@ type Testnet struct {
 	mu      sync.Mutex
 	nodes   []*node.Node // nil where stopped or killed
 	sensors []*Sensors   // by node index, with Options.Sensors
+	proxies []*linkProxy // by node index, with Options.Links
 	rng     *mrand.Rand
 }
 
@@ -156,6 +173,12 @@ func New(opts Options) (*Testnet, error) {
 	}
 	if err := opts.Faults.validate(opts.Nodes); err != nil {
 		return nil, err
+	}
+	if opts.Links {
+		if opts.WebRTC {
+			return nil, errors.New("testnet: Links need TCP between nodes, not WebRTC")
+		}
+		opts.DistinctHosts = true
 	}
 	if opts.ConnsLow == 0 {
 		opts.ConnsLow = 16
@@ -175,6 +198,18 @@ func New(opts Options) (*Testnet, error) {
 		return nil, err
 	}
 	t.tmp = dir
+	if opts.Links {
+		t.linkState = newLinkState()
+		if opts.LinkFaults != nil {
+			for i := range opts.Nodes {
+				for j := range opts.Nodes {
+					if f := opts.LinkFaults(i, j); i != j && f != (LinkFaults{}) {
+						t.linkState.update([][2]int{{i, j}}, func(lf *LinkFaults) { *lf = f })
+					}
+				}
+			}
+		}
+	}
 	if opts.Cloud {
 		addr := opts.CloudAddr
 		if addr == "" {
@@ -228,6 +263,7 @@ func (t *Testnet) add() (int, error) {
 	idx := len(t.nodes)
 	t.nodes = append(t.nodes, nil) // reserve the index (and its console port)
 	t.sensors = append(t.sensors, nil)
+	t.proxies = append(t.proxies, nil)
 	boot := t.bootstrapFor(idx)
 	t.mu.Unlock()
 
@@ -290,15 +326,35 @@ func (t *Testnet) add() (int, error) {
 		cfg.Prefs.Transport = inference.TransportWebRTC
 	}
 	cfg.WebRTCAccept = t.opts.WebRTC || t.opts.WebRTCAccept
+	var proxy *linkProxy
+	if t.linkState != nil {
+		if proxy, err = newLinkProxy(idx, ip, t.linkState); err != nil {
+			return 0, err
+		}
+		cfg.ListenAddrs = []string{"/ip4/" + ip + "/tcp/0"}
+		cfg.AnnounceAddrs = []string{proxy.multiaddr()}
+	}
 	if t.opts.Configure != nil {
 		t.opts.Configure(idx, &cfg)
 	}
 	n, err := node.New(cfg)
 	if err != nil {
+		if proxy != nil {
+			proxy.close()
+		}
 		return 0, fmt.Errorf("node %d: %w", idx, err)
+	}
+	if proxy != nil {
+		up, err := tcpListenAddr(n)
+		if err != nil {
+			proxy.close()
+			return 0, errors.Join(fmt.Errorf("node %d: %w", idx, err), n.Close())
+		}
+		proxy.setUpstream(up)
 	}
 	t.mu.Lock()
 	t.nodes[idx] = n
+	t.proxies[idx] = proxy
 	t.mu.Unlock()
 	if t.opts.Faults.flaky(idx, t.opts.Nodes) {
 		t.faultWG.Go(func() { t.dropConnections(n) })
@@ -494,11 +550,20 @@ func (t *Testnet) Close() error {
 	t.mu.Lock()
 	nodes := t.nodes
 	t.nodes = make([]*node.Node, len(nodes))
+	proxies := t.proxies
+	t.proxies = nil
 	t.mu.Unlock()
+	if t.linkState != nil {
+		// Heal everything first, so that no node's shutdown waits on a partition.
+		t.linkState.clear()
+	}
 	var errs []error
 	for i := len(nodes) - 1; i >= 0; i-- {
 		if nodes[i] != nil {
 			errs = append(errs, nodes[i].Close())
+		}
+		if i < len(proxies) && proxies[i] != nil {
+			proxies[i].close()
 		}
 	}
 	if t.cloud != nil {

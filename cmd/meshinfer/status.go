@@ -105,7 +105,8 @@ func renderStatus(w io.Writer, st console.Status, peers []console.Peer) {
 		fmt.Fprintf(w, "          %d more pending: heard of through others, not yet connected to, not routed to\n", st.Mesh.PeersPending)
 	}
 	a := st.Announcements
-	fmt.Fprintf(w, "announce  %d published; received %d accepted, %d rejected, %d ignored\n", a.Published, a.Accepted, a.Rejected, a.Ignored)
+	fmt.Fprintf(w, "announce  %d published; received %d accepted, %d rejected, %d ignored (%d over their author's rate)\n",
+		a.Published, a.Accepted, a.Rejected, a.Ignored, a.RateLimited)
 	if r := a.Refused; r.OverBudget+r.Unreachable+r.Full+a.Dropped > 0 {
 		fmt.Fprintf(w, "          refused %d new identities over their source's budget, %d of unreachable peers, %d for lack of room; dropped %d unreachable peers\n",
 			r.OverBudget, r.Unreachable, r.Full, a.Dropped)

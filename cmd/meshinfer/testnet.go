@@ -261,8 +261,8 @@ func printLive(w io.Writer, tn *testnet.Testnet, up time.Duration) {
 // nodes converge in seconds; two minutes is a fault, not a slow machine.
 const convergeTimeout = 2 * time.Minute
 
-// demoRequestTimeout bounds each demo request; the node's own first-token and idle timeouts
-// end a stuck one well before.
+// demoRequestTimeout bounds each demo request; the node's own first-token and inter-token
+// timeouts end a stuck one well before.
 const demoRequestTimeout = time.Minute
 
 // demo sends a few requests and shows who served each, so that the first screen of `make

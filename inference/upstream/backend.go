@@ -23,8 +23,11 @@ const (
 	// multi-gigabyte model from disk plus processing a long prompt on a CPU takes tens of
 	// seconds; a minute allows that while still ending a hung upstream.
 	DefaultFirstTokenTimeout = 60 * time.Second
-	// DefaultIdleTimeout bounds the gap between two tokens: the peer protocol's idle timeout
-	// (transport/infer), since a peer served through this backend waits no longer anyway.
+	// DefaultIdleTimeout bounds the gap between two tokens. It is longer than the peer
+	// protocol's inter-token timeout (5 s, transport/infer): a cloud API or a local server
+	// may pause mid-stream (deltas without content, reasoning or a tool call's arguments,
+	// do not feed this clock), and a local request has nowhere else to go. A peer served
+	// through this backend is held to the 5 s by its requester all the same.
 	DefaultIdleTimeout = 30 * time.Second
 	// DefaultModelsTimeout bounds GET /v1/models; a listing is quick or the upstream is in
 	// trouble.

@@ -167,7 +167,7 @@ func New(h host.Host, ps *pubsub.PubSub, key crypto.PrivKey, reg *registry.Regis
 	}
 	a := &Announcer{
 		h: h, key: key, src: src, reg: reg, params: p, ps: ps,
-		val:      newValidator(p.Now),
+		val:      newValidator(p.Now, p.Heartbeat),
 		trigger:  make(chan struct{}, 1),
 		syncQ:    make(chan peer.ID, syncQueue),
 		serve:    syncLimiter{last: make(map[peer.ID]window)},

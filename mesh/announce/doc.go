@@ -33,11 +33,29 @@
 //	seq the registry holds for it (vectors pulled by sync)
 //	a new identity past the forwarder's budget, or a peer found    Ignore (registry.Admit)
 //	unreachable lately
+//	the author's rate used up (rateBurst back to back, then        Ignore (rate_limited)
+//	ratePerHeartbeat per heartbeat; see validator.go)
 //	otherwise                                                      Accept
 //
 // The per-peer seq high-water mark lives here, not in GossipSub's seen-cache, so a replay is
 // refused also after that cache (120 s) has forgotten the message. Only an accepted message
 // changes any state. Ordering uses seq only, never the remote timestamps.
+//
+// Peer scoring (PeerScore, score.go; the node passes it to pubsub.WithPeerScore): a Reject
+// above is also GossipSub's P4 "invalid message" against the peer that delivered the
+// message, so a neighbour forwarding forged vectors is penalized by GossipSub itself, not
+// only in reputation (which records the signed author). The score adds what a neighbour
+// does for the topic (P1 time in the mesh, P2 first deliveries of valid vectors: at most
+// 60 points), and subtracts invalid messages (P4), too many peers on one IP (P6) and the
+// router's own behaviour penalties (P7); P3's delivery-rate floor is off. Below
+// ScoreGossip a peer gets no gossip, below ScorePublish it is no target of our own publishes,
+// below ScoreGraylist its RPCs are dropped unread; a peer under zero is also pruned from
+// the mesh at the next GossipSub heartbeat. The figures: a peer is graylisted at its 7th
+// invalid vector whatever its standing, and so is every identity of an IP with ten or more;
+// an honest neighbour only gains. GossipSub leaves loopback addresses out of P6, so a
+// testnet's nodes, all on 127.0.0.1, are not taken for one host's Sybils.
+// Ignores cost nothing: expired, replayed, rate-limited and over-budget vectors may be a
+// relay's honest timing, not its fault.
 //
 // Pull on join: when a peer joins the topic, the Announcer also pulls the vectors that peer
 // knows over SyncProtocol (see sync.go), each checked like an announcement (signature,

@@ -24,16 +24,51 @@ const highWaterCap = 16384
 // vector can stay valid (caps.MaxTTL) plus the clock skew a receiver tolerates.
 const highWaterKeep = caps.MaxTTL + 2*caps.MaxClockSkew
 
+// The per-author rate limit (docs/reliability.md F10): a token bucket for each signed
+// author, kept with its seq high-water mark (so the same cap and eviction bound it). Each
+// announcement the validator would accept takes a token; one that finds none is Ignored and
+// counted as rate-limited, and changes no state: the mark stays where it was, so the next
+// announcement in the author's own sequence is accepted once a token has come back. Ignore,
+// not Reject: a relay that accepted the same message a moment earlier, when its own bucket
+// for the author had a token, forwarded it honestly and must not be penalized by GossipSub.
+//
+// Without it, an identity that signs a fresh vector as fast as it can (each one valid, each
+// one above the last seq) would have every one of them verified, stored, pushed to the
+// registry and forwarded to the whole mesh: registry churn and mesh-wide amplification for
+// the price of one key. With it, one identity moves the registry at most rateBurst times
+// back to back and ratePerHeartbeat times per heartbeat after that.
+const (
+	// rateBurst is how many announcements of one author are accepted back to back. An
+	// honest node can publish several within one heartbeat: at start, again when its first
+	// peer joins, on a participation change, and when a stage range starts loading and
+	// when it is warm (publishes are at least DefaultMinGap, 1 s, apart). Four lets such a
+	// burst through; the heartbeat that follows brings whatever a dropped one said.
+	rateBurst = 4
+	// ratePerHeartbeat is how many announcements of one author are accepted per heartbeat in
+	// the long run: a token comes back every Heartbeat/3, 5 s at the default 15 s (the
+	// figure of F10: at most one accepted announcement per peer per 5 s). An honest node
+	// publishes once per heartbeat plus its occasional changes. It assumes the nodes of a
+	// mesh share one heartbeat, as they do by default; a node announcing three times faster
+	// than this one's heartbeat is limited.
+	ratePerHeartbeat = 3
+)
+
 // Counts of validation outcomes, for the console.
 type Counts struct {
 	Accepted uint64 `json:"accepted"`
 	Rejected uint64 `json:"rejected"`
 	Ignored  uint64 `json:"ignored"`
+	// RateLimited counts the announcements ignored because their author had used up its
+	// rate (also counted in Ignored).
+	RateLimited uint64 `json:"rate_limited"`
 }
 
 // validator checks incoming announcements. It keeps the per-peer seq high-water mark.
 type validator struct {
 	now func() time.Time
+	// refill is how long one token of an author's rate takes to come back: the heartbeat
+	// over ratePerHeartbeat.
+	refill time.Duration
 	// newer, when set, reports whether the registry holds a vector of p above seq; such a
 	// message is a rollback even if it is above the high-water mark (vectors pulled by sync
 	// do not raise the mark, see acceptSynced).
@@ -45,8 +80,8 @@ type validator struct {
 	// observe, when set, records a misbehaving signed author in reputation.
 	observe func(p peer.ID, e reputation.Event)
 
-	accepted, rejected, ignored atomic.Uint64
-	old                         oldShapeLog // warns about peers still on the caps/1 shape
+	accepted, rejected, ignored, limited atomic.Uint64
+	old                                  oldShapeLog // warns about peers still on the caps/1 shape
 
 	mu   sync.Mutex
 	high map[peer.ID]mark
@@ -56,10 +91,27 @@ type mark struct {
 	seq uint64
 	at  time.Time // local time of acceptance
 	env uint64    // the accepted GossipSub message's seqno (0: raised by a sweep or a drop)
+	// tokens is what is left of the author's rate as of at (see rateBurst).
+	tokens float64
+	// envSeq is the vector seq that message env carried: seq may be raised past it by a
+	// sweep or a drop, and the registry may hold a higher one from a sync answer, but only
+	// (envSeq, env) are a pair the author signed.
+	envSeq uint64
 }
 
-func newValidator(now func() time.Time) *validator {
-	return &validator{now: now, high: make(map[peer.ID]mark)}
+// tokensAt is what the author's rate holds at now: the tokens left at m.at, plus one per
+// refill since, up to rateBurst. A clock that went back refills nothing.
+func (m mark) tokensAt(now time.Time, refill time.Duration) float64 {
+	if !now.After(m.at) || refill <= 0 {
+		return m.tokens
+	}
+	return min(rateBurst, m.tokens+float64(now.Sub(m.at))/float64(refill))
+}
+
+// newValidator returns a validator whose per-author rate is ratePerHeartbeat announcements
+// per heartbeat.
+func newValidator(now func() time.Time, heartbeat time.Duration) *validator {
+	return &validator{now: now, refill: heartbeat / ratePerHeartbeat, high: make(map[peer.ID]mark)}
 }
 
 // Validate is a pubsub.ValidatorEx. On Accept it stores the decoded vector in
@@ -105,15 +157,20 @@ func (v *validator) check(msg *pubsub.Message) pubsub.ValidationResult {
 	}
 	seqno := envelopeSeqno(msg)
 	if v.newer != nil && v.newer(author, vec.Seq) {
-		v.replayed(author, seqno)
+		v.replayed(author, vec.Seq, seqno)
 		return pubsub.ValidationIgnore
 	}
 	if v.admit != nil && !v.admit(author, msg.ReceivedFrom) {
 		log.Debugw("announcement ignored: not admitted to the registry", "peer", msg.ReceivedFrom, "author", author)
 		return pubsub.ValidationIgnore
 	}
-	if !v.advance(author, vec.Seq, seqno, now) {
-		v.replayed(author, seqno)
+	switch v.advance(author, vec.Seq, seqno, now) {
+	case replay:
+		v.replayed(author, vec.Seq, seqno)
+		return pubsub.ValidationIgnore
+	case rateLimited:
+		v.limited.Add(1)
+		log.Debugw("announcement ignored: author over its rate", "peer", msg.ReceivedFrom, "author", author)
 		return pubsub.ValidationIgnore
 	}
 	msg.ValidatorData = vec
@@ -129,16 +186,19 @@ func (v *validator) reject(msg *pubsub.Message, author peer.ID, e reputation.Eve
 	return pubsub.ValidationReject
 }
 
-// replayed handles a vector at or below the author's seq mark. Whoever replays a whole
-// GossipSub message cannot change its seqno (it is signed), so a message whose seqno is not
-// above the author's latest accepted one is someone's replay: ignored, nobody penalized. A
-// message the author signed afresh around an old vector is the author rolling back its own
-// seq: a protocol violation.
-func (v *validator) replayed(author peer.ID, seqno uint64) {
+// replayed handles a vector of seq seq, in the GossipSub message seqno, at or below the
+// author's seq mark or the registry's. Whoever replays a whole GossipSub message cannot
+// change its seqno (it is signed), so a message whose seqno is not above the author's
+// latest accepted one is someone's replay: ignored, nobody penalized. A message the author
+// signed afresh around a vector no newer than one it signed in an earlier message is the
+// author rolling back its own seq: a protocol violation. Only that pair (envSeq, env) proves
+// it: a message merely older than a vector a sync answer brought, or than a mark raised when
+// the registry forgot the author, arrives late after a partition, and is only ignored.
+func (v *validator) replayed(author peer.ID, seq, seqno uint64) {
 	v.mu.Lock()
 	m, ok := v.high[author]
 	v.mu.Unlock()
-	if ok && m.env != 0 && seqno > m.env && v.observe != nil {
+	if ok && m.env != 0 && seqno > m.env && seq <= m.envSeq && v.observe != nil {
 		log.Debugw("announcement ignored: author re-signed an old vector", "author", author)
 		v.observe(author, reputation.ProtocolViolation)
 	}
@@ -153,20 +213,34 @@ func envelopeSeqno(msg *pubsub.Message) uint64 {
 	return binary.BigEndian.Uint64(b)
 }
 
+// advanced is what advance did.
+type advanced int
+
+const (
+	raised      advanced = iota // seq was above the mark, and the author had a token left
+	replay                      // seq at or below the mark
+	rateLimited                 // seq above the mark, but no token left
+)
+
 // advance raises the high-water mark of p to seq, accepted in the GossipSub message env,
-// and reports whether seq was above it.
-func (v *validator) advance(p peer.ID, seq, env uint64, now time.Time) bool {
+// and takes one token of p's rate, when seq is above the mark and a token is left. Otherwise
+// it changes nothing.
+func (v *validator) advance(p peer.ID, seq, env uint64, now time.Time) advanced {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	tokens := float64(rateBurst)
 	if m, ok := v.high[p]; ok {
 		if seq <= m.seq {
-			return false
+			return replay
+		}
+		if tokens = m.tokensAt(now, v.refill); tokens < 1 {
+			return rateLimited
 		}
 	} else if len(v.high) >= highWaterCap {
 		v.evictLocked(now)
 	}
-	v.high[p] = mark{seq: seq, at: now, env: env}
-	return true
+	v.high[p] = mark{seq: seq, at: now, env: env, envSeq: seq, tokens: tokens - 1}
+	return raised
 }
 
 // seen reports whether seq is at or under p's high-water mark (a replay or a rollback),
@@ -187,10 +261,13 @@ func (v *validator) raise(p peer.ID, seq uint64, now time.Time) {
 	if ok && m.seq >= seq {
 		return
 	}
-	if !ok && len(v.high) >= highWaterCap {
+	tokens := float64(rateBurst)
+	if ok {
+		tokens = m.tokensAt(now, v.refill)
+	} else if len(v.high) >= highWaterCap {
 		v.evictLocked(now)
 	}
-	v.high[p] = mark{seq: seq, at: now, env: m.env}
+	v.high[p] = mark{seq: seq, at: now, env: m.env, envSeq: m.envSeq, tokens: tokens}
 }
 
 func (v *validator) evictLocked(now time.Time) {
@@ -211,5 +288,5 @@ func (v *validator) evictLocked(now time.Time) {
 }
 
 func (v *validator) counts() Counts {
-	return Counts{Accepted: v.accepted.Load(), Rejected: v.rejected.Load(), Ignored: v.ignored.Load()}
+	return Counts{Accepted: v.accepted.Load(), Rejected: v.rejected.Load(), Ignored: v.ignored.Load(), RateLimited: v.limited.Load()}
 }

@@ -8,6 +8,10 @@
 //   - mDNS on the local network, under the service name "meshinfer-<mesh>";
 //   - whatever else connects to us (GossipSub and the DHT learn peers on their own).
 //
+// Against eclipse attacks (diverse.go), it protects up to DiverseSlots outbound connections
+// in distinct network groups from the connection manager's trimming, and supplies the DHT's
+// routing-table diversity filter.
+//
 // A peer found by rendezvous or mDNS is dialled only at the addresses that filter.go allows:
 // a few, of IP scopes this node reaches as it listens, and a bounded number of peers per
 // rendezvous round.
@@ -27,6 +31,7 @@ import (
 
 	logging "github.com/ipfs/go-log/v2"
 	"github.com/libp2p/go-libp2p/core/discovery"
+	"github.com/libp2p/go-libp2p/core/event"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -64,6 +69,9 @@ type Params struct {
 	MDNS       bool                // browse and answer mDNS on the LAN
 	LowWater   int                 // DefaultLowWater when 0
 	Interval   time.Duration       // DefaultInterval when 0
+	// DiverseSlots is how many outbound connections in distinct network groups are kept
+	// safe from trimming (diverse.go): DefaultDiverseSlots when 0, none when negative.
+	DiverseSlots int
 }
 
 // Namespace is the rendezvous namespace of a mesh.
@@ -77,6 +85,7 @@ type Discovery struct {
 	found  chan peer.AddrInfo
 
 	bootstrapped atomic.Bool
+	diverse      atomic.Int64 // outbound connections protected as diverse
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -91,6 +100,9 @@ func New(h host.Host, p Params) (*Discovery, error) {
 	if p.Interval <= 0 {
 		p.Interval = DefaultInterval
 	}
+	if p.DiverseSlots == 0 {
+		p.DiverseSlots = DefaultDiverseSlots
+	}
 	for _, ai := range p.Bootstrap {
 		if ai.ID == h.ID() {
 			return nil, fmt.Errorf("bootstrap peer %s is this node itself", ai.ID)
@@ -100,9 +112,19 @@ func New(h host.Host, p Params) (*Discovery, error) {
 	if len(p.Bootstrap) == 0 {
 		d.bootstrapped.Store(true)
 	}
+	var conns event.Subscription
+	if p.DiverseSlots > 0 {
+		var err error
+		if conns, err = h.EventBus().Subscribe(new(event.EvtPeerConnectednessChanged)); err != nil {
+			return nil, fmt.Errorf("subscribe to connection events: %w", err)
+		}
+	}
 	if p.MDNS {
 		d.mdns = mdns.NewMdnsService(h, "meshinfer-"+p.Mesh, notifee{d.found})
 		if err := d.mdns.Start(); err != nil {
+			if conns != nil {
+				conns.Close()
+			}
 			return nil, fmt.Errorf("start mdns: %w", err)
 		}
 	}
@@ -112,6 +134,10 @@ func New(h host.Host, p Params) (*Discovery, error) {
 	d.wg.Add(2)
 	go d.bootstrapLoop(ctx)
 	go d.foundLoop(ctx)
+	if conns != nil {
+		d.wg.Add(1)
+		go d.diverseLoop(ctx, conns)
+	}
 	if p.Rendezvous != nil {
 		d.wg.Add(1)
 		go d.rendezvousLoop(ctx)

@@ -369,7 +369,10 @@ type Announcements struct {
 	Accepted  uint64 `json:"accepted"`
 	Rejected  uint64 `json:"rejected"`
 	Ignored   uint64 `json:"ignored"`
-	Synced    uint64 `json:"synced"` // vectors learned by pulling from a newly met peer
+	// RateLimited counts the announcements ignored because their author was over its rate
+	// (mesh/announce: a few back to back, then three per heartbeat); part of Ignored.
+	RateLimited uint64 `json:"rate_limited"`
+	Synced      uint64 `json:"synced"` // vectors learned by pulling from a newly met peer
 	// Contacted and Dropped count pending peers this node connected to, and those it could
 	// not reach and dropped.
 	Contacted uint64 `json:"contacted"`

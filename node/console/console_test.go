@@ -214,7 +214,7 @@ func TestStatus(t *testing.T) {
 	if !ok {
 		t.Fatalf("/api/status announcements = %T, want an object", raw["announcements"])
 	}
-	for _, key := range []string{"published", "accepted", "rejected", "ignored", "synced"} {
+	for _, key := range []string{"published", "accepted", "rejected", "ignored", "rate_limited", "synced"} {
 		if _, ok := ann[key]; !ok {
 			t.Errorf("/api/status announcements has no %q key: %s", key, body)
 		}

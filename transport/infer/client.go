@@ -20,10 +20,11 @@ import (
 // idle ones per peer, so that a request usually goes out on a stream already open: one
 // frame, not a stream set-up, before the peer starts.
 type Client struct {
-	h        host.Host
-	idle     time.Duration
-	receipts bool
-	observer Observer
+	h          host.Host
+	firstToken time.Duration // wait for the first token frame
+	interToken time.Duration // wait for each frame after it
+	receipts   bool
+	observer   Observer
 
 	mu   sync.Mutex
 	pool map[peer.ID][]pooled // idle ReuseID streams, the most recent last
@@ -37,8 +38,19 @@ type pooled struct {
 // ClientOption configures a Client.
 type ClientOption func(*Client)
 
-// WithIdleTimeout sets the longest gap allowed between two frames (DefaultIdleTimeout).
-func WithIdleTimeout(d time.Duration) ClientOption { return func(c *Client) { c.idle = d } }
+// WithTimeouts sets the longest wait for a request's first token frame and for each frame
+// after it; a zero or negative value keeps that default (DefaultFirstTokenTimeout,
+// DefaultInterTokenTimeout).
+func WithTimeouts(firstToken, interToken time.Duration) ClientOption {
+	return func(c *Client) {
+		if firstToken > 0 {
+			c.firstToken = firstToken
+		}
+		if interToken > 0 {
+			c.interToken = interToken
+		}
+	}
+}
 
 // WithReceipts makes every request ask the serving peer for a signed receipt, returned in
 // inference.Result.Receipt (empty when the peer has no signer). A coordinator asks for one on
@@ -52,7 +64,10 @@ func WithClientObserver(o Observer) ClientOption { return func(c *Client) { c.ob
 
 // NewClient returns a client that opens streams from h.
 func NewClient(h host.Host, opts ...ClientOption) *Client {
-	c := &Client{h: h, idle: DefaultIdleTimeout, pool: make(map[peer.ID][]pooled)}
+	c := &Client{
+		h: h, firstToken: DefaultFirstTokenTimeout, interToken: DefaultInterTokenTimeout,
+		pool: make(map[peer.ID][]pooled),
+	}
 	for _, o := range opts {
 		o(c)
 	}
@@ -62,8 +77,9 @@ func NewClient(h host.Host, opts ...ClientOption) *Client {
 // Generate runs req on peer p with the inference.Backend contract: emit once per token with
 // contiguous indices, exactly one return, ctx cancellation resets the stream (stopping the
 // peer's work). Failures are *inference.Error: unavailable when no stream could be opened,
-// timeout when the peer stays silent past the idle timeout, peer_lost when the stream ends or
-// breaks without a terminal frame, and the peer's own code from its error frame.
+// timeout when the peer sends no token within the first-token timeout or then stays silent
+// past the inter-token timeout, peer_lost when the stream ends or breaks without a terminal
+// frame, and the peer's own code from its error frame.
 func (c *Client) Generate(ctx context.Context, p peer.ID, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
 	body, err := c.requestFrame(req)
 	if err != nil {
@@ -200,12 +216,17 @@ func (c *Client) exchange(ctx context.Context, st Stream, p peer.ID, req *infere
 	next, text := 0, 0
 	maxTokens, maxText := req.EffectiveMaxTokens(), req.MaxCompletionBytes()
 	for {
-		st.SetReadDeadline(time.Now().Add(c.idle))
+		// Each wait starts once emit has returned: a slow consumer is not the peer's delay.
+		wait := c.firstToken
+		if next > 0 {
+			wait = c.interToken
+		}
+		st.SetReadDeadline(time.Now().Add(wait))
 		fb, err := r.Next()
 		if err != nil {
 			if isTimeout(err) && ctx.Err() == nil {
 				st.Reset()
-				return inference.Result{}, false, inference.Errorf(inference.CodeTimeout, "peer %s silent for %v", p, c.idle)
+				return inference.Result{}, false, silence(p, next, wait)
 			}
 			return staleOr("read", err)
 		}
@@ -246,6 +267,14 @@ func (c *Client) exchange(ctx context.Context, st Stream, p peer.ID, req *infere
 			return inference.Result{}, false, err
 		}
 	}
+}
+
+// silence is the timeout of peer p, silent for wait after sending tokens tokens.
+func silence(p peer.ID, tokens int, wait time.Duration) error {
+	if tokens == 0 {
+		return inference.Errorf(inference.CodeTimeout, "peer %s sent no token within %v", p, wait)
+	}
+	return inference.Errorf(inference.CodeTimeout, "peer %s silent for %v after %d tokens", p, wait, tokens)
 }
 
 // counted is res with the usage this side can vouch for: the completion tokens it received,

@@ -67,7 +67,8 @@
 //   - Each frame write has a WriteTimeout: a client that stops reading is reset.
 //   - Token frames of a streaming request (stream true) are written as each token is
 //     produced. Those of a non-streaming one may be batched: written together, with the
-//     terminal frame or at the latest 100 ms after the previous write.
+//     terminal frame or with the first token produced 100 ms or more after the previous
+//     write, so that a gap the client sees is at most the backend's own plus 100 ms.
 //   - If the client resets or closes the stream before the terminal frame (it cancelled), the
 //     server's reading side sees it and cancels the generation at once; it is counted as
 //     client_disconnected.
@@ -78,10 +79,25 @@
 //
 //   - The client resets the stream when its context ends (context.AfterFunc), so cancelling
 //     a request stops the server's work.
-//   - Each frame must arrive within the idle timeout (DefaultIdleTimeout; first token
-//     included): a silent server (hung process, SIGSTOP) gives timeout, a stream that ends
-//     without a terminal frame gives peer_lost, a stream that cannot be opened gives
-//     unavailable. Token indices are checked to be contiguous.
+//   - Two deadlines bound a silent server (a hung process, SIGSTOP, a machine swapping to
+//     a halt: nothing closes, so only a clock can tell). The first frame must arrive
+//     within the first-token timeout (DefaultFirstTokenTimeout, 30 s) of the request
+//     being sent (for a direct task, of ReadAnswer's start): the server may be loading a
+//     cold model and processing the prompt, a resumed request's replay with it. Every
+//     frame after the first token, the terminal one included, must arrive within the
+//     inter-token timeout (DefaultInterTokenTimeout, 5 s) of the previous one: a token
+//     takes milliseconds to hundreds of them, the batching of a non-streaming answer adds
+//     at most 100 ms to a gap, and the time the caller takes with a token does not count.
+//     Past either the client resets the stream (the server cancels the generation) and
+//     returns timeout. The first wait is not derived from the router's estimate of the
+//     peer's time to first token: that estimate guesses a peer's cold start, and a
+//     deadline a healthy peer misses costs it a cooldown and the request a restart.
+//   - A stream that ends without a terminal frame gives peer_lost, a stream that cannot be
+//     opened gives unavailable. Token indices are checked to be contiguous.
+//   - The requester's executor (node/dispatch) treats a timeout mid-stream as any cut
+//     stream: it resumes the stream on another peer where it can, so a frozen peer stalls
+//     its client for the inter-token timeout and then the stream goes on. A batched
+//     answer's tokens still held by the frozen server are regenerated there.
 //
 // # Direct tasks
 //

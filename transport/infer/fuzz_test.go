@@ -337,7 +337,7 @@ func FuzzAnswerStream(f *testing.F) {
 	f.Add(frame.Append(frame.Append(nil, encodeDone(res)), []byte{0x06})) // done, then more
 	f.Fuzz(func(t *testing.T, in []byte) {
 		req := request(8)
-		c := &Client{idle: DefaultIdleTimeout}
+		c := &Client{firstToken: DefaultFirstTokenTimeout, interToken: DefaultInterTokenTimeout}
 		var got []inference.Token
 		text := 0
 		res, err := c.ReadAnswer(context.Background(), newScript(in, true), "peer", req, func(tok inference.Token) error {

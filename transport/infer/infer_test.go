@@ -216,7 +216,8 @@ func TestClientCancelStopsServer(t *testing.T) {
 	}
 }
 
-// silent accepts the request and then says nothing (a hung or SIGSTOPped peer).
+// silent accepts the request and then says nothing (a hung or SIGSTOPped peer): the
+// first-token timeout ends the wait, not the (here longer) inter-token one.
 func TestSilentPeerTimesOut(t *testing.T) {
 	ch, sh := newHost(t), newHost(t)
 	release := make(chan struct{})
@@ -226,11 +227,48 @@ func TestSilentPeerTimesOut(t *testing.T) {
 		s.Reset()
 	})
 	connect(t, ch, sh)
-	c := NewClient(ch, WithIdleTimeout(300*time.Millisecond))
+	const interToken = time.Minute
+	c := NewClient(ch, WithTimeouts(300*time.Millisecond, interToken))
+	start := time.Now()
 	_, err := c.Generate(context.Background(), sh.ID(), request(8), collect(new([]inference.Token)))
-	if inference.CodeOf(err) != inference.CodeTimeout {
-		t.Fatalf("err %v, want timeout", err)
+	if took := time.Since(start); inference.CodeOf(err) != inference.CodeTimeout || took >= interToken {
+		t.Fatalf("err %v after %v, want timeout at the first-token timeout", err, took)
 	}
+}
+
+// A peer frozen mid-stream (its connection open, its backend stopped at a token: a hung
+// process, SIGSTOP) gives timeout at the inter-token timeout, not the (here much longer)
+// first-token one, with the tokens before it delivered; the client's reset then cancels
+// the peer's generation.
+func TestFrozenPeerMidStreamTimesOut(t *testing.T) {
+	const firstToken, interToken, frozenAt = time.Minute, 200 * time.Millisecond, 5
+	be, err := synth.New(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, sh := newHost(t), newHost(t)
+	srv := NewServer(sh, paced{Backend: be, before: map[int]time.Duration{frozenAt: forever}})
+	t.Cleanup(func() { srv.Close() })
+	connect(t, ch, sh)
+	c := NewClient(ch, WithTimeouts(firstToken, interToken))
+	var toks []inference.Token
+	var last time.Time
+	req := request(24)
+	req.Stream = true
+	_, err = c.Generate(t.Context(), sh.ID(), req, func(tok inference.Token) error {
+		toks, last = append(toks, tok), time.Now()
+		return nil
+	})
+	if inference.CodeOf(err) != inference.CodeTimeout || len(toks) != frozenAt {
+		t.Fatalf("err %v after %d tokens, want timeout after %d", err, len(toks), frozenAt)
+	}
+	if since := time.Since(last); since < interToken || since >= firstToken {
+		t.Fatalf("timeout %v after the last token, want the inter-token timeout %v", since, interToken)
+	}
+	waitFor(t, "the peer to see the client gone", func() bool {
+		st := srv.Stats()
+		return st.ClientDisconnected == 1 && st.InFlight == 0
+	})
 }
 
 // A peer that dies mid-stream gives peer_lost, never a hang.

@@ -41,10 +41,23 @@ const (
 	RequestTimeout = 10 * time.Second
 	// WriteTimeout bounds one frame write; a client that stops reading is cut off.
 	WriteTimeout = 30 * time.Second
-	// DefaultIdleTimeout bounds the gap between two frames at the client, first token
-	// included: cold starts of the built-in presets take about a second; 30 s leaves room
-	// for a slow upstream while detecting a hung peer well inside docs/reliability.md's budget.
-	DefaultIdleTimeout = 30 * time.Second
+	// DefaultFirstTokenTimeout bounds the client's wait from sending a request to its first
+	// token frame (or a terminal frame before any). It is the only wait in which a healthy
+	// peer may stay silent for long: it loads the model if it is cold (the built-in presets
+	// in about a second, a multi-gigabyte model from disk in tens of seconds) and processes
+	// the prompt, and a resumed request's replay with it. 30 s leaves room for that; the
+	// router's TTFT estimate of a peer is no bound to derive it from (a peer's cold start
+	// there is a fixed 2 s guess), and a deadline a healthy peer misses costs it a cooldown
+	// and the request a restart from scratch.
+	DefaultFirstTokenTimeout = 30 * time.Second
+	// DefaultInterTokenTimeout bounds the client's wait for each frame after the first
+	// token: the next token or the terminal frame. A token takes milliseconds to a few
+	// hundred (a 70 B model on a CPU: about one a second), a non-streaming answer's batching
+	// adds at most batchDelay (100 ms), and the time the caller's emit takes is not counted.
+	// A peer silent for 5 s mid-stream is frozen (SIGSTOP, a hung process, a machine
+	// swapping to a halt) or gone, and the executor moves the stream to another peer
+	// (node/dispatch): 5 s is the longest stall a frozen peer causes mid-stream.
+	DefaultInterTokenTimeout = 5 * time.Second
 	// DefaultMaxInFlight bounds concurrent requests a node serves for peers.
 	DefaultMaxInFlight = 64
 	// DefaultMaxInFlightPerPeer bounds concurrent requests from one peer.

@@ -150,16 +150,24 @@ type Server struct {
 // NewServer registers the handlers of ID and ReuseID on h. Close removes them and ends every
 // generation.
 func NewServer(h host.Host, gen Generator, opts ...ServerOption) *Server {
+	s := newServer(gen, opts...)
+	s.h = h
+	h.SetStreamHandler(ID, s.handle)
+	h.SetStreamHandler(ReuseID, s.handleSession)
+	return s
+}
+
+// newServer is a Server without a host: it serves only the streams handed to ServeStream
+// and ServeRequest (tests on virtual time, where no libp2p host can run).
+func newServer(gen Generator, opts ...ServerOption) *Server {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{
-		h: h, gen: gen, maxTotal: DefaultMaxInFlight, maxPeer: DefaultMaxInFlightPerPeer,
+		gen: gen, maxTotal: DefaultMaxInFlight, maxPeer: DefaultMaxInFlightPerPeer,
 		sessionIdle: DefaultSessionIdle, ctx: ctx, cancel: cancel, perPeer: make(map[peer.ID]int),
 	}
 	for _, o := range opts {
 		o(s)
 	}
-	h.SetStreamHandler(ID, s.handle)
-	h.SetStreamHandler(ReuseID, s.handleSession)
 	return s
 }
 
@@ -169,8 +177,10 @@ func (s *Server) Close() error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	s.h.RemoveStreamHandler(ID)
-	s.h.RemoveStreamHandler(ReuseID)
+	if s.h != nil {
+		s.h.RemoveStreamHandler(ID)
+		s.h.RemoveStreamHandler(ReuseID)
+	}
 	s.cancel()
 	s.wg.Wait()
 	return nil
@@ -424,8 +434,9 @@ func (s *Server) serve(st Stream, from peer.ID, req *inference.Request, began ti
 	// one is answered only once complete, so its token frames are batched and go out with
 	// the terminal frame in one write (one muxer frame, one syscall, one wake-up at the
 	// client instead of one per token); a batch is still written once it reaches
-	// batchBytes or batchDelay has passed since the last write, so that the client's idle
-	// timer stays fed and a long completion is not held back.
+	// batchBytes or batchDelay has passed since the last write, so that a long completion
+	// is not held back and the client's inter-token timer sees gaps at most batchDelay
+	// longer than the backend's.
 	pending := make([]byte, 0, 256)
 	lastWrite := time.Now()
 	sent, queued := 0, 0 // tokens written to the client; tokens in pending

@@ -169,10 +169,16 @@
 //   - The first frame of a stream must come within OpenTimeout. A stage's layers and its
 //     write of their output are bounded by its forward timeout (DefaultStepTimeout); its
 //     wait for the next step by the session idle time.
-//   - The head bounds each step by its step timeout (DefaultStepTimeout): no output in
-//     time is timeout. A stage's failure comes back as an error frame or a reset within it,
-//     never a hang. A step timeout, a failure or a cancelled context breaks the pipeline:
-//     its streams are reset and every stage frees its session.
+//   - The head bounds each step by its step timeout: 30 s for a step of several positions
+//     (a prefill, DefaultStepTimeout), 5 s for a step of one (a decode step,
+//     DefaultDecodeStepTimeout, which is transport/infer's inter-token timeout: a stage
+//     frozen mid-generation, its streams open, stalls the pipeline's client no longer than
+//     a frozen peer stalls a peer's). No output in time is timeout. A stage's failure
+//     comes back as an error frame or a reset within it, never a hang. A step timeout, a
+//     failure or a cancelled context breaks the pipeline: its streams are reset and every
+//     stage frees its session, and the requester's executor resumes the stream on another
+//     plan. A stage's own forward timeout stays at 30 s for every step: it guards the
+//     stage against its own layers, while a frozen neighbour is the head's to find.
 //   - The head believes what comes back only within the step it sent: the output's step
 //     number and position count must be those of the step, and an error frame can only
 //     name a stage of its chain. It cannot check the values (a stage could lie about its

@@ -26,18 +26,28 @@ import (
 type PipelineOption func(*pipelineConfig)
 
 type pipelineConfig struct {
-	stepTimeout time.Duration
-	maxBatch    int
-	observer    Observer
-	transfers   func(peer.ID, bandwidth.Transfer)
-	check       func(Part, string) error
+	stepTimeout   time.Duration // a step of several positions
+	decodeTimeout time.Duration // a step of one
+	maxBatch      int
+	observer      Observer
+	transfers     func(peer.ID, bandwidth.Transfer)
+	check         func(Part, string) error
 }
 
-// WithStepTimeout bounds one step at the head: from sending its hidden states to stage 0 to
-// the last stage's output (DefaultStepTimeout). A step past it fails with timeout, and the
-// pipeline with it.
-func WithStepTimeout(d time.Duration) PipelineOption {
-	return func(c *pipelineConfig) { c.stepTimeout = d }
+// WithStepTimeouts bounds each step at the head, from sending its hidden states to stage 0
+// to the last stage's output: prefill bounds a step of several positions
+// (DefaultStepTimeout), decode a step of one (DefaultDecodeStepTimeout). A step past its
+// bound fails with timeout, and the pipeline with it. A zero or negative value keeps that
+// default.
+func WithStepTimeouts(prefill, decode time.Duration) PipelineOption {
+	return func(c *pipelineConfig) {
+		if prefill > 0 {
+			c.stepTimeout = prefill
+		}
+		if decode > 0 {
+			c.decodeTimeout = decode
+		}
+	}
 }
 
 // WithMaxBatch bounds the positions the head sends in one step: Forward sends more as
@@ -85,16 +95,17 @@ type Part struct {
 // stage 0 and returns what the last stage sends back. It is one generation's: its stages
 // hold that generation's KV cache. Forward calls run one at a time.
 type Pipeline struct {
-	stages      []Hop
-	head        peer.ID
-	model       string
-	session     [sessionIDLen]byte
-	width       int
-	maxPos      int
-	batch       int // positions per step
-	stepTimeout time.Duration
-	observer    Observer
-	transfers   func(peer.ID, bandwidth.Transfer)
+	stages        []Hop
+	head          peer.ID
+	model         string
+	session       [sessionIDLen]byte
+	width         int
+	maxPos        int
+	batch         int           // positions per step
+	stepTimeout   time.Duration // bounds a step of several positions
+	decodeTimeout time.Duration // bounds a step of one
+	observer      Observer
+	transfers     func(peer.ID, bandwidth.Transfer)
 
 	up      network.Stream   // to stage 0: hidden frames out, error frames back
 	ret     network.Stream   // from the last stage: its output, or an error frame
@@ -161,7 +172,7 @@ var _ inference.Layers = (*Pipeline)(nil).Forward
 // The caller must Close the pipeline when the generation ends; until then its stages hold
 // the session (a stage frees an idle one after its session idle time).
 func Open(ctx context.Context, h host.Host, model string, stages []Hop, maxPositions int, opts ...PipelineOption) (*Pipeline, error) {
-	cfg := pipelineConfig{stepTimeout: DefaultStepTimeout}
+	cfg := pipelineConfig{stepTimeout: DefaultStepTimeout, decodeTimeout: DefaultDecodeStepTimeout}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -181,8 +192,8 @@ func Open(ctx context.Context, h host.Host, model string, stages []Hop, maxPosit
 	}
 	p := &Pipeline{
 		stages: append([]Hop(nil), stages...), head: h.ID(), model: model, session: o.session,
-		maxPos: maxPositions, stepTimeout: cfg.stepTimeout, observer: cfg.observer, check: cfg.check,
-		transfers: cfg.transfers, watched: make(chan struct{}),
+		maxPos: maxPositions, stepTimeout: cfg.stepTimeout, decodeTimeout: cfg.decodeTimeout,
+		observer: cfg.observer, check: cfg.check, transfers: cfg.transfers, watched: make(chan struct{}),
 	}
 	octx, cancel := context.WithTimeout(ctx, OpenTimeout)
 	defer cancel()
@@ -376,7 +387,7 @@ func (p *Pipeline) Width() int { return p.width }
 // Errors are *inference.Error, wrapping a *FailedStage where a stage is to blame:
 // invalid_request for a bad call (n, the values, a concurrent call), context_overflow past
 // the pipeline's maxPositions (nothing is sent; the pipeline stays usable), timeout when a
-// step's output does not come within the step timeout, peer_lost when a stage goes away
+// step's output does not come within its step timeout (WithStepTimeouts), peer_lost when a stage goes away
 // or breaks the protocol, the stage's code when its layers fail; a cancelled ctx gives its
 // error. After any failure but the first two the pipeline is broken: every later call
 // returns the same error.
@@ -414,8 +425,12 @@ func (p *Pipeline) Forward(ctx context.Context, hidden []float32, n int) ([]floa
 // roundTrip sends one step of m positions to stage 0 and reads the last stage's output.
 func (p *Pipeline) roundTrip(h []float32, m int) ([]float32, error) {
 	last := len(p.stages) - 1
+	timeout := p.stepTimeout
+	if m == 1 {
+		timeout = p.decodeTimeout
+	}
 	sent := time.Now()
-	deadline := sent.Add(p.stepTimeout)
+	deadline := sent.Add(timeout)
 	p.buf = appendHiddenFrame(p.buf[:0], p.step, m, h)
 	p.retM.Take() // the step's output alone
 	p.up.SetWriteDeadline(deadline)
@@ -430,7 +445,7 @@ func (p *Pipeline) roundTrip(h []float32, m int) ([]float32, error) {
 			return nil, e // the watcher, Close or the caller's cancellation came first
 		}
 		if isTimeout(err) {
-			return nil, p.fail(inference.Errorf(inference.CodeTimeout, "no output for step %d within %v", p.step, p.stepTimeout))
+			return nil, p.fail(inference.Errorf(inference.CodeTimeout, "no output for step %d within %v", p.step, timeout))
 		}
 		if errors.Is(err, io.EOF) {
 			err = errors.New("the return stream ended")

@@ -67,12 +67,18 @@ const (
 	// stream opens, the next hop's answer (the rest of the chain set up behind it), the
 	// head's attach at the last stage. Loading a range of layers can take a few seconds.
 	OpenTimeout = 20 * time.Second
-	// DefaultStepTimeout bounds one step: at the head, from sending the hidden states to the
-	// last stage's output; at a stage, its layers' Forward and the write to the next hop. A
-	// decode step takes milliseconds and a prefill of MaxStepBytes well under a second on
-	// the hardware that holds such a model; 30 s, as transport/infer's idle timeout, leaves
-	// room for a slow or loading stage while a dead one is found well inside it.
+	// DefaultStepTimeout bounds a step of several positions (a prefill): at the head, from
+	// sending the hidden states to the last stage's output; and, at a stage, its layers'
+	// Forward and the write to the next hop in any step. A prefill of MaxStepBytes takes
+	// well under a second on the hardware that holds such a model; 30 s, as transport/infer's
+	// first-token timeout, leaves room for a slow stage and a long batch.
 	DefaultStepTimeout = 30 * time.Second
+	// DefaultDecodeStepTimeout bounds a step of one position (a decode step: one token's
+	// layers) at the head. It takes milliseconds plus a crossing per stage; a chain silent
+	// for 5 s in one is frozen (a stage stopped, SIGSTOP) or gone, by transport/infer's
+	// reasoning for its inter-token timeout, which it equals: a pipeline's client sees no
+	// longer a stall than a peer's.
+	DefaultDecodeStepTimeout = 5 * time.Second
 	// DefaultSessionIdle bounds a stage's wait for the next step: a session idle this long
 	// is freed (its KV cache with it), as transport/infer's reused streams are.
 	DefaultSessionIdle = 60 * time.Second

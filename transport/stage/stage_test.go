@@ -380,26 +380,40 @@ func TestStageKilledMidStep(t *testing.T) {
 	}
 }
 
-// A stage that stops answering (alive, its streams open, its layers never returning) fails
-// the head's step with timeout at the step timeout, and the whole chain is freed.
+// A stage that stops answering (alive, its streams open, its layers never returning: a
+// frozen process) fails the head's step with timeout at that step's timeout, the prefill
+// one for a step of several positions, the decode one for a step of one, and the whole
+// chain is freed.
 func TestSilentStageTimesOut(t *testing.T) {
-	const width = 8
-	c := newChain(t, 4, width, [][2]int{{0, 2}, {2, 4}})
-	p := c.open(t, 64, WithStepTimeout(300*time.Millisecond))
-	defer p.Close()
-	if _, err := p.Forward(t.Context(), promptStates(3, width), 3); err != nil {
-		t.Fatal(err)
-	}
-	block(c.stages[1].be)
-	_, err := p.Forward(t.Context(), promptStates(1, width), 1)
-	if inference.CodeOf(err) != inference.CodeTimeout {
-		t.Fatalf("Forward through a silent stage: %v, want timeout", err)
-	}
-	for _, n := range c.stages {
-		e := n.ended(t)
-		if s, b := n.srv.Sessions(), n.be.sessions(); s != 0 || b != 0 {
-			t.Fatalf("stage %d holds %d sessions (%d at the backend) after the timeout (%+v)", e.Index, s, b, e)
-		}
+	const width, short, long = 8, 300 * time.Millisecond, time.Minute
+	for _, tc := range []struct {
+		name      string
+		positions int
+		opt       PipelineOption
+	}{
+		{"prefill step", 3, WithStepTimeouts(short, long)},
+		{"decode step", 1, WithStepTimeouts(long, short)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newChain(t, 4, width, [][2]int{{0, 2}, {2, 4}})
+			p := c.open(t, 64, tc.opt)
+			defer p.Close()
+			if _, err := p.Forward(t.Context(), promptStates(3, width), 3); err != nil {
+				t.Fatal(err)
+			}
+			block(c.stages[1].be)
+			start := time.Now()
+			_, err := p.Forward(t.Context(), promptStates(tc.positions, width), tc.positions)
+			if took := time.Since(start); inference.CodeOf(err) != inference.CodeTimeout || took >= long {
+				t.Fatalf("Forward through a silent stage: %v after %v, want timeout at %v", err, took, short)
+			}
+			for _, n := range c.stages {
+				e := n.ended(t)
+				if s, b := n.srv.Sessions(), n.be.sessions(); s != 0 || b != 0 {
+					t.Fatalf("stage %d holds %d sessions (%d at the backend) after the timeout (%+v)", e.Index, s, b, e)
+				}
+			}
+		})
 	}
 }
 

@@ -25,7 +25,7 @@ const (
 	// signaling on loopback): 1.4 s at a 200 ms intercontinental RTT. 5 s leaves room for a
 	// lost DTLS flight (pion resends after 1 s), pion's 200 ms ICE check period and STUN
 	// gathering, yet gives up on a peer that cannot be reached directly long before infer's
-	// 30 s idle timeout, so the caller can still fall back to a libp2p stream.
+	// 30 s first-token timeout, so the caller can still fall back to a libp2p stream.
 	DefaultConnectTimeout = 5 * time.Second
 	// DefaultIdleClose: a connected PeerConnection costs a UDP socket per local address, an
 	// ICE keepalive every 2 s and about twenty goroutines. Two minutes spans the think time
