@@ -41,6 +41,8 @@ import (
 // terminal reaches the parent only, which then stops the children in order) and, on Linux,
 // with the parent-death signal SIGKILL, so that even a parent killed with SIGKILL takes its
 // children with it. Close, a failed StartProcs and Kill wait for every child they end.
+// The nodes' data dirs live under one temporary directory ($TMPDIR) that Close removes; a
+// parent killed with SIGKILL leaves it behind.
 
 // ProcOptions configures a testnet of node processes.
 type ProcOptions struct {

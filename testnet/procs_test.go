@@ -394,6 +394,8 @@ func TestProcsCommandLeavesNoChild(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGKILL} {
 		t.Run(sig.String(), func(t *testing.T) {
 			cmd := exec.Command(procsBinary(t), "testnet", "--procs", "--nodes", "2")
+			// A SIGKILLed command cannot remove its data dirs: they go where the test removes them.
+			cmd.Env = append(os.Environ(), "TMPDIR="+t.TempDir())
 			out, err := cmd.StdoutPipe()
 			if err != nil {
 				t.Fatal(err)
