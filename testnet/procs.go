@@ -26,8 +26,10 @@ import (
 // Nodes as processes. Procs runs each node as its own `meshinfer node` process, started
 // and configured the way a user would (flags, a consent recorded with `meshinfer consent`,
 // a participation --config), so that faults are real signals: SIGKILL is a crash (the
-// kernel closes the sockets), SIGSTOP a frozen peer (nothing closes: its peers notice only
-// by their timeouts), SIGTERM the node's own shutdown. The parent talks to a child only
+// kernel resets its TCP connections; over QUIC, UDP, nothing tells its peers, so to them it
+// is frozen until their timeouts: see ProcOptions.NoQUIC), SIGSTOP a frozen peer (nothing
+// closes: its peers notice only by their timeouts), SIGTERM the node's own drain and
+// shutdown (node.Drain). The parent talks to a child only
 // through its real interfaces: the banner it prints at start (listen, API and console
 // addresses), its console (/api/status, /api/peers) and its OpenAI API.
 //
