@@ -87,7 +87,8 @@ type Proc struct {
 	API     string   // host:port of the OpenAI API
 	Console string   // host:port of the console
 
-	cmd *exec.Cmd
+	cmd  *exec.Cmd
+	args []string // the command line after the binary, for Restart
 	// exited is closed once the process has been waited for; err is its exit error then.
 	exited chan struct{}
 	err    error
@@ -217,7 +218,7 @@ func (ps *Procs) run(ctx context.Context, i int, args []string) (*Proc, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("node %d: %w", i, err)
 	}
-	p := &Proc{Index: i, PID: cmd.Process.Pid, cmd: cmd, exited: make(chan struct{})}
+	p := &Proc{Index: i, PID: cmd.Process.Pid, cmd: cmd, args: args, exited: make(chan struct{})}
 	ps.mu.Lock()
 	for len(ps.procs) <= i {
 		ps.procs = append(ps.procs, nil)
@@ -341,6 +342,38 @@ func (ps *Procs) Kill(i int) error {
 	}
 	<-p.exited
 	return nil
+}
+
+// Restart starts node i again after it has exited (killed, or drained and stopped), with
+// the same flags and data dir: the same peer ID, its receipts and consent kept, new ports.
+// It bootstraps to node 0 as before, or, when node 0 is the one restarted, to the lowest
+// other running node. ctx bounds the start.
+func (ps *Procs) Restart(ctx context.Context, i int) (*Proc, error) {
+	old := ps.Proc(i)
+	if old == nil {
+		return nil, fmt.Errorf("no node %d", i)
+	}
+	if !old.done() {
+		return nil, fmt.Errorf("node %d is still running (pid %d)", i, old.PID)
+	}
+	// Node 0's addresses were the others' bootstrap peers; node 0 itself had none.
+	var args []string
+	for j := 0; j < len(old.args); j++ {
+		if old.args[j] == "--bootstrap" {
+			j++
+			continue
+		}
+		args = append(args, old.args[j])
+	}
+	for _, p := range ps.Running() {
+		if p.Index != i {
+			for _, a := range p.P2P {
+				args = append(args, "--bootstrap", a)
+			}
+			break
+		}
+	}
+	return ps.run(ctx, i, args)
 }
 
 // Freeze stops node i with SIGSTOP: it holds its sockets and answers nothing, as a hung
@@ -496,16 +529,15 @@ type prefixWriter struct {
 func (pw *prefixWriter) Write(b []byte) (int, error) {
 	n := len(b)
 	for len(b) > 0 {
-		if !pw.mid {
-			if _, err := io.WriteString(pw.w, pw.prefix); err != nil {
-				return 0, err
-			}
-		}
 		line := b
 		if i := bytes.IndexByte(b, '\n'); i >= 0 {
 			line = b[:i+1]
 		}
-		if _, err := pw.w.Write(line); err != nil {
+		out := line
+		if !pw.mid { // one write per line, prefix included: a line-per-write log keeps it whole
+			out = append([]byte(pw.prefix), line...)
+		}
+		if _, err := pw.w.Write(out); err != nil {
 			return 0, err
 		}
 		pw.mid = line[len(line)-1] != '\n'
