@@ -112,6 +112,9 @@ type Node struct {
 	bw      *bandwidth.Estimator // the bandwidth with each peer, from timed transfers (bandwidth.go)
 	bwProbe *bwprobe.Client      // probes a peer's bandwidth on demand
 
+	// draining is set by Drain: no peer task is admitted and the vector says not accepting.
+	draining atomic.Bool
+
 	closers   []func() error // in start order; Close runs them backwards
 	closeOnce sync.Once
 	closeErr  error
@@ -248,7 +251,7 @@ func (n *Node) start() error {
 	n.startBandwidth()
 	var direct *directServer
 	if n.backend != nil {
-		opts := []infer.ServerOption{infer.WithAdmission(n.part.admit), infer.WithSigner(n.signTask), infer.WithServerObserver(n.rep),
+		opts := []infer.ServerOption{infer.WithAdmission(n.admit), infer.WithSigner(n.signTask), infer.WithServerObserver(n.rep),
 			infer.WithServerTransfers(n.noteTransfer)}
 		if cfg.DataDir != "" {
 			// Every task served for a peer is receipted, off the task's own goroutine; the
@@ -587,7 +590,7 @@ func (s vectorSource) Vector(now time.Time) caps.Vector {
 	v.Battery.Floor = s.n.part.batteryFloor()
 	v.RAM.BudgetMB = min(s.n.mem.get()>>20, v.RAM.TotalMB)
 	models := []caps.Model{}
-	load := caps.Load{Accepting: s.n.backend != nil && s.n.part.accepting()}
+	load := caps.Load{Accepting: s.n.backend != nil && s.n.part.accepting() && !s.n.draining.Load()}
 	if s.n.backend != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		infos, err := s.n.backend.Models(ctx)

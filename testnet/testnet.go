@@ -1,5 +1,5 @@
-// Package testnet runs many meshinfer nodes in one process on loopback, for `meshinfer
-// testnet`, `make run`, integration tests and benchmarks.
+// Package testnet runs many meshinfer nodes on loopback, in one process or (StartProcs) one
+// process each, for `meshinfer testnet`, `make run`, integration tests and benchmarks.
 //
 // Node 0 has the bootstrap role. Every other node bootstraps to node 0 and to up to two
 // random nodes already running when its start wave begins (nodes start Parallel at a time),
@@ -36,6 +36,9 @@
 // battery/thermal/network sensors per node (Sensors), and misbehaving nodes: liars, slow
 // and flaky ones (Faults). Each node keeps its data dir (receipts) under a temporary
 // directory that Close removes.
+//
+// StartProcs runs the nodes as `meshinfer node` processes instead, for faults that are real
+// signals (procs.go).
 //
 // Nothing in production imports this package.
 package testnet

@@ -32,7 +32,7 @@ type command struct {
 // both dispatches and documents, so the usage cannot miss a command.
 var commands = []command{
 	{"node", "run a node: join the mesh, announce this machine's capabilities, serve the console", runNode},
-	{"testnet", "run N nodes in this process on loopback and show them find each other", runTestnet},
+	{"testnet", "run N nodes on loopback (in this process, or one process each) and show them find each other", runTestnet},
 	{"status", "show a running node's status (reads its console)", runStatus},
 	{"chat", "send a prompt to a node's OpenAI-compatible API and stream the answer", runChat},
 	{"id", "print this node's peer ID (creates the identity on first use)", runID},

@@ -84,6 +84,7 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&listen, "listen", "libp2p listen multiaddr, repeatable (default TCP and QUIC on port 4001, IPv4 and IPv6)")
 	fs.Var(&boots, "bootstrap", "bootstrap peer multiaddr ending in /p2p/<peer ID>, repeatable")
 	noMDNS := fs.Bool("no-mdns", false, "do not discover or answer peers on the local network (mDNS)")
+	loopback := fs.Bool("loopback", false, "for a testnet of nodes on this one machine (meshinfer testnet --procs): DHT server mode on loopback addresses, no NAT traversal, mDNS, DHT rendezvous or peer exchange")
 	fs.Var(&models, "model", "model to serve, repeatable: with --backend synth a built-in synthetic model, synth-tiny, synth-small or synth-base (default synth-tiny; \"none\" serves nothing and only routes); with --backend openai the upstream's name for it (required)")
 	backend := fs.String("backend", node.BackendSynth, "what serves --model: synth (built-in synthetic models) or openai (an OpenAI-compatible server at --upstream)")
 	upstreamURL := fs.String("upstream", "", "base URL of the OpenAI-compatible server for --backend openai, e.g. http://127.0.0.1:8080 (llama-server) or http://127.0.0.1:11434 (Ollama)")
@@ -93,6 +94,7 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	consoleAddr := fs.String("console", node.DefaultConsoleAddr, `console listen address, or "off"`)
 	consolePublic := fs.Bool("console-public", false, "allow a non-loopback console address (exposes peers and addresses)")
 	heartbeat := fs.Duration("heartbeat", node.DefaultHeartbeat, "capability re-announcement period")
+	drainTimeout := fs.Duration("drain-timeout", node.DefaultDrainTimeout, "on Ctrl-C or SIGTERM, refuse new tasks from peers and let those in flight finish for up to this long before stopping (0: stop at once, cancelling them; their routers resume them elsewhere)")
 	connsLow := fs.Int("conns-low", node.DefaultConnsLow, "connection manager low water mark")
 	connsHigh := fs.Int("conns-high", node.DefaultConnsHigh, "connection manager high water mark")
 	probeRoot := fs.String("probe-root", "/", "filesystem root under which /proc and /sys are read (for tests)")
@@ -122,6 +124,7 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 		Mesh:          *mesh,
 		ListenAddrs:   listen,
 		MDNS:          !*noMDNS,
+		Loopback:      *loopback,
 		Models:        modelList(models, *backend),
 		APIAddr:       *apiAddr,
 		APIPublic:     *apiPublic,
@@ -235,6 +238,15 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintln(stdout, "Ctrl-C stops the node.")
 	<-ctx.Done()
+	stop() // a second Ctrl-C or SIGTERM ends the process at once, drain or not
+	if *drainTimeout > 0 {
+		fmt.Fprintf(stdout, "draining: no new tasks from peers, up to %v for those in flight (Ctrl-C again stops at once)...\n", *drainTimeout)
+		dctx, cancel := context.WithTimeout(context.Background(), *drainTimeout)
+		if err := n.Drain(dctx); err != nil {
+			fmt.Fprintf(stdout, "%v: cancelling them (their routers resume them elsewhere)\n", err)
+		}
+		cancel()
+	}
 	fmt.Fprintln(stdout, "stopping...")
 	done := make(chan error, 1)
 	go func() { done <- n.Close() }()

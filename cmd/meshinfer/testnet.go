@@ -27,6 +27,12 @@ every node holds every other's verified capability vector, sends a few requests 
 router at work (local, a peer, the stand-in cloud, a local-only refusal), then prints live
 status. Ctrl-C (or --duration) stops every node cleanly.
 
+With --procs every node is a 'meshinfer node' process of its own instead, node i on
+127.0.0.(i+1): the table shows each PID, so real signals are real faults (kill -KILL crashes
+a node, -STOP freezes it, -CONT thaws it, -TERM drains and stops it). The children never
+outlive the command: Ctrl-C stops and reaps them, and on Linux they die with it even if it
+is killed.
+
 With --cloud (the default) a stand-in cloud API runs too: the built-in models behind a
 meshinfer API that adds --cloud-latency before each response; every node uses it as its
 cloud tier, for requests whose privacy is any.`
@@ -47,8 +53,22 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	faults := fs.String("faults", "", "comma-separated faulty nodes to start, e.g. liar=1,slow=1: liars (the last nodes) alter every token they generate, and sampled verification finds them; slow nodes (just before them) wait 500ms before their first token and 30ms before each next; flaky nodes (before those) drop all their connections every 2s")
 	useWebRTC := fs.Bool("webrtc", false, "nodes send their requests to peers over WebRTC data channels (libp2p where no direct path sets up) and answer each other's WebRTC set-ups, as node --webrtc; 'meshinfer status' shows the paths")
 	scenario := fs.String("scenario", scenarioNone, "what to play after the demo: none; battery-drain (node 1's simulated battery drains below the floor, then charges: it pauses, is skipped, comes back); or shard (synth-large, too big for any node's 256 MiB budget, served by a pipeline of layer ranges across the nodes)")
+	procs := fs.Bool("procs", false, "run each node as its own 'meshinfer node' process (node i on 127.0.0.(i+1), OS-chosen ports), so that real signals are faults: kill -KILL, -STOP, -CONT or -TERM a node's PID from the table; children die with this command, even if it is killed. Not with --cloud, --faults, --webrtc, --scenario, --cold-start, --console-base or --api-base")
 	if err := parse(fs, args, stdout); err != nil {
 		return err
+	}
+	if *procs {
+		var bad []string
+		fs.Visit(func(f *flag.Flag) {
+			switch f.Name {
+			case "cloud", "cloud-latency", "faults", "webrtc", "scenario", "cold-start", "console-base", "api-base", "seed", "watch":
+				bad = append(bad, "--"+f.Name)
+			}
+		})
+		if len(bad) > 0 {
+			fmt.Fprintf(stderr, "meshinfer testnet: --procs does not take %s\n", strings.Join(bad, ", "))
+			return errUsage
+		}
 	}
 	switch *scenario {
 	case scenarioNone, scenarioBatteryDrain, scenarioShard:
@@ -72,6 +92,14 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *procs {
+		meshSet := false
+		fs.Visit(func(f *flag.Flag) { meshSet = meshSet || f.Name == "mesh" })
+		if !meshSet {
+			*mesh = "" // a mesh of its own
+		}
+		return runProcs(ctx, stdout, stderr, testnet.ProcOptions{Nodes: *nodes, Mesh: *mesh, Heartbeat: *heartbeat}, *duration)
+	}
 
 	fmt.Fprintf(stdout, "starting %d nodes on loopback...\n", *nodes)
 	start := time.Now()
@@ -242,17 +270,26 @@ const demoRequestTimeout = time.Minute
 // for a model no node serves (privacy any), and a local-only request refused rather than
 // sent away.
 func demo(ctx context.Context, w io.Writer, tn *testnet.Testnet) {
-	names := map[string]string{"local": "itself", "cloud": "the cloud"}
-	for i := range tn.Len() {
+	ids := make([]string, tn.Len())
+	for i := range ids {
 		if n := tn.Node(i); n != nil {
-			names[inference.Served{Tier: inference.TierMesh, Peer: n.ID().String()}.Route()] = fmt.Sprintf("node %d", i)
+			ids[i] = n.ID().String()
 		}
 	}
-	n := tn.Node(0)
-	if n == nil || n.APIAddr() == "" {
-		return
+	if n := tn.Node(0); n != nil && n.APIAddr() != "" {
+		demoRequests(ctx, w, "http://"+n.APIAddr(), ids, tn.Cloud() != nil)
 	}
-	api := "http://" + n.APIAddr()
+}
+
+// demoRequests is demo through node 0's API at api; ids are the nodes' peer IDs by index
+// ("" where stopped), to name who served each request.
+func demoRequests(ctx context.Context, w io.Writer, api string, ids []string, cloud bool) {
+	names := map[string]string{"local": "itself", "cloud": "the cloud"}
+	for i, id := range ids {
+		if id != "" {
+			names[inference.Served{Tier: inference.TierMesh, Peer: id}.Route()] = fmt.Sprintf("node %d", i)
+		}
+	}
 	cases := []struct {
 		what string
 		cr   chatRequest
@@ -262,7 +299,7 @@ func demo(ctx context.Context, w io.Writer, tn *testnet.Testnet) {
 		{"a model no node serves, privacy any", chatRequest{model: "synth-base", privacy: "any"}},
 		{"a peer's model, privacy local-only", chatRequest{model: "synth-small", privacy: "local-only"}},
 	}
-	if tn.Cloud() == nil {
+	if !cloud {
 		cases = slices.Delete(cases, 2, 3)
 	}
 	for _, c := range cases {

@@ -1,0 +1,65 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/meshinfer/meshinfer/inference"
+)
+
+// Draining: a node asked to stop (meshinfer node on SIGTERM or Ctrl-C) first drains, then
+// closes. Close alone cancels the tasks it serves for peers, whose routers then resume
+// them elsewhere by replay; draining lets them finish here instead, within a bound:
+//
+//  1. stop admitting: every new task from a peer is refused with shutting_down (the router
+//     tries another peer and counts a rejection, not a failure), and the node announces
+//     itself as not accepting at once, so that routers stop choosing it;
+//  2. wait until the tasks in flight for peers have ended, or the deadline (ctx) passes;
+//  3. Close (the caller's): the API lets its own in-flight requests end within its
+//     shutdown grace; tasks still running past the drain deadline are cancelled, and their
+//     routers resume them elsewhere.
+//
+// The node's own API keeps answering until Close: it routes to other peers, which is not
+// work this node would have to finish.
+
+// DefaultDrainTimeout bounds a drain: long enough for a chat answer of a few hundred
+// tokens in flight to finish, short enough for a service manager's stop timeout (systemd's
+// is 90 s; 10 s drain plus at most 10 s of Close).
+const DefaultDrainTimeout = 10 * time.Second
+
+// drainPoll is how often Drain checks the tasks in flight: the inference server has no
+// notification for its last task ending, and a drain lasts seconds.
+const drainPoll = 20 * time.Millisecond
+
+// Drain stops admitting tasks from peers and waits until those in flight have ended or
+// ctx ends (then it returns ctx's error; the tasks left are Close's to cancel). Once
+// called, the node admits no peer task again: Close is what follows.
+func (n *Node) Drain(ctx context.Context) error {
+	if !n.draining.Swap(true) && n.announcer != nil {
+		n.announcer.Changed() // announce Accepting false now, not at the next heartbeat
+	}
+	if n.infer == nil {
+		return nil
+	}
+	tick := time.NewTicker(drainPoll)
+	defer tick.Stop()
+	for n.infer.Stats().InFlight > 0 {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("drain: %d tasks for peers still running: %w", n.infer.Stats().InFlight, ctx.Err())
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
+// admit is the peer server's admission: none while draining, else participation's.
+func (n *Node) admit(from peer.ID) error {
+	if n.draining.Load() {
+		return inference.Errorf(inference.CodeShuttingDown, "this node is stopping and takes no new tasks")
+	}
+	return n.part.admit(from)
+}

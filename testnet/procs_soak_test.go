@@ -1,0 +1,6 @@
+//go:build unix && soak
+
+package testnet
+
+// soakTests: built with -tags soak (make soak), the process tests too long for make test run.
+const soakTests = true
