@@ -32,6 +32,7 @@ import (
 
 	logging "github.com/ipfs/go-log/v2"
 	dht "github.com/libp2p/go-libp2p-kad-dht"
+	dhtpb "github.com/libp2p/go-libp2p-kad-dht/pb"
 	pubsub "github.com/libp2p/go-libp2p-pubsub"
 	"github.com/libp2p/go-libp2p/core/crypto"
 	corediscovery "github.com/libp2p/go-libp2p/core/discovery"
@@ -285,12 +286,20 @@ func (n *Node) start() error {
 	}
 
 	n.reg = registry.New(registry.ParamsForHeartbeat(cfg.Heartbeat))
+	// The DHT's FIND_PEER request, sent to one connected peer at a time (discovery.Contact).
+	ask, err := dhtpb.NewProtocolMessenger(n.dht.MessageSender())
+	if err != nil {
+		return fmt.Errorf("DHT messenger: %w", err)
+	}
 	n.announcer, err = announce.New(h, n.ps, n.key, n.reg, vectorSource{n}, announce.Params{
 		Mesh: cfg.Mesh, Heartbeat: cfg.Heartbeat, Now: cfg.Now,
-		// A peer known only from others' announcements is contacted through the DHT-routed
-		// host, in the background and a few at a time: a request never waits on a lookup,
-		// and a made-up identity is dropped without ever being routed to.
-		Contact:   func(ctx context.Context, p peer.ID) error { return n.dialer.Connect(ctx, peer.AddrInfo{ID: p}) },
+		// A peer known only from others' announcements is contacted in the background and a
+		// few at a time: a request never waits on a contact, and a made-up identity is
+		// dropped without ever being routed to. Its addresses come from the peers this node
+		// is connected to; the DHT-routed host's walk, which dials every peer on its way, is
+		// the announcer's last resort for a model no contacted peer offers (B6).
+		Contact:   func(ctx context.Context, p peer.ID) error { return discovery.Contact(ctx, h, ask, p) },
+		Lookup:    func(ctx context.Context, p peer.ID) error { return n.dialer.Connect(ctx, peer.AddrInfo{ID: p}) },
 		Observer:  n.rep,
 		Transfers: n.noteTransfer,
 	})

@@ -115,16 +115,20 @@ type syncTransfer struct {
 	t    bandwidth.Transfer
 }
 
-func newRig(t *testing.T, seenTTL time.Duration) *rig { return newRigLowWater(t, seenTTL, 0) }
+func newRig(t *testing.T, seenTTL time.Duration) *rig { return newRigWith(t, seenTTL, nil) }
 
 // newRigLowWater is newRig with the victim's ContactLowWater (0: the default).
 func newRigLowWater(t *testing.T, seenTTL time.Duration, lowWater int) *rig {
-	t.Helper()
-	return newRigClock(t, seenTTL, lowWater, time.Now)
+	return newRigWith(t, seenTTL, func(p *Params) { p.ContactLowWater = lowWater })
 }
 
 // newRigClock is newRigLowWater with the victim's clock.
 func newRigClock(t *testing.T, seenTTL time.Duration, lowWater int, now func() time.Time) *rig {
+	return newRigWith(t, seenTTL, func(p *Params) { p.ContactLowWater, p.Now = lowWater, now })
+}
+
+// newRigWith is newRig with the victim's Params edited by edit (when not nil).
+func newRigWith(t *testing.T, seenTTL time.Duration, edit func(*Params)) *rig {
 	t.Helper()
 	vKey, aKey := newKey(t), newKey(t)
 	vh, ah := newHost(t, vKey), newHost(t, aKey)
@@ -155,13 +159,17 @@ func newRigClock(t *testing.T, seenTTL time.Duration, lowWater int, now func() t
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(vh, vps, vKey, reg, fixedSource{}, Params{Mesh: testMesh, Heartbeat: time.Minute, Now: now, Contact: slowContact, Observer: rep,
-		ContactLowWater: lowWater, Transfers: func(from peer.ID, t bandwidth.Transfer) {
+	params := Params{Mesh: testMesh, Heartbeat: time.Minute, Contact: slowContact, Observer: rep,
+		Transfers: func(from peer.ID, t bandwidth.Transfer) {
 			select {
 			case r.transfers <- syncTransfer{from, t}:
 			default:
 			}
-		}})
+		}}
+	if edit != nil {
+		edit(&params)
+	}
+	a, err := New(vh, vps, vKey, reg, fixedSource{}, params)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -567,31 +575,8 @@ func TestMissedHeartbeatsLowerTheScore(t *testing.T) {
 // a model no contacted peer offers.
 func TestPendingPeersContactedOnlyWhenNeeded(t *testing.T) {
 	r := newRigLowWater(t, 2*time.Minute, 1)
-	now := time.Now()
-	withModel := func(key crypto.PrivKey, name string) func(*caps.Vector) {
-		return func(v *caps.Vector) {
-			v.Models = []caps.Model{{Name: name, State: caps.ModelWarm}}
-			if err := caps.Sign(key, v); err != nil { // signed edits after signing: sign again
-				t.Fatal(err)
-			}
-		}
-	}
-	// The attacker, connected, offers model m.
-	if got := r.send(t, signed(t, r.attKey, 10, now, time.Minute, withModel(r.attKey, "m"))); got.Accepted != 1 {
-		t.Fatalf("attacker's vector: %+v", got)
-	}
-	waitFor(t, "the attacker contacted", func() bool { e, ok := r.reg.Get(r.attacker.ID(), now); return ok && e.Contacted })
-	same, other := newKey(t), newKey(t)
-	sameID, _ := peer.IDFromPrivateKey(same)
-	otherID, _ := peer.IDFromPrivateKey(other)
-	r.attacker.SetStreamHandler(SyncProtocol(testMesh), func(s network.Stream) {
-		frame.Write(s, signed(t, same, 5, now, time.Minute, withModel(same, "m")))
-		frame.Write(s, signed(t, other, 5, now, time.Minute, withModel(other, "rare")))
-		s.Close()
-	})
-	if n, err := r.victim.syncFrom(context.Background(), r.attacker.ID()); err != nil || n != 2 {
-		t.Fatalf("sync = %d, %v; want both vectors held", n, err)
-	}
+	pending := r.offerPending(t, "m", "rare")
+	sameID, otherID := pending[0], pending[1]
 	select {
 	case p := <-r.contacts:
 		if p != otherID {
@@ -660,4 +645,43 @@ func TestBrokenSyncAnswerIsNotMetered(t *testing.T) {
 		t.Fatalf("a broken answer was told: %+v", st)
 	default:
 	}
+}
+
+// withModel is a vector edit: it offers model name, and signs the vector again with key.
+func withModel(t *testing.T, key crypto.PrivKey, name string) func(*caps.Vector) {
+	return func(v *caps.Vector) {
+		v.Models = []caps.Model{{Name: name, State: caps.ModelWarm}}
+		if err := caps.Sign(key, v); err != nil { // signed edits after signing: sign again
+			t.Fatal(err)
+		}
+	}
+}
+
+// offerPending makes the attacker, connected and contacted, offer model "m", and hands the
+// victim through a sync one pending peer for each of models, offering that model.
+func (r *rig) offerPending(t *testing.T, models ...string) []peer.ID {
+	t.Helper()
+	now := time.Now()
+	if got := r.send(t, signed(t, r.attKey, 10, now, time.Minute, withModel(t, r.attKey, "m"))); got.Accepted != 1 {
+		t.Fatalf("attacker's vector: %+v", got)
+	}
+	waitFor(t, "the attacker contacted", func() bool { e, ok := r.reg.Get(r.attacker.ID(), now); return ok && e.Contacted })
+	var ids []peer.ID
+	var wire [][]byte
+	for _, m := range models {
+		key := newKey(t)
+		id, _ := peer.IDFromPrivateKey(key)
+		ids = append(ids, id)
+		wire = append(wire, signed(t, key, 5, now, time.Minute, withModel(t, key, m)))
+	}
+	r.attacker.SetStreamHandler(SyncProtocol(testMesh), func(s network.Stream) {
+		for _, w := range wire {
+			frame.Write(s, w)
+		}
+		s.Close()
+	})
+	if n, err := r.victim.syncFrom(context.Background(), r.attacker.ID()); err != nil || n != len(models) {
+		t.Fatalf("sync = %d, %v; want all %d vectors held", n, err, len(models))
+	}
+	return ids
 }

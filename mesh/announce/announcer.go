@@ -48,7 +48,7 @@ const (
 	// crossing a few GossipSub hops.
 	heartbeatGrace = time.Second
 	// contactTimeout bounds one attempt to connect to a pending peer, a DHT lookup of its
-	// addresses included.
+	// addresses included (Params.Lookup).
 	contactTimeout = 15 * time.Second
 	// contactWorkers is how many pending peers are contacted at once, and contactQueue how
 	// many may wait (the others are queued again at the next heartbeat).
@@ -81,9 +81,15 @@ type Params struct {
 	MinGap    time.Duration    // least gap between publishes; DefaultMinGap when 0
 	Now       func() time.Time // clock; time.Now when nil
 	// Contact connects to a pending peer (one the registry holds but this node was never
-	// connected to), finding its addresses if it must; nil uses the host's Connect with the
-	// addresses in its peerstore. A peer that cannot be contacted is dropped.
+	// connected to) at addresses this node knows or can learn without dialling anyone else
+	// (the node asks its connected peers); nil uses the host's Connect with the addresses
+	// in its peerstore. A peer that cannot be contacted is dropped.
 	Contact func(ctx context.Context, p peer.ID) error
+	// Lookup connects to a pending peer finding its addresses in the DHT: a Kademlia walk,
+	// which dials the peers on its way (20-30 of a 100-node mesh, docs/benchmarks.md B6). It
+	// is tried after Contact failed, and only for a peer that offers a model no contacted
+	// peer offers or before a peer is dropped; nil: never.
+	Lookup func(ctx context.Context, p peer.ID) error
 	// ContactLowWater is how many connections this node wants before it contacts a pending
 	// peer only for a model no contacted peer offers (DefaultContactLowWater when 0).
 	ContactLowWater int
@@ -126,6 +132,7 @@ type Announcer struct {
 	qmu      sync.Mutex
 	queued   map[peer.ID]bool
 	failures map[peer.ID]int // failed contacts of pending peers, under qmu
+	dialing  atomic.Int64    // contacts under way
 	born     time.Time       // when New ran (syncLoop pulls twice while the node is young)
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -470,12 +477,30 @@ func (a *Announcer) contactLoop(ctx context.Context) {
 	}
 }
 
+// contact connects to pending peer p if it is still needed: through Params.Contact, and
+// when that fails through Params.Lookup too if p offers a model no contacted peer offers, or
+// if this is p's last attempt before it is dropped (a peer none of this node's neighbours
+// knows is not dropped unless the DHT cannot find it either). Contacts under way count as
+// the connections they will make, so the workers together do not overshoot ContactLowWater.
 func (a *Announcer) contact(ctx context.Context, p peer.ID) {
-	if !a.reg.Pending(p) || !a.needed(p, nil) {
-		return // connected meanwhile, gone, or no longer needed (the queue filled up before)
+	under := a.dialing.Add(1) - 1 // the others' contacts under way
+	defer a.dialing.Add(-1)
+	if !a.reg.Pending(p) {
+		return // connected meanwhile, or gone
 	}
+	short := len(a.h.Network().Peers())+int(under) < a.params.ContactLowWater
+	rare := a.reg.OffersOtherModels(p, a.reg.ContactedModels(a.params.Now()))
+	if !short && !rare {
+		return // no longer needed (the queue filled up before)
+	}
+	a.qmu.Lock()
+	last := a.failures[p]+1 >= contactAttempts
+	a.qmu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, contactTimeout)
 	err := a.params.Contact(cctx, p)
+	if err != nil && (rare || last) && a.params.Lookup != nil && cctx.Err() == nil {
+		err = a.params.Lookup(cctx, p)
+	}
 	cancel()
 	if ctx.Err() != nil {
 		return

@@ -69,14 +69,17 @@
 // Contact: a vector that reaches this node through another peer (a forwarder, a sync
 // answer) makes its author pending in the registry, not a routing candidate. Up to
 // contactWorkers pending peers at a time are connected to through Params.Contact (the node
-// passes its DHT-routed host); one that answers becomes contacted. Once the node has
-// ContactLowWater (8) connections, a pending peer is contacted only if it offers a model no
-// contacted peer offers (checked when queued and again before the dial): a node of a large
-// mesh connects to enough peers and to every model, not to every peer it hears of (B6's
-// bound of 32 connections a node). Pending peers are
-// queued again every heartbeat; one whose contact failed contactAttempts (3) times is dropped and
-// refused for a while (registry.Unreachable), and its seq is kept in the high-water mark so
-// a sync answer cannot bring its last vector back.
+// passes discovery.Contact: the addresses its peerstore or its connected peers know, a dial
+// of that peer only); one that answers becomes contacted. Once the node has ContactLowWater
+// (8) connections, contacts under way included, a pending peer is contacted only if it
+// offers a model no contacted peer offers (checked when queued and again before the dial):
+// a node of a large mesh connects to enough peers and to every model, not to every peer it
+// hears of (B6's bound of 32 connections a node). When Contact finds no way, Params.Lookup
+// (the node's DHT-routed host: a Kademlia walk, which dials the peers on its way) is tried
+// only for such a model, or on a peer's last attempt. Pending peers are queued again every
+// heartbeat; one whose contact failed contactAttempts (3) times is dropped and refused for a
+// while (registry.Unreachable), and its seq is kept in the high-water mark so a sync answer
+// cannot bring its last vector back.
 //
 // The Announcer also watches libp2p connection events so the registry marks a clean
 // disconnect at once, and sweeps forgotten peers every heartbeat (their seq, too, stays in

@@ -16,6 +16,9 @@
 // a few, of IP scopes this node reaches as it listens, and a bounded number of peers per
 // rendezvous round.
 //
+// Contact (contact.go) connects to one peer this node heard of through others, at addresses
+// its connected peers give, under the same filter and without a walk through the DHT.
+//
 // Every network call carries a timeout. All loops are owned by the Discovery: started in New,
 // stopped and waited for by Close.
 //
@@ -256,7 +259,7 @@ func (d *Discovery) findAndConnect(ctx context.Context, ns string) {
 		if ai.ID == d.h.ID() || d.h.Network().Connectedness(ai.ID) == network.Connected {
 			continue
 		}
-		if ai.Addrs = d.dialable(ai); len(ai.Addrs) == 0 {
+		if ai.Addrs = dialable(d.h, ai); len(ai.Addrs) == 0 {
 			continue
 		}
 		dials++
@@ -266,15 +269,15 @@ func (d *Discovery) findAndConnect(ctx context.Context, ns string) {
 	}
 }
 
-// dialable is what this node dials of a found peer's addresses (filter.go).
-func (d *Discovery) dialable(ai peer.AddrInfo) []ma.Multiaddr {
+// dialable is what h dials of a found peer's addresses (filter.go).
+func dialable(h host.Host, ai peer.AddrInfo) []ma.Multiaddr {
 	var canDial func(peer.ID, ma.Multiaddr) bool
-	if sw, ok := d.h.Network().(interface {
+	if sw, ok := h.Network().(interface {
 		CanDial(peer.ID, ma.Multiaddr) bool
 	}); ok {
 		canDial = sw.CanDial
 	}
-	return reachOf(d.h.Network().ListenAddresses()).dialable(ai.ID, ai.Addrs, canDial)
+	return reachOf(h.Network().ListenAddresses()).dialable(ai.ID, ai.Addrs, canDial)
 }
 
 // foundLoop dials peers announced by mDNS.
@@ -288,7 +291,7 @@ func (d *Discovery) foundLoop(ctx context.Context) {
 			if ai.ID == d.h.ID() || d.h.Network().Connectedness(ai.ID) == network.Connected {
 				continue
 			}
-			if ai.Addrs = d.dialable(ai); len(ai.Addrs) == 0 {
+			if ai.Addrs = dialable(d.h, ai); len(ai.Addrs) == 0 {
 				continue
 			}
 			if err := d.connect(ctx, ai); err != nil && ctx.Err() == nil {

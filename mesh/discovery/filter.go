@@ -12,7 +12,8 @@ import (
 // What a found peer can make this node dial.
 //
 // A rendezvous record is a DHT provider record that anyone can publish, with any addresses,
-// and an mDNS answer is whatever a machine on the LAN says: both would otherwise steer this
+// an mDNS answer is whatever a machine on the LAN says, and a connected peer's answer to
+// Contact's question (contact.go) whatever that peer says: all would otherwise steer this
 // node's dials at will. So of a found peer's addresses this node dials only those that pass
 // dialable, at most maxAddrsPerPeer of them, and a rendezvous round dials at most
 // maxDialsPerRound peers. Operator-given bootstrap addresses are dialled as given.

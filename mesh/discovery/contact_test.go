@@ -1,0 +1,119 @@
+package discovery
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p"
+	dht "github.com/libp2p/go-libp2p-kad-dht"
+	dhtpb "github.com/libp2p/go-libp2p-kad-dht/pb"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	routedhost "github.com/libp2p/go-libp2p/p2p/host/routed"
+)
+
+// dhtNode is a host with a DHT server and the DHT's one-request messenger (what node passes
+// to Contact).
+type dhtNode struct {
+	h   host.Host
+	dht *dht.IpfsDHT
+	ask *dhtpb.ProtocolMessenger
+}
+
+func newDHTNode(t *testing.T) *dhtNode {
+	t.Helper()
+	h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableRelay())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := dht.New(h, dht.ProtocolPrefix("/meshinfer-test"), dht.Mode(dht.ModeServer), dht.DisableAutoRefresh())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ask, err := dhtpb.NewProtocolMessenger(d.MessageSender())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		d.Close()
+		h.Close()
+	})
+	return &dhtNode{h: h, dht: d, ask: ask}
+}
+
+func connect(t *testing.T, a, b *dhtNode) {
+	t.Helper()
+	if err := a.h.Connect(context.Background(), info(b.h)); err != nil {
+		t.Fatal(err)
+	}
+	// The DHT takes a peer into its routing table once identify says it speaks the DHT.
+	eventually(t, 5*time.Second, "routing tables filled", func() bool {
+		return a.dht.RoutingTable().Find(b.h.ID()) != "" && b.dht.RoutingTable().Find(a.h.ID()) != ""
+	})
+}
+
+// connectedTo lists the peers h is connected to, sorted.
+func connectedTo(h host.Host) []peer.ID {
+	ps := h.Network().Peers()
+	slices.Sort(ps)
+	return ps
+}
+
+func sorted(ps ...peer.ID) []peer.ID {
+	slices.Sort(ps)
+	return ps
+}
+
+// a knows b; b knows c and d, which a has never heard of. Contact(c) asks b for c's
+// addresses and connects a to c, and to nobody else. The control: a Kademlia walk for c
+// from the same position also connects a to d, which is on its way.
+func TestContactDialsOnlyThePeer(t *testing.T) {
+	ctx := context.Background()
+	a, b, c, d := newDHTNode(t), newDHTNode(t), newDHTNode(t), newDHTNode(t)
+	connect(t, a, b)
+	connect(t, b, c)
+	connect(t, b, d)
+	if len(a.h.Peerstore().Addrs(c.h.ID())) != 0 {
+		t.Fatal("a knows c's addresses before the contact: the test proves nothing")
+	}
+
+	if err := Contact(ctx, a.h, a.ask, c.h.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := connectedTo(a.h), sorted(b.h.ID(), c.h.ID()); !slices.Equal(got, want) {
+		t.Fatalf("after Contact(c), a is connected to %v, want b and c %v", got, want)
+	}
+	if err := Contact(ctx, a.h, a.ask, c.h.ID()); err != nil {
+		t.Fatal("second contact, already connected:", err)
+	}
+
+	// The control: a fresh node in a's place, walking the DHT for c, dials d on the way.
+	w := newDHTNode(t)
+	connect(t, w, b)
+	if err := routedhost.Wrap(w.h, w.dht).Connect(ctx, peer.AddrInfo{ID: c.h.ID()}); err != nil {
+		t.Fatal("the walk:", err)
+	}
+	if w.h.Network().Connectedness(d.h.ID()) != network.Connected {
+		t.Fatalf("control: the walk for c left w connected to %v only, not to d: this test cannot tell a walk from Contact",
+			connectedTo(w.h))
+	}
+}
+
+// A peer that neither this node nor any peer it is connected to knows is ErrNoAddrs, and
+// nothing is dialled.
+func TestContactUnknownPeer(t *testing.T) {
+	a, b := newDHTNode(t), newDHTNode(t)
+	connect(t, a, b)
+	unknown := peer.ID("12D3KooWJWoaqZhDaoEFshF7Rh1bpY9ohihFhzcW6d69Lr2NASuq")
+	err := Contact(context.Background(), a.h, a.ask, unknown)
+	if !errors.Is(err, ErrNoAddrs) {
+		t.Fatalf("Contact(unknown) = %v, want ErrNoAddrs", err)
+	}
+	if got, want := connectedTo(a.h), sorted(b.h.ID()); !slices.Equal(got, want) {
+		t.Fatalf("after a failed contact, a is connected to %v, want only b", got)
+	}
+}
