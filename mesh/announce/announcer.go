@@ -61,6 +61,12 @@ const (
 	// ttlHeartbeats is how many heartbeats a vector stays valid: three, so one lost message
 	// never expires a live peer's vector.
 	ttlHeartbeats = 3
+	// announceReach is how many topic peers an announcement must have been sent to before a
+	// join no longer triggers another. A newcomer's first announcements go to its first one
+	// or two neighbours, young too, whose GossipSub meshes are not grafted yet: they forward
+	// it to few, and a node that misses it waits for the next heartbeat (in B6, 3 nodes of
+	// 100 went unseen by half the mesh for 10 s). Sent to four, one of them forwards it.
+	announceReach = 4
 )
 
 // subscriptionBuffer is how many accepted announcements may wait for receiveLoop. GossipSub
@@ -469,10 +475,32 @@ func (a *Announcer) contactLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case p := <-a.contactQ:
-			a.contact(ctx, p)
+			tried := a.contact(ctx, p)
 			a.qmu.Lock()
 			delete(a.queued, p)
 			a.qmu.Unlock()
+			if tried && ctx.Err() == nil {
+				a.refill()
+			}
+		}
+	}
+}
+
+// refill queues the pending peers whose contact never failed, if this node is short of
+// connections: after a contact ended, the place it held may go to a peer skipped meanwhile
+// (contacts under way had filled the low water), and after a connection closed, the place
+// it leaves, both now instead of at the next heartbeat. A peer whose contact failed waits
+// for the heartbeat, so no peer is tried twice between two.
+func (a *Announcer) refill() {
+	if len(a.h.Network().Peers()) >= a.params.ContactLowWater {
+		return
+	}
+	for _, p := range a.reg.PendingPeers() {
+		a.qmu.Lock()
+		failed := a.failures[p] > 0
+		a.qmu.Unlock()
+		if !failed {
+			a.contactIfNeeded(p, nil)
 		}
 	}
 }
@@ -482,16 +510,17 @@ func (a *Announcer) contactLoop(ctx context.Context) {
 // if this is p's last attempt before it is dropped (a peer none of this node's neighbours
 // knows is not dropped unless the DHT cannot find it either). Contacts under way count as
 // the connections they will make, so the workers together do not overshoot ContactLowWater.
-func (a *Announcer) contact(ctx context.Context, p peer.ID) {
+// It reports whether it tried.
+func (a *Announcer) contact(ctx context.Context, p peer.ID) bool {
 	under := a.dialing.Add(1) - 1 // the others' contacts under way
 	defer a.dialing.Add(-1)
 	if !a.reg.Pending(p) {
-		return // connected meanwhile, or gone
+		return false // connected meanwhile, or gone
 	}
 	short := len(a.h.Network().Peers())+int(under) < a.params.ContactLowWater
 	rare := a.reg.OffersOtherModels(p, a.reg.ContactedModels(a.params.Now()))
 	if !short && !rare {
-		return // no longer needed (the queue filled up before)
+		return false // no longer needed, or contacts under way will fill the low water
 	}
 	a.qmu.Lock()
 	last := a.failures[p]+1 >= contactAttempts
@@ -503,7 +532,7 @@ func (a *Announcer) contact(ctx context.Context, p peer.ID) {
 	}
 	cancel()
 	if ctx.Err() != nil {
-		return
+		return true
 	}
 	if err == nil {
 		a.reg.SetConnected(p, true)
@@ -511,7 +540,7 @@ func (a *Announcer) contact(ctx context.Context, p peer.ID) {
 		a.qmu.Lock()
 		delete(a.failures, p)
 		a.qmu.Unlock()
-		return
+		return true
 	}
 	a.qmu.Lock()
 	a.failures[p]++
@@ -522,7 +551,7 @@ func (a *Announcer) contact(ctx context.Context, p peer.ID) {
 	a.qmu.Unlock()
 	if tries < contactAttempts {
 		log.Debugw("pending peer not reached; tried again at the next heartbeat", "peer", p, "try", tries, "err", err)
-		return
+		return true
 	}
 	log.Debugw("pending peer unreachable; dropped", "peer", p, "err", err)
 	now := a.params.Now()
@@ -530,6 +559,7 @@ func (a *Announcer) contact(ctx context.Context, p peer.ID) {
 	a.reg.Unreachable(p, now)
 	a.val.raise(p, seq, now)
 	a.dropped.Add(1)
+	return true
 }
 
 // joinLoop re-announces when a peer joins the topic. Exits when ctx is done.
@@ -542,9 +572,10 @@ func (a *Announcer) joinLoop(ctx context.Context) {
 		}
 		if ev.Type == pubsub.PeerJoin {
 			// Our vector reaches the newcomer through its sync from us; re-announce only
-			// while no announcement of ours has reached anyone yet (we are the newcomer), so
-			// a join costs the mesh one announcement, not one from every neighbour.
-			if a.reached.Load() == 0 {
+			// while our latest announcement reached fewer than announceReach peers (we are
+			// the newcomer), so a join costs the mesh an announcement or two, not one from
+			// every neighbour.
+			if a.reached.Load() < announceReach {
 				a.Changed()
 			}
 			select {
@@ -556,7 +587,8 @@ func (a *Announcer) joinLoop(ctx context.Context) {
 }
 
 // connectednessLoop mirrors libp2p connection events into the registry, so a clean
-// disconnect shows at once. Exits when the event subscription is closed by Close.
+// disconnect shows at once, and refills a low water a disconnect left short. Exits when the
+// event subscription is closed by Close.
 func (a *Announcer) connectednessLoop(ctx context.Context) {
 	defer a.wg.Done()
 	for {
@@ -569,6 +601,9 @@ func (a *Announcer) connectednessLoop(ctx context.Context) {
 			}
 			ev := e.(event.EvtPeerConnectednessChanged)
 			a.reg.SetConnected(ev.Peer, ev.Connectedness == network.Connected)
+			if ev.Connectedness != network.Connected {
+				a.refill()
+			}
 		}
 	}
 }

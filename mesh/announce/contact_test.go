@@ -68,10 +68,11 @@ func TestLookupOnlyForARareModelOrBeforeADrop(t *testing.T) {
 }
 
 // TestContactsUnderWayCountTowardsLowWater: a node one connection short of its low water
-// starts one contact, not one per worker; the other pending peers are left for later.
+// starts one contact, not one per worker; when it fails, the next pending peer is tried at
+// once, not at the next heartbeat, and so on until each has been tried once.
 func TestContactsUnderWayCountTowardsLowWater(t *testing.T) {
 	started := make(chan peer.ID, 8)
-	release := make(chan struct{})
+	release := make(chan struct{}) // ends one contact under way, as a failure
 	r := newRigWith(t, 2*time.Minute, func(p *Params) {
 		p.ContactLowWater = 2 // the attacker's connection, and one more
 		p.Contact = func(ctx context.Context, id peer.ID) error {
@@ -83,22 +84,67 @@ func TestContactsUnderWayCountTowardsLowWater(t *testing.T) {
 			return errors.New("not reached")
 		}
 	})
-	defer close(release)
-	r.offerPending(t, "m", "m", "m")
-	select {
-	case <-started:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no pending peer was contacted")
-	}
+	pending := r.offerPending(t, "m", "m", "m")
 	a := r.victim
-	waitFor(t, "the other two taken from the queue, or a second contact", func() bool {
-		a.qmu.Lock()
-		defer a.qmu.Unlock()
-		return len(started) > 0 || len(a.contactQ) == 0 && len(a.queued) == 1
+	var tried []peer.ID
+	for range pending {
+		select {
+		case p := <-started:
+			tried = append(tried, p)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("after %d contacts, no other pending peer was contacted", len(tried))
+		}
+		waitFor(t, "the others skipped or waiting, or a second contact", func() bool {
+			a.qmu.Lock()
+			defer a.qmu.Unlock()
+			return len(started) > 0 || len(a.contactQ) == 0 && len(a.queued) == 1
+		})
+		select {
+		case p := <-started:
+			t.Fatalf("a second contact (%s) started while one was under way", p)
+		default:
+		}
+		release <- struct{}{}
+	}
+	slices.Sort(tried)
+	slices.Sort(pending)
+	if !slices.Equal(tried, pending) {
+		t.Fatalf("contacted %v, want each pending peer once: %v", tried, pending)
+	}
+}
+
+// TestDisconnectRefillsLowWater: a pending peer not needed while this node has its fill of
+// connections is contacted as soon as a connection closes and leaves it short, not at the
+// next heartbeat.
+func TestDisconnectRefillsLowWater(t *testing.T) {
+	started := make(chan peer.ID, 8)
+	r := newRigWith(t, 2*time.Minute, func(p *Params) {
+		p.ContactLowWater = 2 // the attacker's connection and x's
+		p.Contact = func(_ context.Context, id peer.ID) error {
+			started <- id
+			return errors.New("not reached")
+		}
 	})
+	x := newHost(t, newKey(t))
+	vh := r.victim.h
+	if err := x.Connect(context.Background(), peer.AddrInfo{ID: vh.ID(), Addrs: vh.Addrs()}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the victim to count two connections", func() bool { return len(vh.Network().Peers()) == 2 })
+	p := r.offerPending(t, "m")[0]
+	r.victim.qmu.Lock()
+	queued := r.victim.queued[p]
+	r.victim.qmu.Unlock()
+	if queued || len(started) > 0 {
+		t.Fatal("a peer offering no new model was queued with the low water met")
+	}
+	x.Network().ClosePeer(vh.ID())
 	select {
-	case p := <-started:
-		t.Fatalf("a second contact (%s) started while one was under way", p)
-	default:
+	case got := <-started:
+		if got != p {
+			t.Fatalf("contacted %s, want the pending peer %s", got, p)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the pending peer was not contacted after the disconnect")
 	}
 }

@@ -14,9 +14,10 @@
 // the peer must upgrade.
 //
 // When this node publishes:
-//   - at start, and again when a peer joins the topic while none of this node's
-//     announcements has reached a peer yet, so a new node is visible within seconds instead of
-//     at the next heartbeat (established nodes reach a newcomer through its sync instead);
+//   - at start, and again when a peer joins the topic while this node's latest announcement
+//     went to fewer than announceReach (4) topic peers, so a new node is visible within
+//     seconds instead of at the next heartbeat (established nodes reach a newcomer through
+//     its sync instead);
 //   - when Changed is called (one-slot coalescing trigger: many calls, one publish);
 //   - every heartbeat (15 s by default), with a fresh seq, issued_at and expires_at.
 //
@@ -77,9 +78,10 @@
 // hears of (B6's bound of 32 connections a node). When Contact finds no way, Params.Lookup
 // (the node's DHT-routed host: a Kademlia walk, which dials the peers on its way) is tried
 // only for such a model, or on a peer's last attempt. Pending peers are queued again every
-// heartbeat; one whose contact failed contactAttempts (3) times is dropped and refused for a
-// while (registry.Unreachable), and its seq is kept in the high-water mark so a sync answer
-// cannot bring its last vector back.
+// heartbeat, and those never tried also when a contact ends or a connection closes with the
+// node short of connections; one whose contact failed contactAttempts (3) times, a heartbeat
+// apart, is dropped and refused for a while (registry.Unreachable), and its seq is kept in
+// the high-water mark so a sync answer cannot bring its last vector back.
 //
 // The Announcer also watches libp2p connection events so the registry marks a clean
 // disconnect at once, and sweeps forgotten peers every heartbeat (their seq, too, stays in
