@@ -685,3 +685,60 @@ func (r *rig) offerPending(t *testing.T, models ...string) []peer.ID {
 	}
 	return ids
 }
+
+// TestNewcomerReannouncesUntilHeard: a newcomer's announcement is repeated on each topic
+// join while the latest one went to fewer than announceReach peers, and no longer after.
+func TestNewcomerReannouncesUntilHeard(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	k := newKey(t)
+	h := newHost(t, k)
+	ps, err := pubsub.NewGossipSub(ctx, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(h, ps, k, registry.New(registry.ParamsForHeartbeat(time.Hour)), fixedSource{},
+		Params{Mesh: testMesh, Heartbeat: time.Hour / ttlHeartbeats / 10, MinGap: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	waitFor(t, "the announcement at start", func() bool { return a.Published() == 1 })
+	for i := 1; i <= announceReach+2; i++ {
+		// A plain GossipSub peer on the topic; the newcomer pulls from it on its join, after
+		// deciding whether to announce again.
+		ph := newHost(t, newKey(t))
+		pulled := make(chan struct{}, 4)
+		ph.SetStreamHandler(SyncProtocol(testMesh), func(s network.Stream) {
+			s.Close()
+			pulled <- struct{}{}
+		})
+		pps, err := pubsub.NewGossipSub(ctx, ph)
+		if err != nil {
+			t.Fatal(err)
+		}
+		topic, err := pps.Join(Topic(testMesh))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sub, err := topic.Subscribe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sub.Cancel()
+		if err := ph.Connect(ctx, peer.AddrInfo{ID: h.ID(), Addrs: h.Addrs()}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-pulled:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("join %d: the newcomer never pulled from the joining peer", i)
+		}
+		want := uint64(1 + min(i, announceReach)) // at start, then once per join until heard by announceReach
+		if i <= announceReach {
+			waitFor(t, "the announcement again", func() bool { return a.Published() == want })
+		} else if got := a.Published(); got != want {
+			t.Fatalf("join %d: %d announcements, want %d (heard by %d peers already)", i, got, want, announceReach)
+		}
+	}
+}
