@@ -138,7 +138,7 @@ type Announcer struct {
 	qmu      sync.Mutex
 	queued   map[peer.ID]bool
 	failures map[peer.ID]int // failed contacts of pending peers, under qmu
-	dialing  atomic.Int64    // contacts under way
+	dialing  int             // contacts under way, under qmu
 	born     time.Time       // when New ran (syncLoop pulls twice while the node is young)
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -512,19 +512,26 @@ func (a *Announcer) refill() {
 // the connections they will make, so the workers together do not overshoot ContactLowWater.
 // It reports whether it tried.
 func (a *Announcer) contact(ctx context.Context, p peer.ID) bool {
-	under := a.dialing.Add(1) - 1 // the others' contacts under way
-	defer a.dialing.Add(-1)
 	if !a.reg.Pending(p) {
 		return false // connected meanwhile, or gone
 	}
-	short := len(a.h.Network().Peers())+int(under) < a.params.ContactLowWater
 	rare := a.reg.OffersOtherModels(p, a.reg.ContactedModels(a.params.Now()))
+	conns := len(a.h.Network().Peers())
+	a.qmu.Lock()
+	short := conns+a.dialing < a.params.ContactLowWater
+	if short || rare {
+		a.dialing++
+	}
+	last := a.failures[p]+1 >= contactAttempts
+	a.qmu.Unlock()
 	if !short && !rare {
 		return false // no longer needed, or contacts under way will fill the low water
 	}
-	a.qmu.Lock()
-	last := a.failures[p]+1 >= contactAttempts
-	a.qmu.Unlock()
+	defer func() {
+		a.qmu.Lock()
+		a.dialing--
+		a.qmu.Unlock()
+	}()
 	cctx, cancel := context.WithTimeout(ctx, contactTimeout)
 	err := a.params.Contact(cctx, p)
 	if err != nil && (rare || last) && a.params.Lookup != nil && cctx.Err() == nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -115,5 +116,58 @@ func TestContactUnknownPeer(t *testing.T) {
 	}
 	if got, want := connectedTo(a.h), sorted(b.h.ID()); !slices.Equal(got, want) {
 		t.Fatalf("after a failed contact, a is connected to %v, want only b", got)
+	}
+}
+
+// lastKnows is an Asker whose peers know target's addresses only once every other peer has
+// been asked, and that records the order in which peers were asked.
+type lastKnows struct {
+	target peer.AddrInfo
+	total  int // connected peers, all to be asked
+
+	mu    sync.Mutex
+	asked []peer.ID
+}
+
+func (l *lastKnows) GetClosestPeers(_ context.Context, via, id peer.ID) ([]*peer.AddrInfo, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.asked = append(l.asked, via)
+	if id != l.target.ID || len(l.asked) < l.total {
+		return nil, nil
+	}
+	return []*peer.AddrInfo{&l.target}, nil
+}
+
+// Contact asks its connected peers, its bootstrap peer first, until one knows the peer.
+func TestContactAsksEveryConnectedPeer(t *testing.T) {
+	ctx := context.Background()
+	a, c := newDHTNode(t), newDHTNode(t)
+	var boot peer.ID
+	const others = 6
+	for i := range others {
+		o := newDHTNode(t)
+		if err := a.h.Connect(ctx, info(o.h)); err != nil {
+			t.Fatal(err)
+		}
+		if i == others-1 { // the last connected: not first by chance of order alone
+			boot = o.h.ID()
+			a.h.ConnManager().Protect(boot, protectTag)
+		}
+	}
+	ask := &lastKnows{target: info(c.h), total: others}
+	if err := Contact(ctx, a.h, ask, c.h.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if a.h.Network().Connectedness(c.h.ID()) != network.Connected {
+		t.Fatal("a is not connected to c")
+	}
+	ask.mu.Lock()
+	defer ask.mu.Unlock()
+	if len(ask.asked) != others {
+		t.Fatalf("asked %d peers, want all %d", len(ask.asked), others)
+	}
+	if ask.asked[0] != boot {
+		t.Fatalf("asked %v in this order, want the bootstrap peer %s first", ask.asked, boot)
 	}
 }
