@@ -393,8 +393,8 @@ func (a *Announcer) publish(ctx context.Context) error {
 	if err := a.topic.Publish(ctx, data); err != nil {
 		return fmt.Errorf("publish on %s: %w", a.topic, err)
 	}
-	a.published.Add(1)
 	a.reached.Store(int64(len(a.topic.ListPeers())))
+	a.published.Add(1)
 	return nil
 }
 

@@ -135,19 +135,7 @@ func TestPlainGossipSubPeerReadsVectors(t *testing.T) {
 	}
 	defer a.Close()
 
-	pps, err := pubsub.NewGossipSub(ctx, ph)
-	if err != nil {
-		t.Fatal(err)
-	}
-	topic, err := pps.Join("/meshinfer/" + testMesh + "/caps/2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sub, err := topic.Subscribe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Cancel()
+	sub := subscribePlain(t, ctx, ph, "/meshinfer/"+testMesh+"/caps/2")
 	if err := ph.Connect(ctx, peer.AddrInfo{ID: nh.ID(), Addrs: nh.Addrs()}); err != nil {
 		t.Fatal(err)
 	}
