@@ -65,8 +65,10 @@ const (
 	// join no longer triggers another. A newcomer's first announcements go to its first one
 	// or two neighbours, young too, whose GossipSub meshes are not grafted yet: they forward
 	// it to few, and a node that misses it waits for the next heartbeat (in B6, 3 nodes of
-	// 100 went unseen by half the mesh for 10 s). Sent to four, one of them forwards it.
-	announceReach = 4
+	// 100 went unseen by half the mesh for 10 s). Sent to three, one of them forwards it;
+	// and the announcement at start and one per join until then make four, within the
+	// burst every receiver accepts from one author (rateBurst).
+	announceReach = rateBurst - 1
 )
 
 // subscriptionBuffer is how many accepted announcements may wait for receiveLoop. GossipSub

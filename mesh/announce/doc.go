@@ -15,7 +15,7 @@
 //
 // When this node publishes:
 //   - at start, and again when a peer joins the topic while this node's latest announcement
-//     went to fewer than announceReach (4) topic peers, so a new node is visible within
+//     went to fewer than announceReach (3) topic peers, so a new node is visible within
 //     seconds instead of at the next heartbeat (established nodes reach a newcomer through
 //     its sync instead);
 //   - when Changed is called (one-slot coalescing trigger: many calls, one publish);
