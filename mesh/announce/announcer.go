@@ -65,10 +65,10 @@ const (
 	// join no longer triggers another. A newcomer's first announcements go to its first one
 	// or two neighbours, young too, whose GossipSub meshes are not grafted yet: they forward
 	// it to few, and a node that misses it waits for the next heartbeat (in B6, 3 nodes of
-	// 100 went unseen by half the mesh for 10 s). Sent to three, one of them forwards it;
-	// and the announcement at start and one per join until then make four, within the
-	// burst every receiver accepts from one author (rateBurst).
-	announceReach = rateBurst - 1
+	// 100 went unseen by half the mesh for 10 s; with three, 1 in 2 runs still had one).
+	// Sent to four, one of them forwards it. A node re-announces on joins only among its
+	// first rateBurst announcements, the burst every receiver accepts from one author.
+	announceReach = 4
 )
 
 // subscriptionBuffer is how many accepted announcements may wait for receiveLoop. GossipSub
@@ -581,10 +581,10 @@ func (a *Announcer) joinLoop(ctx context.Context) {
 		}
 		if ev.Type == pubsub.PeerJoin {
 			// Our vector reaches the newcomer through its sync from us; re-announce only
-			// while our latest announcement reached fewer than announceReach peers (we are
-			// the newcomer), so a join costs the mesh an announcement or two, not one from
-			// every neighbour.
-			if a.reached.Load() < announceReach {
+			// while we are the newcomer (among our first rateBurst announcements) and our
+			// latest reached fewer than announceReach peers, so a join costs the mesh an
+			// announcement or two, not one from every neighbour.
+			if a.published.Load() < rateBurst && a.reached.Load() < announceReach {
 				a.Changed()
 			}
 			select {

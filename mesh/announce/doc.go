@@ -14,10 +14,10 @@
 // the peer must upgrade.
 //
 // When this node publishes:
-//   - at start, and again when a peer joins the topic while this node's latest announcement
-//     went to fewer than announceReach (3) topic peers, so a new node is visible within
-//     seconds instead of at the next heartbeat (established nodes reach a newcomer through
-//     its sync instead);
+//   - at start, and again when a peer joins the topic while this node is among its first
+//     rateBurst (4) announcements and the latest went to fewer than announceReach (4) topic
+//     peers, so a new node is visible within seconds instead of at the next heartbeat
+//     (established nodes reach a newcomer through its sync instead);
 //   - when Changed is called (one-slot coalescing trigger: many calls, one publish);
 //   - every heartbeat (15 s by default), with a fresh seq, issued_at and expires_at.
 //
