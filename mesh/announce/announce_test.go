@@ -686,9 +686,9 @@ func (r *rig) offerPending(t *testing.T, models ...string) []peer.ID {
 	return ids
 }
 
-// TestNewcomerReannouncesUntilHeard: a newcomer's announcement is repeated on each topic
-// join while the latest one went to fewer than announceReach peers, within its first
-// rateBurst announcements, and no longer after.
+// TestNewcomerReannouncesUntilHeard: a newcomer announces again on its first join (its
+// announcement at start reached nobody), once more when announceReach peers can hear it, and
+// no longer after.
 func TestNewcomerReannouncesUntilHeard(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -705,11 +705,9 @@ func TestNewcomerReannouncesUntilHeard(t *testing.T) {
 	}
 	defer a.Close()
 	waitFor(t, "the announcement at start", func() bool { return a.Published() == 1 })
-	again, quiet := 0, 0 // joins after which the newcomer announced again, and did not
-	for i := 1; quiet < 2; i++ {
-		reached, published := a.reached.Load(), a.Published()
-		// A plain GossipSub peer on the topic; the newcomer pulls from it on its join, after
-		// deciding whether to announce again.
+	// join connects one more plain GossipSub peer on the topic and waits for the newcomer to
+	// pull from it, which it does after deciding whether to announce again.
+	join := func(i int) {
 		ph := newHost(t, newKey(t))
 		pulled := make(chan struct{}, 4)
 		ph.SetStreamHandler(SyncProtocol(testMesh), func(s network.Stream) {
@@ -725,20 +723,34 @@ func TestNewcomerReannouncesUntilHeard(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatalf("join %d: the newcomer never pulled from the joining peer", i)
 		}
-		if reached < announceReach && published < rateBurst {
-			waitFor(t, "the announcement again", func() bool { return a.Published() == published+1 })
-			again++
-			continue
-		}
-		quiet++
-		if got := a.Published(); got != published {
-			t.Fatalf("join %d: announced again (%d, was %d) though the last went to %d peers", i, got, published, reached)
-		}
 	}
-	// GossipSub may list a joined peer a moment after its join event, so a publish can
-	// reach one peer fewer than have joined: at least three re-announcements either way.
-	if again < announceReach-1 {
-		t.Fatalf("announced again after %d joins, want at least %d", again, announceReach-1)
+	// The rule at each join, from the reach of the latest announcement: none reached (as at
+	// start): announce; fewer than announceReach, and announceReach peers now: announce once
+	// more; otherwise not. GossipSub may list a joined peer a moment after its join event, so
+	// a reach can be one short, and the newcomer may see its announceReach-th peer a join late.
+	for i := 1; ; i++ {
+		if i > announceReach+3 {
+			t.Fatalf("after %d joins, no announcement reached %d peers", i-1, announceReach)
+		}
+		reached, published := a.reached.Load(), a.Published()
+		join(i)
+		switch {
+		case reached == 0:
+			waitFor(t, "an announcement, none having reached a peer", func() bool { return a.Published() == published+1 })
+		case reached >= announceReach:
+			if got := a.Published(); got != published {
+				t.Fatalf("join %d: announced again though the latest went to %d peers", i, reached)
+			}
+			if i > announceReach+1 {
+				return // heard, and quiet for two joins
+			}
+		case i < announceReach:
+			if got := a.Published(); got != published {
+				t.Fatalf("join %d: announced again with %d peers, fewer than %d", i, i, announceReach)
+			}
+		case i == announceReach+1:
+			waitFor(t, "the announcement to four peers", func() bool { return a.reached.Load() >= announceReach })
+		}
 	}
 }
 

@@ -61,13 +61,15 @@ const (
 	// ttlHeartbeats is how many heartbeats a vector stays valid: three, so one lost message
 	// never expires a live peer's vector.
 	ttlHeartbeats = 3
-	// announceReach is how many topic peers an announcement must have been sent to before a
-	// join no longer triggers another. A newcomer's first announcements go to its first one
-	// or two neighbours, young too, whose GossipSub meshes are not grafted yet: they forward
-	// it to few, and a node that misses it waits for the next heartbeat (in B6, 3 nodes of
-	// 100 went unseen by half the mesh for 10 s; with three, 1 in 2 runs still had one).
-	// Sent to four, one of them forwards it. A node re-announces on joins only among its
-	// first rateBurst announcements, the burst every receiver accepts from one author.
+	// announceReach is how many topic peers a newcomer's announcement must have been sent
+	// to. Its announcement on its first join goes to its first one or two neighbours, young
+	// too, whose GossipSub meshes are not grafted yet: they forward it to few, and a node
+	// that misses it waits for the next heartbeat (in B6, 3 nodes of 100 went unseen by half
+	// the mesh for 10 s; with three, 1 run in 2 still had one). Sent to four, one of them
+	// forwards it. So a newcomer announces once more when it has four topic peers, if no
+	// announcement of its reached four yet: three announcements in all, within the burst
+	// every receiver accepts from one author (rateBurst), and in a mesh of fewer than five
+	// nodes, where every peer is a neighbour that pulls on its join, no more than before.
 	announceReach = 4
 )
 
@@ -581,10 +583,11 @@ func (a *Announcer) joinLoop(ctx context.Context) {
 		}
 		if ev.Type == pubsub.PeerJoin {
 			// Our vector reaches the newcomer through its sync from us; re-announce only
-			// while we are the newcomer (among our first rateBurst announcements) and our
-			// latest reached fewer than announceReach peers, so a join costs the mesh an
-			// announcement or two, not one from every neighbour.
-			if a.published.Load() < rateBurst && a.reached.Load() < announceReach {
+			// while we are the newcomer: when no announcement of ours has reached anyone
+			// yet, and once more when announceReach peers can hear it (see there), so a
+			// join costs the mesh an announcement or two, not one from every neighbour.
+			if reached := a.reached.Load(); reached == 0 ||
+				reached < announceReach && a.published.Load() < rateBurst && len(a.topic.ListPeers()) >= announceReach {
 				a.Changed()
 			}
 			select {

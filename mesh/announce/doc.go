@@ -14,10 +14,10 @@
 // the peer must upgrade.
 //
 // When this node publishes:
-//   - at start, and again when a peer joins the topic while this node is among its first
-//     rateBurst (4) announcements and the latest went to fewer than announceReach (4) topic
-//     peers, so a new node is visible within seconds instead of at the next heartbeat
-//     (established nodes reach a newcomer through its sync instead);
+//   - at start, again when a peer joins the topic while none of this node's announcements
+//     has reached a peer yet, and once more when it has announceReach (4) topic peers if
+//     none reached that many yet, so a new node is visible within seconds instead of at the
+//     next heartbeat (established nodes reach a newcomer through its sync instead);
 //   - when Changed is called (one-slot coalescing trigger: many calls, one publish);
 //   - every heartbeat (15 s by default), with a fresh seq, issued_at and expires_at.
 //
