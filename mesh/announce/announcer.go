@@ -196,6 +196,7 @@ func New(h host.Host, ps *pubsub.PubSub, key crypto.PrivKey, reg *registry.Regis
 		// announcing above the seq its peers remember.
 		seq: uint64(max(p.Now().UnixMilli(), 1)),
 	}
+	a.val.self = h.ID()
 	a.val.newer = func(id peer.ID, seq uint64) bool {
 		have, ok := reg.Seq(id)
 		return ok && have > seq

@@ -55,6 +55,14 @@ func TestRateLimitPerAuthor(t *testing.T) {
 	}
 	check("another author", b, 1, pubsub.ValidationAccept)
 
+	// This node's own announcements are never limited: b is this node here.
+	bID, _ := peer.IDFromPrivateKey(b)
+	v.self = bID
+	for s := range uint64(2 * rateBurst) {
+		check("this node's own", b, 2+s, pubsub.ValidationAccept)
+	}
+	v.self = ""
+
 	// Just short of one refill: still nothing. At one refill: exactly one more.
 	now = start.Add(refill - time.Millisecond)
 	check("before a token is back", a, seq+1, pubsub.ValidationIgnore)

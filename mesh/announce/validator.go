@@ -66,6 +66,10 @@ type Counts struct {
 // validator checks incoming announcements. It keeps the per-peer seq high-water mark.
 type validator struct {
 	now func() time.Time
+	// self is this node: its own announcements, which pubsub validates when it publishes
+	// them, are never rate-limited (it re-announces at once when a range loads or its
+	// participation changes, and its own announcements are not a flood to defend against).
+	self peer.ID
 	// refill is how long one token of an author's rate takes to come back: the heartbeat
 	// over ratePerHeartbeat.
 	refill time.Duration
@@ -233,13 +237,13 @@ func (v *validator) advance(p peer.ID, seq, env uint64, now time.Time) advanced 
 		if seq <= m.seq {
 			return replay
 		}
-		if tokens = m.tokensAt(now, v.refill); tokens < 1 {
+		if tokens = m.tokensAt(now, v.refill); tokens < 1 && p != v.self {
 			return rateLimited
 		}
 	} else if len(v.high) >= highWaterCap {
 		v.evictLocked(now)
 	}
-	v.high[p] = mark{seq: seq, at: now, env: env, envSeq: seq, tokens: tokens - 1}
+	v.high[p] = mark{seq: seq, at: now, env: env, envSeq: seq, tokens: max(tokens-1, 0)}
 	return raised
 }
 
