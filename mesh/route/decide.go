@@ -39,10 +39,7 @@ func Decide(req *inference.Request, s *Snapshot, now time.Time, rng *rand.Rand) 
 	if d.sc == nil {
 		d.sc = new(Scratch)
 	}
-	for _, m := range req.Messages {
-		d.prompt += len(m.Content)
-	}
-	d.prompt /= 4 // about four bytes a token in English text
+	d.prompt = PromptTokens(req)
 	d.positions = req.PromptTokensBound() + max(d.n, 1)
 	if s.Rep != nil {
 		d.params = s.Rep.Params()
@@ -88,6 +85,28 @@ func Decide(req *inference.Request, s *Snapshot, now time.Time, rng *rand.Rand) 
 		}
 	}
 	return dec
+}
+
+// PromptTokens estimates req's prompt tokens as Decide does, from its messages' content:
+// about four bytes a token in English text.
+func PromptTokens(req *inference.Request) int {
+	n := 0
+	for _, m := range req.Messages {
+		n += len(m.Content)
+	}
+	return n / 4
+}
+
+// PeerTokensPerSec is the decode rate Decide estimates for the peer whose reputation key is
+// key, as of now: the default rate (Tuning.DefaultTokensPerSec) scaled by the peer's
+// performance in s.Rep (1 without a store; ColdFactor not applied), the factor held within
+// [0.25, 4].
+func (s *Snapshot) PeerTokensPerSec(key string, now time.Time) float64 {
+	perf := 1.0
+	if s.Rep != nil {
+		perf = s.Rep.Performance(key, now)
+	}
+	return s.Tune.withDefaults().DefaultTokensPerSec * min(max(perf, 0.25), 4)
 }
 
 // decider carries one decision's inputs.
@@ -236,11 +255,7 @@ func (d *decider) plan(model string) plan {
 		order, penalized := d.orderMesh(mc, mi, keys)
 		p.penalized = penalized
 		first := peers[order[0]]
-		perf := 1.0 // the store's factor, without ColdFactor
-		if s.Rep != nil {
-			perf = s.Rep.Performance(keys[order[0]], d.now)
-		}
-		tps := d.tune.DefaultTokensPerSec * min(max(perf, 0.25), 4)
+		tps := s.PeerTokensPerSec(keys[order[0]], d.now)
 		ttft := min(max(s.Peers[first.i].RTT, 0), maxEstimate) + seconds(1/tps)
 		if first.cold {
 			ttft += d.tune.DefaultColdStart

@@ -67,7 +67,7 @@ func (r *run) gateCut(ctx context.Context, attempts []route.Target, i int) ([]ro
 	}
 	now := r.d.now()
 	in := route.GateInput{
-		PromptTokens: promptTokens(&r.req), Generated: len(r.sent),
+		PromptTokens: route.PromptTokens(&r.req), Generated: len(r.sent),
 		Remaining:     max(r.req.EffectiveMaxTokens()-len(r.sent), 0),
 		Deterministic: r.sentDet,
 		Replacement:   next >= 0,
@@ -119,11 +119,7 @@ func (r *run) measured(t route.Target, in *route.GateInput) {
 		}
 		p := r.snap.Peers[k]
 		in.RTT = p.RTT
-		perf := 1.0
-		if r.snap.Rep != nil {
-			perf = r.snap.Rep.Performance(p.Key, r.d.now())
-		}
-		in.DecodeRate = tune.DefaultTokensPerSec * min(max(perf, 0.25), 4)
+		in.DecodeRate = r.snap.PeerTokensPerSec(p.Key, r.d.now())
 		if m, ok := modelIn(p.Entry.Vector, r.req.Model); ok && m.State != caps.ModelWarm {
 			in.ColdStart = tune.DefaultColdStart
 		}
@@ -136,15 +132,6 @@ func moveTo(attempts []route.Target, from, to int) []route.Target {
 	t := out[from]
 	out = slices.Delete(out, from, from+1)
 	return slices.Insert(out, to, t)
-}
-
-// promptTokens estimates req's prompt as route.Decide does: content bytes ÷ 4.
-func promptTokens(req *inference.Request) int {
-	n := 0
-	for _, m := range req.Messages {
-		n += len(m.Content)
-	}
-	return n / 4
 }
 
 // add records a decision of r's, made at now; the run completes it when it ends (done).
