@@ -202,8 +202,6 @@ func (d *Executor) Models(ctx context.Context) []openai.Model {
 		if infos, err := d.cfg.Local.Models(ctx); err == nil {
 			for _, m := range infos {
 				local = append(local, route.LocalModel{Name: m.Name, Deterministic: m.Deterministic})
-			}
-			for _, m := range infos {
 				add(m.Name, inference.Served{Tier: inference.TierLocal}, m.Warm)
 			}
 		}
