@@ -257,12 +257,11 @@ func (d *Executor) peerGenerate(ctx context.Context, p peer.ID, req *inference.R
 // the ids of the tokens sent, or none when a token's id is not known (an upstream's).
 func (r *run) replaying() *inference.Request {
 	req := r.req
+	if slices.ContainsFunc(r.sent, func(tok inference.Token) bool { return tok.ID < 0 }) {
+		return &req
+	}
 	req.Replay = make([]int, len(r.sent))
 	for i, tok := range r.sent {
-		if tok.ID < 0 {
-			req.Replay = nil
-			break
-		}
 		req.Replay[i] = tok.ID
 	}
 	return &req
