@@ -3,7 +3,6 @@ package dispatch
 import (
 	"cmp"
 	"context"
-	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -190,10 +189,9 @@ func (m *migrations) status() console.Migration {
 	for _, c := range []route.MoveOption{route.MoveLiveTransfer, route.MoveReplay, route.MoveRestartPeer, route.MoveRestartCloud, route.MoveNone} {
 		out.Decisions[string(c)] = m.counts[c]
 	}
+	// Copies, as done completes them; OptionsMS is never written once add recorded it.
 	for _, d := range m.recent {
-		c := *d
-		c.OptionsMS = maps.Clone(d.OptionsMS)
-		out.Recent = append(out.Recent, c)
+		out.Recent = append(out.Recent, *d)
 	}
 	return out
 }
