@@ -1046,12 +1046,22 @@ func keepLeast(top []move, mv move) []move {
 // plan writes order as a StagePlan: fill's layers, assigned in pipeline order.
 func (p *planner) plan(order []int) StagePlan {
 	members := slices.Sorted(slices.Values(order))
-	layers := p.fill(members)
+	filled := p.fill(members)
+	layers := make([]int, len(order))
+	for i, j := range order {
+		layers[i] = filled[slices.Index(members, j)]
+	}
+	return p.write(order, layers)
+}
+
+// write is the StagePlan of the items order, in pipeline order, holding layers[i] layers
+// each from the planner's first layer on.
+func (p *planner) write(order, layers []int) StagePlan {
 	out := StagePlan{Stages: make([]PlannedStage, 0, len(order))}
 	lo, prev := p.lo, head
-	for _, j := range order {
+	for i, j := range order {
 		it := &p.items[j]
-		n := layers[slices.Index(members, j)]
+		n := layers[i]
 		s := PlannedStage{
 			Peer:    p.id(j),
 			Lo:      lo,

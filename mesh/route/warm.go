@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"math"
 	"slices"
-	"time"
 )
 
 // Warm plans: a chain of ranges that candidates hold loaded already (StageCandidate.Warm)
@@ -120,25 +119,12 @@ func (p *planner) warmChain() []warmRange {
 	return chain
 }
 
-// planChain writes a warm chain as a StagePlan.
+// planChain writes a warm chain as a StagePlan: its ranges follow one another from the
+// first layer, and each is one of its candidate's Warm, so every stage is marked Warm.
 func (p *planner) planChain(chain []warmRange) StagePlan {
-	out := StagePlan{Stages: make([]PlannedStage, 0, len(chain))}
-	prev := head
-	for _, r := range chain {
-		s := PlannedStage{
-			Peer:    p.id(r.j),
-			Lo:      p.lo + r.lo,
-			Hi:      p.lo + r.hi,
-			Bytes:   p.mem.bytes(r.hi - r.lo),
-			Compute: time.Duration(int64(r.hi-r.lo) * p.items[r.j].t),
-			Delay:   time.Duration(p.delay(prev, r.j)),
-			Warm:    true,
-		}
-		out.Stages = append(out.Stages, s)
-		out.PerToken += s.Compute + s.Delay
-		prev = r.j
+	order, layers := make([]int, len(chain)), make([]int, len(chain))
+	for i, r := range chain {
+		order[i], layers[i] = r.j, r.hi-r.lo
 	}
-	out.Return = time.Duration(p.delay(prev, head))
-	out.PerToken += out.Return
-	return out
+	return p.write(order, layers)
 }
