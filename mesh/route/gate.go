@@ -151,7 +151,9 @@ var gateOrder = [4]MoveOption{MoveLiveTransfer, MoveReplay, MoveRestartPeer, Mov
 func Gate(in GateInput) GateDecision {
 	prefill := rateOr(in.PrefillRate, DefaultGatePrefillRate)
 	decode := rateOr(in.DecodeRate, DefaultTokensPerSec)
-	rtt := max(in.RTT, 0) + min(max(in.ColdStart, 0), maxEstimate)
+	// The round trip and cold start before the replacement's first token, each capped as
+	// Decide caps them, so that no estimate overflows (possible).
+	rtt := min(max(in.RTT, 0), maxEstimate) + min(max(in.ColdStart, 0), maxEstimate)
 	prompt, gen, rest := max(in.PromptTokens, 0), max(in.Generated, 0), max(in.Remaining, 0)
 
 	var d GateDecision
@@ -216,6 +218,6 @@ func perRate(n, rate float64) time.Duration {
 	return time.Duration(min(n/rate, maxEstimate.Seconds()) * float64(time.Second))
 }
 
-// possible is the estimate of a possible option: at least 1 ns, since 0 means not possible,
-// and at most 4 × maxEstimate (four capped terms), far from overflow.
+// possible is the estimate of a possible option: at least 1 ns, since 0 means not possible.
+// d is at most 4 × maxEstimate (four capped terms), far from overflow.
 func possible(d time.Duration) time.Duration { return max(d, time.Nanosecond) }
