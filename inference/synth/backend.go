@@ -45,8 +45,8 @@ func WithLoadGate(gate <-chan struct{}) Option { return func(b *Backend) { b.loa
 
 // WithOnRangeChange calls f each time a layer range held for pipeline stages (see Ranges)
 // starts loading, each time such a load ends, loaded or failed, and each time such a range
-// is unloaded to make room (WithStageBudget). It runs on the loading
-// goroutine, with no lock held, and must return quickly. Loads of whole models and of the
+// is unloaded to make room (WithStageBudget). It runs on the goroutine loading (or opening
+// the stage that made room), with no lock held, and must return quickly. Loads of whole models and of the
 // head are not reported: a node's own requests load those, and announcing them at once
 // would tell the mesh when its owner used it.
 func WithOnRangeChange(f func()) Option { return func(b *Backend) { b.onRange = f } }

@@ -121,8 +121,9 @@
 // model).
 //
 // The rule: the fewest stages that can hold the model; among plans with that many, the
-// least estimated time per token; but first, warm ranges (below). Within a plan the faster stages hold as many layers as
-// they can (every stage holds one at least), and ranges are contiguous in pipeline order.
+// least estimated time per token; but first, warm ranges (below). Within a plan the faster
+// stages hold as many layers as they can (every stage holds one at least), and ranges are
+// contiguous in pipeline order.
 // Ties go to candidates in the order of layer time, capacity, delay and peer ID, so equal
 // candidates are told apart by peer ID, and stages go in peer ID order when their order
 // makes no difference. A model that fits on one candidate gets one stage (the router may

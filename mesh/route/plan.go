@@ -144,9 +144,9 @@ func StageBytes(shape inference.ModelShape, positions, layers int) int64 {
 // contiguous ranges within each candidate's budget, the fewest stages that fit, and among
 // those the least estimated time per token; but a plan of ranges candidates hold warm, when
 // there is one of that many stages, before any plan that loads layers. It ignores
-// candidates scoring under 40 and
-// paused ones. links are the measured delays between candidates, in any order; a link
-// given twice counts at its least, and links that name a peer not eligible are ignored.
+// candidates scoring under 40 and paused ones. links are the measured delays between
+// candidates, in any order; a link given twice counts at its least, and links that name a
+// peer not eligible are ignored.
 // The plan depends on the candidates and links given, not on their order.
 //
 // A model that fits on one candidate gets one stage: the caller may route it whole instead.

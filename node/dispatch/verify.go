@@ -40,9 +40,10 @@ import (
 //  3. different, a third plan, vetted too and apart from the first two (below), runs it
 //     and two out of three decide (inference.Judge): the plans that agree get
 //     VerificationPassed for each of their peers, and the odd one out is judged by what
-//     it is: a peer is penalized, a pipeline's stages are each isolated (next section). No third plan, or three different outputs, is inconclusive
-//     and penalizes nobody; so is an execution that fails (timeout, peer lost, a stage
-//     refusing...): a transport fault says nothing about integrity.
+//     it is: a peer is penalized, a pipeline's stages are each isolated (next section).
+//     No third plan, or three different outputs, is inconclusive and penalizes nobody; so
+//     is an execution that fails (timeout, peer lost, a stage refusing...): a transport
+//     fault says nothing about integrity.
 //
 // The verdict of the task is the same whatever the plans are: failed when the plan that
 // served the client is the odd one out (a coordinator meters the task as zero), passed when
@@ -122,7 +123,8 @@ import (
 // # Who votes: vetted peers only
 //
 // Every peer of a plan that runs the request besides the serving one is a voter: one peer,
-// or every stage of a pipeline, and every helper of an isolation run. A voter must be vetted (vet), as of the verification:
+// or every stage of a pipeline, and every helper of an isolation run. A voter must be
+// vetted (vet), as of the verification:
 //
 //   - connected: a direct libp2p connection exists now (registry Entry.Connected) and its
 //     remote address is known (Config.PeerAddr; a peer reached only through a relay has
@@ -204,10 +206,10 @@ type verification struct {
 	// skippedUnvetted counts the skipped verifications whose only possible voters were not
 	// vetted (a subset of skipped).
 	skippedUnvetted atomic.Uint64
-	// stagesIsolated counts the isolation runs that completed, stagesConvicted those of
-	// them whose output differed from the majority's (the stage penalized), and
-	// stagesInconclusive the stages of outvoted pipelines no run could be made or completed
-	// for (isolate.go).
+	// stagesIsolated counts the stages of outvoted pipelines that isolation cleared or
+	// convicted, stagesConvicted those of them convicted (the stage's peer penalized), and
+	// stagesInconclusive the others: no run could be made or completed, the runs disagreed,
+	// or the stage was past maxIsolations (isolate.go).
 	stagesIsolated, stagesConvicted, stagesInconclusive atomic.Uint64
 	// running counts verifications in progress; it grows only under Executor.mu.
 	running atomic.Int32
@@ -573,7 +575,6 @@ func (d *Executor) verificationStatus() console.Verification {
 	out.Passed, out.Failed = v.passed.Load(), v.failed.Load()
 	out.Inconclusive, out.Skipped = v.inconclusive.Load(), v.skipped.Load()
 	out.Sampled = v.sampled.Load()
-	// Convicted before isolated, so that it is never above it.
 	out.StagesConvicted = v.stagesConvicted.Load()
 	out.StagesIsolated, out.StagesInconclusive = v.stagesIsolated.Load(), v.stagesInconclusive.Load()
 	return out

@@ -153,9 +153,10 @@
 //
 // # Imports
 //
-// Standard library, go-log, package inference and package transport (its loopback check and server limits). As
-// part of transport it must not import mesh, node or testnet: node connects them through the
-// Dispatcher and Local interfaces declared here. This package is on the local-only path, so
-// it must not depend, even indirectly, on libp2p, pion, multiformats or the mesh's peer
-// protocol either (transport/infer, internal/frame); testnet/deps_test.go enforces both.
+// Standard library, go-log, package inference and package transport (its loopback check
+// and server limits). As part of transport it must not import mesh, node or testnet: node
+// connects them through the Dispatcher and Local interfaces declared here. This package is
+// on the local-only path, so it must not depend, even indirectly, on libp2p, pion,
+// multiformats or the mesh's peer protocol either (transport/infer, internal/frame);
+// testnet/deps_test.go enforces both.
 package openai
