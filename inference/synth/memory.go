@@ -91,10 +91,7 @@ func (s *stageMem) reserve(m *model, pt part, positions int, fromWhole bool) (*r
 		for ; free < need && n < len(victims); n++ {
 			free += s.ranges[victims[n]].bytes
 		}
-		if free < need {
-			for _, v := range victims[n:] {
-				free += s.ranges[v].bytes
-			}
+		if free < need { // every range no session uses counted, and still short
 			budget := s.budget
 			s.mu.Unlock()
 			return nil, inference.Errorf(inference.CodeOverloaded,
