@@ -24,12 +24,6 @@ type PipelineOpener interface {
 	OpenPipeline(ctx context.Context, model string, stages []inference.StageHop, maxPositions int) (layers inference.Layers, close func() []inference.StageReceipt, err error)
 }
 
-// pipelineGenerate runs req on the pipeline t: pipelineRun without the receipts.
-func (d *Executor) pipelineGenerate(ctx context.Context, t route.Target, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
-	res, _, err := d.pipelineRun(ctx, t, req, emit)
-	return res, err
-}
-
 // pipelineRun runs req on the pipeline t. A stage that fails is recorded against its peer
 // in reputation (the pipeline itself has no reputation key), and the error, naming the
 // stage, fails the attempt over like a peer's. A result comes with the stages' receipts
