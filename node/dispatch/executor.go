@@ -253,8 +253,8 @@ func (d *Executor) snapshot(ctx context.Context, now time.Time) (s *route.Snapsh
 	cloud := d.cfg.Cloud != nil && (d.cfg.CloudAllowed == nil || d.cfg.CloudAllowed())
 	var cloudDet []string // the models the cloud says it serves deterministically
 	if cloud {
-		if ms, err := d.cfg.Cloud.Models(ctx); err == nil {
-			for _, m := range ms {
+		if models, err := d.cfg.Cloud.Models(ctx); err == nil {
+			for _, m := range models {
 				if m.Deterministic {
 					cloudDet = append(cloudDet, m.Name)
 				}
