@@ -102,8 +102,9 @@
 // ranges and caches leave free, and nothing is unloaded. A lowered budget unloads at once
 // what is unpinned and over it; what is pinned is unloaded as its sessions close, until
 // what is held fits. An unloaded range leaves Ranges (and the node's announced stages);
-// opening it again loads it again. TestStageBudget checks, on the heap, that what is held
-// stays within the budget and 10 % as sessions of different ranges come and go.
+// opening it again loads it again. TestStageBudget checks the rule; TestStageBudgetHeap
+// checks, on the heap, that what is held stays within the budget and 10 % as sessions of
+// different ranges come and go.
 //
 // A pipeline in one process costs what Generate costs: BenchmarkShardedDecode measured
 // synth-large's time per token over 2 stages at 1.04 times Generate's, and
