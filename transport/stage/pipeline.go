@@ -272,7 +272,7 @@ func (p *Pipeline) open(ctx context.Context, h host.Host, o *open, body []byte, 
 		return nil, p.lost(0, "send open", err)
 	}
 	upR := frame.NewReader(up, MaxErrorFrame)
-	width, flags, err := p.answer(ctx, upR, 0, flagsOf(o.timing, o.receipts))
+	width, flags, err := p.answer(ctx, upR, 0, o.asked())
 	if err != nil {
 		return nil, err
 	}
@@ -592,14 +592,14 @@ func (p *Pipeline) collect() {
 
 // keep checks each stage's receipt against its part, and keeps those that hold.
 func (p *Pipeline) keep(rs []string) {
-	st := p.Stats()
+	st, session := p.Stats(), hex.EncodeToString(p.session[:])
 	kept := make([]string, len(rs))
 	for i, r := range rs {
 		if r == "" {
 			continue // the stage had none to give
 		}
 		part := Part{
-			Session: hex.EncodeToString(p.session[:]), Head: p.head, Model: p.model, Index: i,
+			Session: session, Head: p.head, Model: p.model, Index: i,
 			Stage: p.stages[i], Steps: st.Steps, Positions: st.Positions,
 		}
 		if err := p.check(part, r); err != nil {
