@@ -332,10 +332,10 @@ func (p *Pipeline) unreachable(ctx context.Context, i int, err error) error {
 // answer reads stage from's answer to an open or attach from r: ready with the model's
 // width (and, for the open, the flags of what the chain does of what it was asked), or an
 // error frame. The open's names a stage of the chain (stage 0 passes back the refusal of a
-// stage after it); the attach's (asked nothing) concerns the last stage alone, whatever it
-// names. The set-up's deadline (ctx's) gives timeout.
+// stage after it); the attach's (read from the return stream, asked nothing) concerns the
+// last stage alone, whatever it names. The set-up's deadline (ctx's) gives timeout.
 func (p *Pipeline) answer(ctx context.Context, r *frame.Reader, from int, asked byte) (int, byte, error) {
-	attach := asked == 0
+	attach := r == p.retR // not asked == 0: an open may ask nothing too
 	body, err := r.Next()
 	switch {
 	case err != nil && (isTimeout(err) || ctx.Err() != nil):
