@@ -286,8 +286,7 @@ func splitUnit(s string, bare int64) (string, int64) {
 }
 
 // parseBytes reads an amount of bytes: a whole number, optionally followed by a unit
-// (byteUnits), from 0 to
-// participation.MaxBytesPerHourLimit.
+// (byteUnits), from 0 to participation.MaxBytesPerHourLimit.
 func parseBytes(s string) (int64, error) {
 	num, mult := splitUnit(s, 1)
 	n, err := strconv.ParseInt(num, 10, 64)

@@ -16,7 +16,8 @@
 //   - The owner (whoever the machine belongs to) gives consent, with their own limits on
 //     every field the deployer sets but off: battery floor, require charging, thermal
 //     ceiling, tasks per minute, pausing on metered networks, the traffic cap and the memory
-//     share. The owner can only tighten: the effective policy is Stricter(deployer, owner), field by field.
+//     share. The owner can only tighten: the effective policy is Stricter(deployer, owner),
+//     field by field.
 //   - The machine reports its conditions every heartbeat. A breach of the effective policy
 //     pauses mesh work at once.
 //

@@ -126,8 +126,8 @@ func (p Policy) Validate() error {
 // Stricter combines two policies field by field, keeping the stricter value of each: Off,
 // RequireCharging and PauseOnMetered if either sets them, the higher BatteryMinLevel, the
 // lower ThermalMaxState, and the smaller positive MaxTasksPerMin, MaxBytesPerHour and
-// MaxMemoryShare (0 means no limit, so 0 and n give n). It is commutative, associative and idempotent, so the order
-// of the inputs never matters.
+// MaxMemoryShare (0 means no limit, so 0 and n give n). It is commutative, associative and
+// idempotent, so the order of the inputs never matters.
 func Stricter(a, b Policy) Policy {
 	return Policy{
 		Off:             a.Off || b.Off,

@@ -94,8 +94,8 @@ func parseOne(line string) (Receipt, error) {
 	return v.parseAny([]byte(line))
 }
 
-// Countersign returns the countersignature of a task receipt by key: "ed25519:" and the
-// base64 of the signature over CounterDomain + receipt.
+// Countersign returns the countersignature of a task or stage receipt by key: "ed25519:"
+// and the base64 of the signature over CounterDomain + receipt.
 func Countersign(key crypto.PrivKey, receipt string) (string, error) {
 	sig, err := key.Sign(append([]byte(CounterDomain), receipt...))
 	if err != nil {

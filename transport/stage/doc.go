@@ -65,18 +65,18 @@
 // Timed sessions. A head that wants to know what each stage's layers take per step sets
 // "timing" in its open frame; a stage that reports times passes it on in its own open
 // frame. A stage is timed when it was asked and it is the last stage or its next hop
-// answered ready with the timed flag (a 1 after the width); it then answers its previous
-// hop ready with the flag too. So the chain is timed from end to end or not at all: a
-// stage that predates timing ignores the field (JSON decoding ignores unknown fields),
-// passes none on and answers without the flag, and every stage before it and the head
-// stay untimed. In a timed session every stage writes timed frames instead of hidden
-// frames: the step's hidden frame fields plus the times of the k stages so far, in chain
-// order, each its layers' time (Forward) in that step in nanoseconds, at most
-// MaxStageTime; stage i reads a timed frame with exactly i times (stage 0 reads the
-// head's hidden frame), appends its own and writes k = i + 1. The head reads the last
-// stage's timed frame with a time for every stage. The flag is an error where it was not
-// asked for, and so is the attach's ready with it; a frame of the other kind, or with
-// another count of times, is a protocol violation. Times are what stages say: a stage can
+// answered ready with the timed flag (flag 1 of the flags byte after the width, below); it
+// then answers its previous hop ready with the flag too. So the chain is timed from end to
+// end or not at all: a stage that predates timing ignores the field (JSON decoding ignores
+// unknown fields), passes none on and answers without the flag, and every stage before it
+// and the head stay untimed. In a timed session every stage writes timed frames instead of
+// hidden frames: the step's hidden frame fields plus the times of the k stages so far, in
+// chain order, each its layers' time (Forward) in that step in nanoseconds, at most
+// MaxStageTime; stage i reads a timed frame with exactly i times (stage 0 reads the head's
+// hidden frame), appends its own and writes k = i + 1. The head reads the last stage's
+// timed frame with a time for every stage. The flag is an error where it was not asked
+// for, and so is the attach's ready with it; a frame of the other kind, or with another
+// count of times, is a protocol violation. Times are what stages say: a stage can
 // misreport its own and those before it (they are for status, never for routing).
 //
 // A ready frame's flags byte, present only when a flag is set, says what the stage and
@@ -137,29 +137,29 @@
 // it on, and the last stage to the head), backward to the previous hop (passed back to the
 // head by stage 0). The side that broke is reset. A stage reports: its own layers' error,
 // context_overflow past P, timeout after its idle time, shutting_down when it closes;
-// peer_lost naming its previous or next hop when that stream breaks or breaks the protocol.
-// Backward, only error frames may come, naming the sender or a stage after it; forward,
-// only a stage before the receiver. Whichever copy reaches the head first is the
-// pipeline's error.
+// peer_lost naming its previous or next hop when that stream breaks or breaks the
+// protocol. Backward, only error frames may come, naming the sender or a stage after it,
+// or the head (the last stage's report that the head's return stream broke: passed back,
+// blaming no stage); forward, only a stage before the receiver. Whichever copy reaches the
+// head first is the pipeline's error.
 //
 // End. The head ends a session in order with an end frame on its stream to stage 0, and
-// closes its streams (in a receipted session, the return stream once the receipts came,
-// or CloseTimeout passed). Each stage, on reading it between steps, writes it to its next
-// hop (the last stage: on the return stream; in a receipted session, as a receipts frame),
-// closes its streams and frees the session. An end
-// frame is the only orderly end: a stream that ends without one (a closed connection
-// reads the same) is the loss of that hop, peer_lost, except the head's return stream,
-// which the head may close at any time (it writes nothing on it after attach). A session
-// also ends when it is idle for the stage's session idle time (DefaultSessionIdle), when
-// its stage closes, or on any failure; its backend session (the KV cache) is closed then,
-// always.
+// closes its streams (in a receipted session, the return stream once the receipts came, or
+// CloseTimeout passed). Each stage, on reading it between steps, writes it to its next hop
+// (the last stage: on the return stream; in a receipted session, as a receipts frame),
+// closes its streams and frees the session. An end frame is the only orderly end: a stream
+// that ends without one (a closed connection reads the same) is the loss of that hop,
+// peer_lost, except the head's return stream, which the head may close at any time (it
+// writes nothing on it after attach). A session also ends when it is idle for the stage's
+// session idle time (DefaultSessionIdle), when its stage closes, or on any failure; its
+// backend session (the KV cache) is closed then, always.
 //
 // # Rules, bounds and deadlines
 //
 //   - Every read is bounded before its body: the open or attach frame by MaxOpenFrame,
 //     backward frames by MaxErrorFrame, hidden frames by the session's bound, a receipts
-//     frame by its count's (under 129 KiB, for MaxStages receipts). A frame over
-//     its bound, or of the wrong type or content for its place, is a protocol violation:
+//     frame by its count's (under 129 KiB, for MaxStages receipts). A frame over its
+//     bound, or of the wrong type or content for its place, is a protocol violation:
 //     the stream is reset and the peer recorded (Observer: reputation.MalformedFrame or
 //     ProtocolViolation).
 //   - A stage admits at most DefaultMaxSessions sessions and DefaultMaxSessionsPerPeer per

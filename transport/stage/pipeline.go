@@ -272,7 +272,7 @@ func (p *Pipeline) open(ctx context.Context, h host.Host, o *open, body []byte, 
 		return nil, p.lost(0, "send open", err)
 	}
 	upR := frame.NewReader(up, MaxErrorFrame)
-	width, flags, err := p.answer(ctx, upR, 0, flagsOf(o.timing, o.receipts))
+	width, flags, err := p.answer(ctx, upR, 0, o.asked())
 	if err != nil {
 		return nil, err
 	}
@@ -332,10 +332,10 @@ func (p *Pipeline) unreachable(ctx context.Context, i int, err error) error {
 // answer reads stage from's answer to an open or attach from r: ready with the model's
 // width (and, for the open, the flags of what the chain does of what it was asked), or an
 // error frame. The open's names a stage of the chain (stage 0 passes back the refusal of a
-// stage after it); the attach's (asked nothing) concerns the last stage alone, whatever it
-// names. The set-up's deadline (ctx's) gives timeout.
+// stage after it); the attach's (read from the return stream, asked nothing) concerns the
+// last stage alone, whatever it names. The set-up's deadline (ctx's) gives timeout.
 func (p *Pipeline) answer(ctx context.Context, r *frame.Reader, from int, asked byte) (int, byte, error) {
-	attach := asked == 0
+	attach := r == p.retR // not asked == 0: an open may ask nothing too
 	body, err := r.Next()
 	switch {
 	case err != nil && (isTimeout(err) || ctx.Err() != nil):
@@ -592,14 +592,14 @@ func (p *Pipeline) collect() {
 
 // keep checks each stage's receipt against its part, and keeps those that hold.
 func (p *Pipeline) keep(rs []string) {
-	st := p.Stats()
+	st, session := p.Stats(), hex.EncodeToString(p.session[:])
 	kept := make([]string, len(rs))
 	for i, r := range rs {
 		if r == "" {
 			continue // the stage had none to give
 		}
 		part := Part{
-			Session: hex.EncodeToString(p.session[:]), Head: p.head, Model: p.model, Index: i,
+			Session: session, Head: p.head, Model: p.model, Index: i,
 			Stage: p.stages[i], Steps: st.Steps, Positions: st.Positions,
 		}
 		if err := p.check(part, r); err != nil {

@@ -235,6 +235,9 @@ type open struct {
 // stages is the chain's length.
 func (o *open) stages() int { return o.index + len(o.hops) }
 
+// asked is the ready flags the open asks for: what a ready answering it may carry.
+func (o *open) asked() byte { return flagsOf(o.timing, o.receipts) }
+
 func encodeOpen(o *open) []byte {
 	m := openMsg{
 		Session: hex.EncodeToString(o.session[:]), Head: o.head.String(), Model: o.model,

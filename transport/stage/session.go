@@ -76,7 +76,8 @@ func newSession(parent context.Context, from peer.ID, o *open, shape inference.M
 	self := o.hops[0]
 	batch := maxBatch(shape.Width, o.maxPositions, o.maxBatch)
 	ctx, cancel := context.WithCancel(parent)
-	frameMax, upMax := stepFrameMax(shape.Width, batch), stepFrameMax(shape.Width, batch)
+	frameMax := stepFrameMax(shape.Width, batch)
+	upMax := frameMax
 	if o.receipts && o.index > 0 {
 		upMax = max(upMax, receiptsFrameMax(o.index))
 	}
@@ -210,18 +211,18 @@ func (s *Server) finalFailure(ss *session) *failure {
 func (s *Server) link(ss *session, up network.Stream) (network.Stream, *frame.Reader, *failure) {
 	var down network.Stream
 	var downR *frame.Reader
-	ss.timed, ss.receipted = ss.open.timing, ss.open.receipts
+	flags := ss.open.asked() // what it was asked: the last stage does all of it
 	if !ss.last() {
 		var f *failure
 		var next byte
 		if down, downR, next, f = s.dialNext(ss); f != nil {
 			return down, nil, f
 		}
-		ss.timed = ss.timed && next&flagTimed != 0
-		ss.receipted = ss.receipted && next&flagReceipts != 0
+		flags &= next // of that, what every stage after it does too
 	}
+	ss.timed, ss.receipted = flags&flagTimed != 0, flags&flagReceipts != 0
 	up.SetWriteDeadline(time.Now().Add(OpenTimeout))
-	if err := frame.Write(up, encodeReady(ss.width, flagsOf(ss.timed, ss.receipted))); err != nil {
+	if err := frame.Write(up, encodeReady(ss.width, flags)); err != nil {
 		return down, nil, s.broken(ss, sideUp, err)
 	}
 	if !ss.last() {
@@ -296,7 +297,7 @@ func (s *Server) dialNext(ss *session) (network.Stream, *frame.Reader, byte, *fa
 	case body[0] != frameReady:
 		return down, nil, 0, s.broken(ss, sideDown, fmt.Errorf("%w: frame %#x in answer to open", errProtocol, body[0]))
 	}
-	w, flags, err := decodeReady(body, flagsOf(ss.open.timing, ss.open.receipts))
+	w, flags, err := decodeReady(body, ss.open.asked())
 	if err != nil {
 		return down, nil, 0, s.broken(ss, sideDown, err)
 	}
