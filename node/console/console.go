@@ -166,9 +166,10 @@ type WebRTC struct {
 
 // Verification counts sampled verification: a task served by one plan (a peer, or a
 // pipeline of stages) with a deterministic model is run again on a second plan and the
-// outputs compared; on a mismatch a third plan decides, two out of three. Every sampled task ends in exactly one of passed, failed,
-// inconclusive and skipped, so sampled = passed + failed + inconclusive + skipped once none
-// is in flight; skipped_unvetted is a part of skipped.
+// outputs compared; on a mismatch a third plan decides, two out of three. Every sampled
+// task ends in exactly one of passed, failed, inconclusive and skipped, so sampled =
+// passed + failed + inconclusive + skipped once none is in flight; skipped_unvetted is a
+// part of skipped.
 type Verification struct {
 	// Sampled counts tasks drawn for verification.
 	Sampled uint64 `json:"sampled"`

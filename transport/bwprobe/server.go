@@ -63,8 +63,7 @@ type Server struct {
 
 	mu      sync.Mutex
 	closed  bool
-	serving int
-	busy    map[peer.ID]bool // peers with a probe running: at most MaxServing
+	busy    map[peer.ID]bool // peers with a probe running: at most MaxServing, one each
 	started starts           // when each peer's latest accepted probe started
 }
 
@@ -203,12 +202,11 @@ func (s *Server) acquire(p peer.ID, up, down uint64) inference.Code {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.serving >= MaxServing || s.busy[p] || !s.started.due(p, now, ServeInterval) {
+	if len(s.busy) >= MaxServing || s.busy[p] || !s.started.due(p, now, ServeInterval) {
 		return inference.CodeOverloaded
 	}
 	s.started[p] = now
 	s.busy[p] = true
-	s.serving++
 	return ""
 }
 
@@ -216,7 +214,6 @@ func (s *Server) release(p peer.ID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.busy, p)
-	s.serving--
 }
 
 // discard reads exactly n bytes from r into buf, chunk by chunk, and nothing more.

@@ -109,10 +109,10 @@ func WithSigner(fn Signer) ServerOption { return func(s *Server) { s.sign = fn }
 func WithServerObserver(o Observer) ServerOption { return func(s *Server) { s.observer = o } }
 
 // WithServerTransfers sets a function told of each request frame read (from a libp2p
-// stream or a data channel), timed from its first byte to its last (internal/bandwidth: the caller keeps those
-// that are samples, requests of at least 64 KiB). The token stream going back is no
-// transfer to time: the model paces it. It runs on the request's handler goroutine and
-// should return at once.
+// stream or a data channel), timed from its first byte to its last (internal/bandwidth:
+// the caller keeps those that are samples, requests of at least 64 KiB). The token stream
+// going back is no transfer to time: the model paces it. It runs on the request's handler
+// goroutine and should return at once.
 func WithServerTransfers(fn func(from peer.ID, t bandwidth.Transfer)) ServerOption {
 	return func(s *Server) { s.transfers = fn }
 }
