@@ -330,9 +330,7 @@ func (c *linkConn) pipe(s *linkState, from, to *net.TCPConn, a, b int) {
 	})
 	for ch := range chunks {
 		if !c.deliver(s, to, ch, a, b) {
-			c.close(false)
-			for range chunks { // let the reader, now cut off, finish
-			}
+			c.close(false) // the reader's Read fails or its send sees done: wg.Wait ends
 			return
 		}
 	}

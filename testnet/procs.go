@@ -346,8 +346,8 @@ func (ps *Procs) Kill(i int) error {
 
 // Restart starts node i again after it has exited (killed, or drained and stopped), with
 // the same flags and data dir: the same peer ID, its receipts and consent kept, new ports.
-// It bootstraps to node 0 as before, or, when node 0 is the one restarted, to the lowest
-// other running node. ctx bounds the start.
+// It bootstraps to the lowest-numbered other node still running: node 0 as before while it
+// runs. ctx bounds the start.
 func (ps *Procs) Restart(ctx context.Context, i int) (*Proc, error) {
 	old := ps.Proc(i)
 	if old == nil {

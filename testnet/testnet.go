@@ -151,8 +151,8 @@ type Testnet struct {
 	stop      chan struct{}
 	faultWG   sync.WaitGroup
 	closeOnce sync.Once
-	// linkState is the faults of every link and proxies the proxy in front of each node
-	// (by index), with Options.Links; nil without.
+	// linkState is the faults of every link, shared by the proxies in front of the nodes
+	// (proxies), with Options.Links; nil without.
 	linkState *linkState
 	// tmp holds the testnet's files: each node's data dir (receipts) and simulated sensor
 	// tree; removed by Close.

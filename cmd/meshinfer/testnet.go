@@ -53,18 +53,19 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	faults := fs.String("faults", "", "comma-separated faulty nodes to start, e.g. liar=1,slow=1: liars (the last nodes) alter every token they generate, and sampled verification finds them; slow nodes (just before them) wait 500ms before their first token and 30ms before each next; flaky nodes (before those) drop all their connections every 2s")
 	useWebRTC := fs.Bool("webrtc", false, "nodes send their requests to peers over WebRTC data channels (libp2p where no direct path sets up) and answer each other's WebRTC set-ups, as node --webrtc; 'meshinfer status' shows the paths")
 	scenario := fs.String("scenario", scenarioNone, "what to play after the demo: none; battery-drain (node 1's simulated battery drains below the floor, then charges: it pauses, is skipped, comes back); or shard (synth-large, too big for any node's 256 MiB budget, served by a pipeline of layer ranges across the nodes)")
-	procs := fs.Bool("procs", false, "run each node as its own 'meshinfer node' process (node i on 127.0.0.(i+1), OS-chosen ports), so that real signals are faults: kill -KILL, -STOP, -CONT or -TERM a node's PID from the table; children die with this command, even if it is killed. Not with --cloud, --faults, --webrtc, --scenario, --cold-start, --console-base or --api-base")
+	procs := fs.Bool("procs", false, "run each node as its own 'meshinfer node' process (node i on 127.0.0.(i+1), OS-chosen ports), so that real signals are faults: kill -KILL, -STOP, -CONT or -TERM a node's PID from the table; children die with this command, even if it is killed. Not with --cloud, --cloud-latency, --faults, --webrtc, --scenario, --cold-start, --console-base, --api-base, --seed or --watch")
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
+	set := map[string]bool{} // the flags given
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if *procs {
-		var bad []string
-		fs.Visit(func(f *flag.Flag) {
-			switch f.Name {
-			case "cloud", "cloud-latency", "faults", "webrtc", "scenario", "cold-start", "console-base", "api-base", "seed", "watch":
-				bad = append(bad, "--"+f.Name)
+		var bad []string // in flag order
+		for _, name := range []string{"api-base", "cloud", "cloud-latency", "cold-start", "console-base", "faults", "scenario", "seed", "watch", "webrtc"} {
+			if set[name] {
+				bad = append(bad, "--"+name)
 			}
-		})
+		}
 		if len(bad) > 0 {
 			fmt.Fprintf(stderr, "meshinfer testnet: --procs does not take %s\n", strings.Join(bad, ", "))
 			return errUsage
@@ -81,9 +82,7 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "meshinfer testnet: --faults %q: %v\n", *faults, err)
 		return errUsage
 	}
-	heartbeatSet := false
-	fs.Visit(func(f *flag.Flag) { heartbeatSet = heartbeatSet || f.Name == "heartbeat" })
-	if *scenario == scenarioBatteryDrain && !heartbeatSet {
+	if *scenario == scenarioBatteryDrain && !set["heartbeat"] {
 		*heartbeat = 2 * time.Second // the scenario's steps follow heartbeats: keep it short
 	}
 	if *nodes < 1 {
@@ -93,9 +92,7 @@ func runTestnet(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if *procs {
-		meshSet := false
-		fs.Visit(func(f *flag.Flag) { meshSet = meshSet || f.Name == "mesh" })
-		if !meshSet {
+		if !set["mesh"] {
 			*mesh = "" // a mesh of its own
 		}
 		return runProcs(ctx, stdout, stderr, testnet.ProcOptions{Nodes: *nodes, Mesh: *mesh, Heartbeat: *heartbeat}, *duration)
