@@ -57,7 +57,9 @@ func (r *run) gateCut(ctx context.Context, attempts []route.Target, i int) ([]ro
 	for j := i + 1; j < len(attempts); j++ {
 		t := attempts[j]
 		switch {
-		case !r.deterministic(t):
+		case !r.sentDet || !r.deterministic(t):
+			// Only a deterministic target continues a stream, and only one that came from
+			// deterministic targets: with none, the gate says none (serve would skip them).
 		case t.Tier == inference.TierCloud:
 			cloud = max(cloud, j) // the cloud is the last attempt of a decision
 		case next < 0:
