@@ -311,6 +311,7 @@ func (n *Node) start() error {
 	// The owner's consent, re-read, may change the memory share: the budget follows, and is
 	// announced at once.
 	n.part.onPolicy(n.policyChanged)
+	n.policyChanged() // a consent re-read since the budget was first computed
 	// A stage's range is announced as soon as it starts loading and again once it is warm.
 	n.rangesSig.set(n.announcer.Changed)
 	partCtx, partCancel := context.WithCancel(context.Background())
