@@ -19,6 +19,7 @@ import (
 	"github.com/libp2p/go-libp2p/p2p/protocol/ping"
 
 	"github.com/meshinfer/meshinfer/internal/bandwidth"
+	"github.com/meshinfer/meshinfer/internal/window"
 	"github.com/meshinfer/meshinfer/mesh/caps"
 	"github.com/meshinfer/meshinfer/mesh/registry"
 	"github.com/meshinfer/meshinfer/reputation"
@@ -187,7 +188,7 @@ func New(h host.Host, ps *pubsub.PubSub, key crypto.PrivKey, reg *registry.Regis
 		val:      newValidator(p.Now, p.Heartbeat),
 		trigger:  make(chan struct{}, 1),
 		syncQ:    make(chan peer.ID, syncQueue),
-		serve:    syncLimiter{last: make(map[peer.ID]window)},
+		serve:    syncLimiter{last: window.Keyed[peer.ID]{Length: syncServeWindow, Max: syncServeBurst, Cap: maxSyncClients}},
 		contactQ: make(chan peer.ID, contactQueue),
 		queued:   make(map[peer.ID]bool),
 		failures: make(map[peer.ID]int),

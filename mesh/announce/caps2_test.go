@@ -111,8 +111,8 @@ func TestOldShapeLogOncePerPeerPerPeriod(t *testing.T) {
 	if c.due("newcomer", t0.Add(time.Minute)) {
 		t.Fatal("a peer past the cap was warned about while every remembered one is recent")
 	}
-	if !c.due("newcomer", t0.Add(oldShapeLogEvery)) || len(c.last) != 1 {
-		t.Fatalf("once the remembered peers are due, a newcomer is warned about and they are forgotten (%d held)", len(c.last))
+	if !c.due("newcomer", t0.Add(oldShapeLogEvery)) || c.last.Len() != 1 {
+		t.Fatalf("once the remembered peers are due, a newcomer is warned about and they are forgotten (%d held)", c.last.Len())
 	}
 }
 

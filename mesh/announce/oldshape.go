@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/meshinfer/meshinfer/internal/window"
 )
 
 // oldShapeLogEvery is how often at most the validator warns about one peer that announces
@@ -21,7 +23,7 @@ const oldShapeLogCap = 1024
 // old (caps/1) capability vector. The zero value is ready for use.
 type oldShapeLog struct {
 	mu   sync.Mutex
-	last map[peer.ID]time.Time // when each peer was last warned about
+	last window.Keyed[peer.ID] // when each peer was last warned about
 
 	logged atomic.Uint64 // warnings written
 }
@@ -40,23 +42,8 @@ func (l *oldShapeLog) note(author, via peer.ID, err error, now time.Time) {
 func (l *oldShapeLog) due(author peer.ID, now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.last == nil {
-		l.last = make(map[peer.ID]time.Time)
+	if l.last.Cap == 0 {
+		l.last = window.Keyed[peer.ID]{Length: oldShapeLogEvery, Max: 1, Cap: oldShapeLogCap}
 	}
-	at, ok := l.last[author]
-	if ok && now.Sub(at) < oldShapeLogEvery {
-		return false
-	}
-	if !ok && len(l.last) >= oldShapeLogCap {
-		for id, at := range l.last {
-			if now.Sub(at) >= oldShapeLogEvery {
-				delete(l.last, id)
-			}
-		}
-		if len(l.last) >= oldShapeLogCap {
-			return false
-		}
-	}
-	l.last[author] = now
-	return true
+	return l.last.Take(author, now)
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/meshinfer/meshinfer/internal/bandwidth"
 	"github.com/meshinfer/meshinfer/internal/frame"
+	"github.com/meshinfer/meshinfer/internal/window"
 	"github.com/meshinfer/meshinfer/mesh/caps"
 	"github.com/meshinfer/meshinfer/mesh/registry"
 	"github.com/meshinfer/meshinfer/reputation"
@@ -79,12 +80,7 @@ var (
 type syncLimiter struct {
 	mu      sync.Mutex
 	serving int
-	last    map[peer.ID]window
-}
-
-type window struct {
-	start time.Time
-	n     int
+	last    window.Keyed[peer.ID] // answers per peer, in windows of syncServeWindow
 }
 
 // maxSyncClients bounds the windows remembered; clients are connected peers.
@@ -94,28 +90,9 @@ const maxSyncClients = 1024
 func (l *syncLimiter) acquire(p peer.ID, now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.serving >= syncMaxServing {
+	if l.serving >= syncMaxServing || !l.last.Take(p, now) {
 		return false
 	}
-	w, ok := l.last[p]
-	if !ok || now.Sub(w.start) >= syncServeWindow {
-		if !ok && len(l.last) >= maxSyncClients {
-			for id, w := range l.last {
-				if now.Sub(w.start) >= syncServeWindow {
-					delete(l.last, id)
-				}
-			}
-			if len(l.last) >= maxSyncClients {
-				return false
-			}
-		}
-		w = window{start: now}
-	}
-	if w.n >= syncServeBurst {
-		return false
-	}
-	w.n++
-	l.last[p] = w
 	l.serving++
 	return true
 }

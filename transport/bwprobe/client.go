@@ -14,6 +14,7 @@ import (
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/internal/bandwidth"
 	"github.com/meshinfer/meshinfer/internal/frame"
+	"github.com/meshinfer/meshinfer/internal/window"
 )
 
 // ErrRateLimited is returned for a probe the client's own limits refuse (ProbeInterval,
@@ -49,14 +50,15 @@ type Client struct {
 	size uint64
 
 	mu    sync.Mutex
-	last  starts // when each peer was last probed
-	burst window // the probes of the current ProbeWindow
+	last  window.Keyed[peer.ID] // when each peer was last probed
+	burst span                  // the probes of the current ProbeWindow
 }
 
 // NewClient returns a client that opens probe streams from h and adds their transfers to
 // est.
 func NewClient(h host.Host, est *bandwidth.Estimator, opts ...ClientOption) *Client {
-	c := &Client{h: h, est: est, now: time.Now, size: DefaultProbeBytes, last: make(starts)}
+	c := &Client{h: h, est: est, now: time.Now, size: DefaultProbeBytes,
+		last: window.Keyed[peer.ID]{Length: ProbeInterval, Max: 1, Cap: maxPeersRemembered}}
 	for _, o := range opts {
 		o(c)
 	}
@@ -120,10 +122,10 @@ func (c *Client) allow(p peer.ID) bool {
 	now := c.now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.last.due(p, now, ProbeInterval) || !c.burst.allow(now, ProbeWindow, ProbeBurst) {
+	if !c.last.Allow(p, now) || !c.burst.allow(now, ProbeWindow, ProbeBurst) {
 		return false
 	}
-	c.last[p] = now
+	c.last.Add(p, now)
 	return true
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/internal/bandwidth"
 	"github.com/meshinfer/meshinfer/internal/frame"
+	"github.com/meshinfer/meshinfer/internal/window"
 )
 
 // The client's limits: a peer once per ProbeInterval, ProbeBurst probes per ProbeWindow in
@@ -42,18 +43,18 @@ func TestClientLimits(t *testing.T) {
 		t.Fatal("a peer not probed again after ProbeInterval")
 	}
 
-	s := make(starts)
+	s := window.Keyed[peer.ID]{Length: ProbeInterval, Max: 1, Cap: maxPeersRemembered} // as the client's
 	for i := range maxPeersRemembered {
-		if !s.due(p(i), now, ProbeInterval) {
+		if !s.Allow(p(i), now) {
 			t.Fatalf("peer %d not due", i)
 		}
-		s[p(i)] = now
+		s.Add(p(i), now)
 	}
-	if s.due(p(-1), now, ProbeInterval) {
+	if s.Allow(p(-1), now) {
 		t.Fatal("a new peer due with every remembered peer's interval running")
 	}
-	if !s.due(p(-1), now.Add(ProbeInterval), ProbeInterval) || len(s) != 0 {
-		t.Fatalf("once their intervals are over: %d peers still remembered", len(s))
+	if !s.Allow(p(-1), now.Add(ProbeInterval)) || s.Len() != 0 {
+		t.Fatalf("once their intervals are over: %d peers still remembered", s.Len())
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/internal/bandwidth"
 	"github.com/meshinfer/meshinfer/internal/frame"
+	"github.com/meshinfer/meshinfer/internal/window"
 )
 
 var log = logging.Logger("transport/bwprobe")
@@ -63,8 +64,8 @@ type Server struct {
 
 	mu      sync.Mutex
 	closed  bool
-	busy    map[peer.ID]bool // peers with a probe running: at most MaxServing, one each
-	started starts           // when each peer's latest accepted probe started
+	busy    map[peer.ID]bool      // peers with a probe running: at most MaxServing, one each
+	started window.Keyed[peer.ID] // when each peer's latest accepted probe started
 }
 
 // NewServer answers ID on h, adding the transfers it times to est. Close removes the
@@ -79,7 +80,8 @@ func NewServer(h host.Host, est *bandwidth.Estimator, opts ...ServerOption) *Ser
 // newServer is a Server on no host: its exchanges are run by handle or, in tests, serve.
 func newServer(est *bandwidth.Estimator, opts ...ServerOption) *Server {
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Server{est: est, now: time.Now, ctx: ctx, cancel: cancel, busy: make(map[peer.ID]bool), started: make(starts)}
+	s := &Server{est: est, now: time.Now, ctx: ctx, cancel: cancel, busy: make(map[peer.ID]bool),
+		started: window.Keyed[peer.ID]{Length: ServeInterval, Max: 1, Cap: maxPeersRemembered}}
 	for _, o := range opts {
 		o(s)
 	}
@@ -202,10 +204,10 @@ func (s *Server) acquire(p peer.ID, up, down uint64) inference.Code {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.busy) >= MaxServing || s.busy[p] || !s.started.due(p, now, ServeInterval) {
+	if len(s.busy) >= MaxServing || s.busy[p] || !s.started.Allow(p, now) {
 		return inference.CodeOverloaded
 	}
-	s.started[p] = now
+	s.started.Add(p, now)
 	s.busy[p] = true
 	return ""
 }
