@@ -7,7 +7,6 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
-	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/internal/bandwidth"
 	"github.com/meshinfer/meshinfer/mesh/caps"
 	"github.com/meshinfer/meshinfer/node/console"
@@ -33,12 +32,7 @@ import (
 // answers none) and counted as mesh traffic against the bandwidth cap, and sets up this
 // node's own probes. The estimator is n.bw, made before the parts that feed it.
 func (n *Node) startBandwidth() {
-	admit := func(peer.ID) error {
-		if !n.part.accepting() {
-			return inference.Errorf(inference.CodePolicyPaused, "this node is not contributing now")
-		}
-		return nil
-	}
+	admit := func(peer.ID) error { return n.part.available() }
 	srv := bwprobe.NewServer(n.part.traffic.servingHost(n.host), n.bw, bwprobe.WithClock(n.cfg.Now), bwprobe.WithAdmission(admit))
 	n.closers = append(n.closers, srv.Close)
 	n.bwProbe = bwprobe.NewClient(n.dialer, n.bw, bwprobe.WithClientClock(n.cfg.Now))

@@ -200,6 +200,16 @@ func (g *partGate) accepting() bool {
 	return g.state.Accepting && g.contributingLocked() && !g.overCapLocked(now)
 }
 
+// available is accepting as the typed error that work a peer asks for outside the task
+// admission (a stage session, a bandwidth probe) gets when this node is paused
+// (policy_paused), or nil.
+func (g *partGate) available() error {
+	if !g.accepting() {
+		return inference.Errorf(inference.CodePolicyPaused, "this node is not contributing now")
+	}
+	return nil
+}
+
 // overCapLocked reports whether the mesh traffic of the hour up to now reached the
 // effective traffic cap.
 func (g *partGate) overCapLocked(now time.Time) bool {

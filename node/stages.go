@@ -90,8 +90,8 @@ func (a admittedStages) Shape(model string) (inference.ModelShape, error) {
 }
 
 func (a admittedStages) OpenStage(ctx context.Context, model string, lo, hi, maxPositions int) (inference.StageSession, error) {
-	if !a.n.part.accepting() {
-		return nil, inference.Errorf(inference.CodePolicyPaused, "this node is not contributing now")
+	if err := a.n.part.available(); err != nil {
+		return nil, err
 	}
 	return a.n.stages.OpenStage(ctx, model, lo, hi, maxPositions)
 }
