@@ -193,20 +193,16 @@ func (s *Server) Close() error {
 		cancel()
 		if !graceful {
 			s.cancel(errShuttingDown)
-			// Handlers that return within terminalGrace have written their terminal event.
-			done := make(chan struct{})
-			go func() { // exits when the last handler returns; waited for below
-				s.handlers.Wait()
-				close(done)
-			}()
-			t := time.NewTimer(s.terminalGrace)
-			select {
-			case <-done:
-			case <-t.C:
+			// A handler's return is not its response's departure: net/http flushes what the
+			// handler wrote after it returns. So Shutdown again, which returns once every
+			// connection is idle, each response flushed; only after terminalGrace are the
+			// connections still busy closed.
+			ctx, cancel := context.WithTimeout(context.Background(), s.terminalGrace)
+			if errors.Is(s.srv.Shutdown(ctx), context.DeadlineExceeded) {
+				err = s.srv.Close()
 			}
-			t.Stop()
-			err = s.srv.Close()
-			<-done
+			cancel()
+			s.handlers.Wait() // upgraded (WebSocket) connections, which Shutdown does not track
 		}
 		s.cancel(errShuttingDown) // releases the base context
 		s.wg.Wait()
