@@ -157,6 +157,11 @@ type Request struct {
 	// stream (node/dispatch); the OpenAI API never reads it from a client, and the peer
 	// protocol carries it (transport/infer).
 	Replay []int `json:"-"`
+	// Move, when set, lets the generation be handed over live to another node (live
+	// transfer, handover.go): on the serving node, where the cache's rows go when the node
+	// leaves; on the requesting node, where the rows a leaving peer sends go. The peer
+	// protocol carries only that it is set (transport/infer).
+	Move *Move `json:"-"`
 }
 
 // EffectiveMaxTokens is the completion budget: MaxCompletionTokens if set, else MaxTokens if
