@@ -26,7 +26,7 @@ import (
 // the vector's net.downlink_mbps (the median of the peers' recent Down estimates, 0 while
 // none is recent), each peer's estimate on /api/peers, and MeasureBandwidth, which probes a
 // peer when no recent sample exists: for the viability gate of a migration to ask before a
-// live transfer, which is not built, so nothing asks it yet (the gate is given no bandwidth).
+// live transfer (gateBandwidth).
 
 // startBandwidth answers bandwidth probes, within the participation policy (a paused node
 // answers none) and counted as mesh traffic against the bandwidth cap, and sets up this
@@ -49,6 +49,15 @@ func (n *Node) noteTransfer(p peer.ID, t bandwidth.Transfer) {
 // on a refusal or failure, the error comes with what was known before).
 func (n *Node) MeasureBandwidth(ctx context.Context, p peer.ID) (bandwidth.Estimate, error) {
 	return n.bwProbe.Measure(ctx, p)
+}
+
+// gateBandwidth is the executor's Config.Bandwidth, for a live transfer's gate: what is
+// known of the bandwidth with p each way, in bytes/s, after a probe when no sample was
+// recent (MeasureBandwidth). A refused probe (a paused peer answers none) leaves what was
+// known: a leaving peer's rows, timed as they arrive, are its sample.
+func (n *Node) gateBandwidth(ctx context.Context, p peer.ID) (down, up float64) {
+	est, _ := n.MeasureBandwidth(ctx, p)
+	return est.Down.BytesPerSec, est.Up.BytesPerSec
 }
 
 // downlinkMbps is the vector's net.downlink_mbps: the estimator's downlink, in Mbit/s to

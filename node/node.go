@@ -366,7 +366,7 @@ func (n *Node) start() error {
 			Mesh: cfg.Mesh, Local: n.ownerBackend(), Peers: peers,
 			Cloud: cloud, CloudModels: cfg.CloudModels, CloudUSDPerMTok: cfg.CloudUSDPerMTok,
 			CloudAllowed: n.part.cloudAllowed,
-			Registry:     n.reg, Latency: h.Peerstore().LatencyEWMA, Rep: n.rep,
+			Registry:     n.reg, Latency: h.Peerstore().LatencyEWMA, Bandwidth: n.gateBandwidth, Rep: n.rep,
 			Degraded: n.probe.Refresh,
 			WebRTC:   n.rtc, Streams: peers,
 			VerifySample: cfg.VerifySample, VerifyProbationSample: cfg.VerifyProbationSample,

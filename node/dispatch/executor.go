@@ -62,6 +62,10 @@ type Config struct {
 	// nil: none measured).
 	Registry Registry
 	Latency  func(peer.ID) time.Duration
+	// Bandwidth is the measured bandwidth with a peer, bytes/s each way (0: unknown), for
+	// the gate's live transfer (handover.go); it may probe the peer first, within the
+	// probes' bounds. nil: none measured, and no live transfer is ever picked.
+	Bandwidth func(ctx context.Context, p peer.ID) (down, up float64)
 	// Rep is the reputation store every attempt's outcome goes to.
 	Rep *reputation.Store
 	// Degraded is called when a route degraded (a peer timed out, the cloud failed); the

@@ -53,7 +53,25 @@ type migrations struct {
 // attempts to go on with (the chosen target moved to i+1) and false when the gate says
 // nothing can continue the stream.
 func (r *run) gateCut(ctx context.Context, attempts []route.Target, i int) ([]route.Target, bool) {
-	next, cloud := -1, -1
+	in, next, cloud := r.gateInput(ctx, attempts, i)
+	dec := route.Gate(in)
+	r.d.migr.add(r, r.d.now(), in, dec)
+	switch dec.Choice {
+	case route.MoveNone:
+		return attempts, false
+	case route.MoveRestartCloud:
+		return moveTo(attempts, cloud, i+1), true
+	default:
+		return moveTo(attempts, next, i+1), true
+	}
+}
+
+// gateInput is what the gate is told of the run after attempts[i], its stream's source,
+// and the indices of the replacement (the first deterministic target after i that is not
+// the cloud) and of the cloud, -1 for none. The source is down (SourceUp false): a
+// handover's caller (handover.go) adds what a live transfer needs.
+func (r *run) gateInput(ctx context.Context, attempts []route.Target, i int) (in route.GateInput, next, cloud int) {
+	next, cloud = -1, -1
 	for j := i + 1; j < len(attempts); j++ {
 		t := attempts[j]
 		switch {
@@ -66,8 +84,7 @@ func (r *run) gateCut(ctx context.Context, attempts []route.Target, i int) ([]ro
 			next = j
 		}
 	}
-	now := r.d.now()
-	in := route.GateInput{
+	in = route.GateInput{
 		PromptTokens: route.PromptTokens(&r.req), Generated: len(r.sent),
 		Remaining:     max(r.req.EffectiveMaxTokens()-len(r.sent), 0),
 		Deterministic: r.sentDet,
@@ -79,18 +96,9 @@ func (r *run) gateCut(ctx context.Context, attempts []route.Target, i int) ([]ro
 		r.measured(attempts[next], &in)
 	}
 	if dl, ok := ctx.Deadline(); ok {
-		in.Budget = max(dl.Sub(now), time.Nanosecond)
+		in.Budget = max(dl.Sub(r.d.now()), time.Nanosecond)
 	}
-	dec := route.Gate(in)
-	r.d.migr.add(r, now, in, dec)
-	switch dec.Choice {
-	case route.MoveNone:
-		return attempts, false
-	case route.MoveRestartCloud:
-		return moveTo(attempts, cloud, i+1), true
-	default:
-		return moveTo(attempts, next, i+1), true
-	}
+	return in, next, cloud
 }
 
 // measured fills in what this node knows of the replacement t, as route.Decide estimates

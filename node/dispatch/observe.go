@@ -40,6 +40,8 @@ func outcomeOf(err error, clientGone bool) (reputation.Outcome, bool) {
 	switch code := inference.CodeOf(err); {
 	case err == nil:
 		return reputation.Success, true
+	case isMoved(err):
+		return 0, false // the peer left with notice and offered its cache: nothing to hold against it
 	case clientGone || errors.Is(err, context.Canceled):
 		return reputation.ClientDisconnected, true
 	case code == inference.CodeTimeout:

@@ -40,6 +40,9 @@ type run struct {
 	// stageReceipts are the latest attempt's stages' receipts, countersigned, when it ran
 	// on a pipeline that completed.
 	stageReceipts []inference.StageReceipt
+	// pending are the attempts after the one running: where a handover may go
+	// (handover.go).
+	pending []route.Target
 }
 
 // served says where the run's latest attempt ran.
@@ -96,7 +99,9 @@ func (r *run) serve(ctx context.Context, dec route.Decision) (inference.Result, 
 				log.Debugw("target failed before streaming; trying the next", "target", t, "model", r.req.Model, "err", lastErr)
 			}
 		}
+		r.pending = attempts[i+1:]
 		res, err, final := r.try(ctx, t)
+		r.pending = nil
 		if final {
 			return res, err
 		}
@@ -194,7 +199,28 @@ func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, er
 		// come back first, checked against what was sent and skipped by forward.
 		req = r.replaying()
 	}
+	rl := r.offerMove(ctx, t, det)
+	if rl != nil {
+		moving := *req
+		moving.Move = &inference.Move{Send: rl.send}
+		req = &moving
+	}
 	res, err = r.d.runOn(ctx, t, req, forward, &r.via, &r.stageReceipts)
+	if rl != nil {
+		if isMoved(err) && mismatch == nil && emitErr == nil {
+			// The peer handed the generation over: it served its part, and the stream goes
+			// on from the replacement that took its cache, which sends every token from
+			// index 0 again; forward skips those the client has.
+			if next, ok := rl.taken(); ok {
+				r.d.observe(t, r.req.Model, false, nil, false, m)
+				r.d.stats.resumptions.Add(1)
+				r.attempts++
+				t, r.last, r.resumed, skip, m = next, next, true, len(r.sent), r.d.measure()
+				res, err = rl.resume(ctx, r.replayIDs(), forward)
+			}
+		}
+		rl.close()
+	}
 	if skip > 0 && inference.CodeOf(err) == inference.CodeInvalidRequest {
 		// The request was served this far: ids a backend cannot replay (tokens a peer
 		// sent that are none of the model's) mean the stream was not the model's.

@@ -1,0 +1,191 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/mesh/route"
+)
+
+// Live transfer (inference/handover.go): a peer that leaves with notice (its owner paused
+// it, it drains) while it serves one of this node's streams sends the generation's KV cache
+// on the stream and keeps generating, then stops with a "moved" frame. This node relays the
+// rows to the replacement as they come (the peer and the replacement need no connection
+// of their own, and this node times both legs), and once the peer stopped, the replacement
+// goes on from the tokens the client has, prefilling only the positions it was not sent.
+//
+// Every attempt on a single peer over libp2p, for a model served deterministically, offers
+// to take a handover (Request.Move). At the first rows the viability gate decides, with the
+// source up: the bytes to move (the positions so far × the model's KV bytes per position,
+// from the peer's announcement), the bandwidth of the slower leg (Config.Bandwidth: the rows
+// just received are a sample of the first), the replacement's round trip and rates, the
+// cloud's. Only when it picks live_transfer is the replacement asked to resume (the first
+// deterministic peer after the source among the run's attempts; never this node, nor a
+// pipeline, whose stages hold no whole cache). Otherwise the rows are dropped and the
+// peer's "moved" is a cut like any other: the gate decides again with the source down.
+// A transfer that fails halfway (the replacement refuses rows, its stream breaks) is
+// dropped likewise: the cut then goes to the gate, which picks a replay.
+
+// PeerResumer is Peers when it can also resume on a peer a generation another began
+// (transport/infer's Client).
+type PeerResumer interface {
+	Resume(ctx context.Context, p peer.ID, req *inference.Request) (inference.Resumption, error)
+}
+
+// relay is one attempt's offer to take a handover from its peer.
+type relay struct {
+	r       *run
+	ctx     context.Context
+	source  route.Target
+	pending []route.Target // the run's attempts after the source
+
+	mu       sync.Mutex // send runs on the source's reading goroutine; resume and close on the run's
+	declined bool       // the gate did not pick live transfer, or the transfer failed
+	target   route.Target
+	res      inference.Resumption
+}
+
+// offerMove returns the relay of an attempt on t, or nil when the attempt cannot hand over:
+// not a single peer over libp2p, a model not served deterministically, or a Peers that
+// cannot resume.
+func (r *run) offerMove(ctx context.Context, t route.Target, det bool) *relay {
+	if _, ok := r.d.cfg.Peers.(PeerResumer); !ok || !det || t.Tier != inference.TierMesh ||
+		len(t.Stages) > 0 || r.via != inference.TransportLibp2p {
+		return nil
+	}
+	return &relay{r: r, ctx: ctx, source: t, pending: r.pending}
+}
+
+// send takes rows from the source: the first ones decide, the rest go to the replacement.
+// It never fails: a transfer that cannot go on is dropped and the stream keeps coming from
+// the source until it stops.
+func (rl *relay) send(rows inference.KVRows) error {
+	rl.mu.Lock()
+	defer rl.mu.Unlock()
+	if rl.declined {
+		return nil
+	}
+	if rl.res == nil && !rl.open() {
+		rl.declined = true
+		return nil
+	}
+	if err := rl.res.Load(rows); err != nil {
+		log.Debugw("live transfer dropped: the replacement took no more rows", "target", rl.target, "err", err)
+		rl.dropLocked()
+	}
+	return nil
+}
+
+// open asks the gate, and when it picks live transfer, asks the replacement to resume.
+func (rl *relay) open() bool {
+	r := rl.r
+	attempts := append([]route.Target{rl.source}, rl.pending...)
+	in, next, _ := r.gateInput(rl.ctx, attempts, 0)
+	if next < 0 || attempts[next].Tier != inference.TierMesh || len(attempts[next].Stages) > 0 {
+		return false // no peer to take the cache
+	}
+	target := attempts[next]
+	in.SourceUp = true
+	in.KVBytes = int64(in.PromptTokens+in.Generated) * r.kvPerToken(rl.source.Peer)
+	in.Bandwidth = r.d.legs(rl.ctx, rl.source.Peer, target.Peer)
+	dec := route.Gate(in)
+	if dec.Choice != route.MoveLiveTransfer {
+		return false
+	}
+	res, err := r.d.cfg.Peers.(PeerResumer).Resume(rl.ctx, target.Peer, r.resumeRequest())
+	if err != nil {
+		log.Debugw("live transfer refused by the replacement", "target", target, "err", err)
+		return false
+	}
+	r.d.migr.add(r, r.d.now(), in, dec)
+	rl.target, rl.res = target, res
+	return true
+}
+
+// taken returns the replacement that took the source's cache, if one did.
+func (rl *relay) taken() (route.Target, bool) {
+	rl.mu.Lock()
+	defer rl.mu.Unlock()
+	return rl.target, rl.res != nil
+}
+
+// resume goes on with the stream on the replacement that took the cache (taken).
+func (rl *relay) resume(ctx context.Context, replay []int, emit func(inference.Token) error) (inference.Result, error) {
+	rl.mu.Lock()
+	res := rl.res
+	rl.res = nil
+	rl.mu.Unlock()
+	if res == nil {
+		return inference.Result{}, inference.Errorf(inference.CodeUnavailable, "no replacement took the generation")
+	}
+	defer res.Close()
+	return res.Generate(ctx, replay, emit)
+}
+
+// close drops a transfer not resumed.
+func (rl *relay) close() {
+	rl.mu.Lock()
+	defer rl.mu.Unlock()
+	rl.dropLocked()
+}
+
+func (rl *relay) dropLocked() {
+	if rl.res != nil {
+		rl.res.Close()
+		rl.res = nil
+	}
+	rl.declined = true
+}
+
+// resumeRequest is the run's request as a replacement resumes it: no replay (it comes with
+// Generate), no move.
+func (r *run) resumeRequest() *inference.Request {
+	req := r.req
+	req.Replay, req.Move = nil, nil
+	return &req
+}
+
+// replayIDs are the ids of the tokens the client has.
+func (r *run) replayIDs() []int {
+	ids := make([]int, len(r.sent))
+	for i, tok := range r.sent {
+		ids[i] = tok.ID
+	}
+	return ids
+}
+
+// kvPerToken is the KV bytes per position p announces for the run's model (0: unknown).
+func (r *run) kvPerToken(p peer.ID) int64 {
+	for _, pe := range r.snap.Peers {
+		if pe.Entry.Peer == p {
+			m, _ := modelIn(pe.Entry.Vector, r.req.Model)
+			return m.KVBytesPerToken
+		}
+	}
+	return 0
+}
+
+// legs is the bandwidth of a relayed transfer from src to dst through this node, bytes/s:
+// the slower of src's downlink to here and this node's uplink to dst; 0 when either is
+// unknown (Config.Bandwidth).
+func (d *Executor) legs(ctx context.Context, src, dst peer.ID) float64 {
+	if d.cfg.Bandwidth == nil {
+		return 0
+	}
+	down, _ := d.cfg.Bandwidth(ctx, src)
+	_, up := d.cfg.Bandwidth(ctx, dst)
+	if down <= 0 || up <= 0 {
+		return 0
+	}
+	return min(down, up)
+}
+
+// isMoved reports whether err is a source's handover.
+func isMoved(err error) bool {
+	_, ok := errors.AsType[*inference.Moved](err)
+	return ok
+}
