@@ -36,7 +36,7 @@
 // ErrReplayMismatch rather than splicing two outputs. So a Chat call returns one completion,
 // its tokens each delivered once and in order, or an error.
 //
-// A request whose connection died waits at most DefaultLostTimeout (5 s; WithLostTimeout)
+// A request whose connection died waits at most DefaultLostTimeout (4 s; WithLostTimeout)
 // for a new connection to resubmit it on; then its Chat call returns an *Error with code
 // coordinator_lost, once, whatever comes later, and the request is not sent again: it may
 // have run and been billed, or not. A coordinator that crashed and restarted within that
