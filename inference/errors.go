@@ -42,6 +42,13 @@ const (
 	CodeVerificationFailed Code = "verification_failed"
 	// CodeShuttingDown: the node is stopping and accepts no more work.
 	CodeShuttingDown Code = "shutting_down"
+	// CodeCoordinatorLost: a thin client's coordinator went away with the request in flight
+	// (its connection dropped and no connection came back within the client's bound), or a
+	// restarted coordinator knows the request completed and was billed before it went
+	// away but no longer holds its output. Only the gateway's client and endpoint produce it;
+	// a peer never sends it. Resubmitting the same idempotency key gets the same answer; a
+	// fresh key runs (and bills) the request again.
+	CodeCoordinatorLost Code = "coordinator_lost"
 )
 
 // Codes returns every code of the closed set, in declaration order. The slice is fresh; the
@@ -50,7 +57,7 @@ func Codes() []Code {
 	return []Code{
 		CodeInvalidRequest, CodeModelNotFound, CodeContextOverflow, CodeOverloaded,
 		CodeTimeout, CodeUnavailable, CodePeerLost, CodeNoPeer, CodePolicyPaused,
-		CodeLocalUnavailable, CodeVerificationFailed, CodeShuttingDown,
+		CodeLocalUnavailable, CodeVerificationFailed, CodeShuttingDown, CodeCoordinatorLost,
 	}
 }
 
@@ -61,7 +68,7 @@ func ParseCode(s string) (Code, bool) {
 	switch c := Code(s); c {
 	case CodeInvalidRequest, CodeModelNotFound, CodeContextOverflow, CodeOverloaded,
 		CodeTimeout, CodeUnavailable, CodePeerLost, CodeNoPeer, CodePolicyPaused,
-		CodeLocalUnavailable, CodeVerificationFailed, CodeShuttingDown:
+		CodeLocalUnavailable, CodeVerificationFailed, CodeShuttingDown, CodeCoordinatorLost:
 		return c, true
 	}
 	return "", false
@@ -80,7 +87,7 @@ func (c Code) HTTPStatus() int {
 		return 429 // too many requests: clients back off and retry
 	case CodeTimeout:
 		return 504 // gateway timeout: an upstream (backend or peer) was too slow
-	case CodePeerLost, CodeVerificationFailed:
+	case CodePeerLost, CodeVerificationFailed, CodeCoordinatorLost:
 		return 502 // bad gateway: an upstream failed or returned a bad answer
 	case CodeUnavailable, CodeNoPeer, CodePolicyPaused, CodeLocalUnavailable, CodeShuttingDown:
 		return 503 // service unavailable: nothing can serve it right now
@@ -93,7 +100,8 @@ func (c Code) HTTPStatus() int {
 // unavailable, peer_lost, overloaded, shutting_down and policy_paused. The others would fail
 // the same way anywhere (invalid_request, model_not_found, context_overflow), end the search
 // (no_peer), must not leave the node (local_unavailable, by the privacy gate), or must be
-// surfaced rather than papered over (verification_failed).
+// surfaced rather than papered over (verification_failed, coordinator_lost: the request may
+// have run and been billed).
 func (c Code) Retryable() bool {
 	switch c {
 	case CodeTimeout, CodeUnavailable, CodePeerLost, CodeOverloaded, CodeShuttingDown, CodePolicyPaused:

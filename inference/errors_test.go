@@ -26,6 +26,7 @@ func TestCodeTable(t *testing.T) {
 		{CodeLocalUnavailable, 503, false},
 		{CodeVerificationFailed, 502, false},
 		{CodeShuttingDown, 503, true},
+		{CodeCoordinatorLost, 502, false},
 	}
 	if len(tests) != len(Codes()) {
 		t.Fatalf("table has %d codes, Codes() has %d", len(tests), len(Codes()))
@@ -48,7 +49,7 @@ func TestCodeTable(t *testing.T) {
 }
 
 func TestParseCodeRejectsUnknown(t *testing.T) {
-	for _, s := range []string{"", "INVALID_REQUEST", "invalid_request ", "cancelled", "coordinator_lost", "500"} {
+	for _, s := range []string{"", "INVALID_REQUEST", "invalid_request ", "cancelled", "coordinator_lost ", "COORDINATOR_LOST", "500"} {
 		if c, ok := ParseCode(s); ok || c != "" {
 			t.Errorf("ParseCode(%q) = %q, %v; want \"\", false", s, c, ok)
 		}

@@ -35,7 +35,10 @@ func (n *Node) startGateway() (func(http.Handler) http.Handler, error) {
 	var api http.Handler
 	ws, err := gateway.NewWebSocket(n.keys, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		api.ServeHTTP(w, r)
-	}), gateway.WithDirect(n.exec.Relay), gateway.WithOriginPatterns(n.cfg.GatewayOrigins))
+	}), gateway.WithDirect(n.exec.Relay), gateway.WithOriginPatterns(n.cfg.GatewayOrigins),
+		// Completed results outlive a restart, and the meter tells which tasks ran: no
+		// resubmission is billed twice (package gateway, "Across a restart").
+		gateway.WithRecords(n.cfg.DataDir, n.meter), gateway.WithClock(n.cfg.Now))
 	if err != nil {
 		return nil, fmt.Errorf("coordinator gateway: %w", err)
 	}
@@ -94,7 +97,7 @@ func (tm taskMeter) Event(ctx context.Context, model string, at inference.Served
 	return gateway.MeterEvent{
 		Time: tm.now(), KeyID: s.KeyID, Device: s.DeviceID, Model: model, Peer: at.Route(),
 		TokensIn: res.Usage.PromptTokens, TokensOut: res.Usage.CompletionTokens,
-		DurationMS: took.Milliseconds(), Outcome: outcome,
+		DurationMS: took.Milliseconds(), Outcome: outcome, Idempotency: gateway.IdempotencyFrom(ctx),
 	}, true
 }
 

@@ -63,6 +63,13 @@ type ProcOptions struct {
 	// reset by the kernel, so its peers notice at once; over QUIC (UDP) nothing tells them,
 	// and a killed node looks like a frozen one until their idle timeouts.
 	NoQUIC bool
+	// Coordinator gives node 0 the coordinator role too (--role bootstrap,coordinator): a
+	// gateway for thin clients, with the API keys of its data dir (Proc.DataDir; create
+	// them with gateway.OpenKeys there: a running coordinator reads new keys at once).
+	Coordinator bool
+	// StableAPI makes Restart bind a node's API to the address it had, so that clients of
+	// a restarted coordinator reconnect where they were; otherwise it gets a new port.
+	StableAPI bool
 	// Logs receives every child's stderr (its logs), prefixed with its index; discarded
 	// when nil. Env is added to the children's environment (e.g. GOLOG_LOG_LEVEL=info).
 	Logs io.Writer
@@ -86,6 +93,7 @@ type Proc struct {
 	P2P     []string // listen multiaddrs ending in /p2p/<ID>, from the banner
 	API     string   // host:port of the OpenAI API
 	Console string   // host:port of the console
+	DataDir string   // the node's --data-dir
 
 	cmd  *exec.Cmd
 	args []string // the command line after the binary, for Restart
@@ -191,18 +199,21 @@ func (ps *Procs) start(ctx context.Context, i int, boot []string) (*Proc, error)
 	for _, m := range models {
 		args = append(args, "--model", m)
 	}
-	if i == 0 {
+	switch {
+	case i == 0 && ps.opts.Coordinator:
+		args = append(args, "--role", "bootstrap,coordinator")
+	case i == 0:
 		args = append(args, "--role", "bootstrap")
 	}
 	for _, b := range boot {
 		args = append(args, "--bootstrap", b)
 	}
-	return ps.run(ctx, i, args)
+	return ps.run(ctx, i, dataDir, args)
 }
 
 // run starts the child and reads its banner. The child's stdout is read to its end by the
 // reaper goroutine, which then waits for the process.
-func (ps *Procs) run(ctx context.Context, i int, args []string) (*Proc, error) {
+func (ps *Procs) run(ctx context.Context, i int, dataDir string, args []string) (*Proc, error) {
 	cmd := exec.Command(ps.opts.Binary, args...)
 	cmd.Env = append(os.Environ(), ps.opts.Env...)
 	cmd.SysProcAttr = childAttr()
@@ -218,7 +229,7 @@ func (ps *Procs) run(ctx context.Context, i int, args []string) (*Proc, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("node %d: %w", i, err)
 	}
-	p := &Proc{Index: i, PID: cmd.Process.Pid, cmd: cmd, args: args, exited: make(chan struct{})}
+	p := &Proc{Index: i, PID: cmd.Process.Pid, DataDir: dataDir, cmd: cmd, args: args, exited: make(chan struct{})}
 	ps.mu.Lock()
 	for len(ps.procs) <= i {
 		ps.procs = append(ps.procs, nil)
@@ -269,7 +280,7 @@ func (p *Proc) readBanner(sc *bufio.Scanner) error {
 			p.ID = fields[3]
 		case len(fields) >= 2 && fields[0] == "listen":
 			p.P2P = append(p.P2P, fields[1])
-		case len(fields) >= 2 && fields[0] == "api":
+		case len(fields) >= 2 && (fields[0] == "api" || fields[0] == "gateway"): // a coordinator's API is its gateway
 			p.API = strings.TrimSuffix(strings.TrimPrefix(fields[1], "http://"), "/v1")
 		case len(fields) >= 2 && fields[0] == "console":
 			p.Console = strings.TrimSuffix(strings.TrimPrefix(fields[1], "http://"), "/api/status")
@@ -363,6 +374,11 @@ func (ps *Procs) Restart(ctx context.Context, i int) (*Proc, error) {
 			j++
 			continue
 		}
+		if old.args[j] == "--api" && ps.opts.StableAPI && j+1 < len(old.args) {
+			args = append(args, "--api", old.API)
+			j++
+			continue
+		}
 		args = append(args, old.args[j])
 	}
 	for _, p := range ps.Running() {
@@ -373,7 +389,7 @@ func (ps *Procs) Restart(ctx context.Context, i int) (*Proc, error) {
 			break
 		}
 	}
-	return ps.run(ctx, i, args)
+	return ps.run(ctx, i, old.DataDir, args)
 }
 
 // Freeze stops node i with SIGSTOP: it holds its sockets and answers nothing, as a hung

@@ -214,6 +214,44 @@
 // request without an idempotency key at once. A run a client cancelled is cancelled at once
 // when no other connection is attached to it.
 //
+// # Across a restart
+//
+// node opens the endpoint WithRecords: the idempotency of a completed request outlives a
+// crash and restart of the coordinator, so that no request is billed twice.
+//
+// Before a completed result is published (before its done message is queued for anyone),
+// it is appended to IdempotencyFile ("idempotency.jsonl") in the data dir, mode 0600, an
+// internal/jsonlog log, and synced:
+//
+//	{"time":"2026-05-01T12:00:03.25Z","run":"<64 hex>","digest":"<64 hex>","tokens":["Hel","lo"],
+//	 "finish":"stop","usage":{…},"meshinfer":{…}}
+//
+// (shown wrapped). run is the hex SHA-256 of the session and the idempotency key (never the
+// key itself), digest that of the request as run. A result whose line would exceed 128 KiB
+// is recorded without its tokens ("dropped":true). The file is bounded like the result
+// cache: at start, and whenever an append would take it past 32 MiB, it is rewritten (a
+// temporary file renamed over it) with the live records only: completed within the last 10
+// minutes (not in the future), the newest 1,024, at most 16 MiB, a run's last record
+// winning. Lines that cannot be read, a torn last line from a crash mid-write above all,
+// are dropped; reading never fails on the content, only on I/O. A record that cannot be
+// written is given up (the client still gets its result).
+//
+// The live records are put back in the result cache at start: a resubmission is replayed
+// from them without running or metering it (Restored counts them). The meter is the other
+// half: the event of a task with an idempotency key names its run (MeterEvent.Idempotency),
+// in the same synced line as its tokens, and Meter.Billed remembers the runs it metered as
+// ended with their result (the newest 16,384, for 10 minutes). A resubmission with no
+// record whose run the meter holds completed (the result was too large to keep, or the
+// crash came between the meter's line and the record's: the executor meters in the
+// background as the result streams) is answered
+//
+//	{"type":"error","id":"r1","error":{"code":"coordinator_lost","message":"this request completed and was billed …"}}
+//
+// and not run again. A request in flight at the crash was neither completed nor metered:
+// its resubmission runs afresh and is metered once. What a crash can still cost is on the
+// coordinator's side: a result recorded but not yet metered is replayed unbilled, and a
+// verification cut by the crash never meters its task.
+//
 // # Imports
 //
 // Standard library, package inference and github.com/coder/websocket (no dependencies of its

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -77,6 +78,11 @@ type MeterEvent struct {
 	// countersignature (Coordinator is then its peer ID), in chain order; absent for any
 	// other task and for a pipeline whose stages gave none.
 	StageReceipts []inference.StageReceipt `json:"stage_receipts,omitempty"`
+	// Idempotency names the gateway run of a task sent with an idempotency key: the hex
+	// SHA-256 of its session and key (IdempotencyFrom), never the key itself; absent
+	// otherwise. A completed task with one is never run again for a resubmission of its key
+	// within the result cache's age, even by a coordinator restarted since (Meter.Billed).
+	Idempotency string `json:"idempotency,omitempty"`
 }
 
 // Bounds of an event's receipt fields, in bytes: a task or stage receipt is under 2 KiB
@@ -109,6 +115,8 @@ func (e *MeterEvent) validate() error {
 		return fmt.Errorf("verification %q is not passed, failed, inconclusive or skipped", e.Verification)
 	case len(e.Receipt) > maxReceipt || len(e.Countersig) > maxCountersig || len(e.Coordinator) > maxPeer:
 		return errors.New("receipt, countersig or coordinator too long")
+	case e.Idempotency != "" && !isHex(e.Idempotency, 2*sha256.Size):
+		return errors.New("idempotency is not a hex SHA-256")
 	case len(e.StageReceipts) > maxStageReceipts:
 		return fmt.Errorf("%d stage receipts, at most %d", len(e.StageReceipts), maxStageReceipts)
 	}
@@ -171,7 +179,16 @@ type Meter struct {
 	// devices holds the totals of events with a device. It has at most one entry per
 	// line of the file, as many as the devices the keys' holders named.
 	devices map[keyDevice]Usage
+	// billed holds when each gateway run (MeterEvent.Idempotency) was metered as ended
+	// with its result (completed, or verification_failed: the client had it), the newest
+	// maxBilled of them; billedOrder is their runs, oldest first.
+	billed      map[string]time.Time
+	billedOrder []string
 }
+
+// maxBilled bounds the runs Billed remembers: 16 times the gateway's result cache, more
+// tasks than a coordinator completes in the cache's 10 minutes; 100 bytes each.
+const maxBilled = 16 * cacheEntries
 
 // keyDevice names one device of one key.
 type keyDevice struct{ keyID, device string }
@@ -187,7 +204,7 @@ func OpenMeter(dir string) (*Meter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open meter: %w", err)
 	}
-	m := &Meter{log: jl, totals: make(map[string]Usage), devices: make(map[keyDevice]Usage)}
+	m := &Meter{log: jl, totals: make(map[string]Usage), devices: make(map[keyDevice]Usage), billed: make(map[string]time.Time)}
 	if _, err := readEvents(jl.Opened(), m.add); err != nil {
 		jl.Close()
 		return nil, fmt.Errorf("open meter: %w", err)
@@ -208,6 +225,26 @@ func (m *Meter) add(e MeterEvent) {
 		d.Add(e)
 		m.devices[kd] = d
 	}
+	if e.Idempotency != "" && (e.Outcome == OutcomeCompleted || e.Outcome == OutcomeVerificationFailed) {
+		if _, ok := m.billed[e.Idempotency]; !ok {
+			m.billedOrder = append(m.billedOrder, e.Idempotency)
+		}
+		m.billed[e.Idempotency] = e.Time
+		for len(m.billedOrder) > maxBilled {
+			delete(m.billed, m.billedOrder[0])
+			m.billedOrder = m.billedOrder[1:]
+		}
+	}
+}
+
+// Billed reports whether the task of the gateway run named run (MeterEvent.Idempotency)
+// was metered as ended with its result within the result cache's age (10 minutes) before
+// now: the gateway then never runs it again, even after a restart.
+func (m *Meter) Billed(run string, now time.Time) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t, ok := m.billed[run]
+	return ok && now.Sub(t) <= cacheTTL
 }
 
 // Record appends e to the log and counts it. e.Time must be set (it is stored in UTC) and

@@ -457,3 +457,48 @@ func TestUsageHandler(t *testing.T) {
 		t.Errorf("UsageHandler without a session: status %d, want 503", w.Code)
 	}
 }
+
+// The meter remembers which gateway runs it metered as ended with their result, across a
+// reopen (a restart), within the result cache's age; failed runs, events without a run and
+// a refused idempotency value are not remembered.
+func TestMeterBilledRuns(t *testing.T) {
+	dir := t.TempDir()
+	m := openMeter(t, dir)
+	run := func(n int) string { return fmt.Sprintf("%064x", n) }
+	done, failed, judged, plain := event(keyA, OutcomeCompleted, 1, 2, 3), event(keyA, "peer_lost", 1, 0, 3),
+		event(keyA, OutcomeVerificationFailed, 1, 2, 3), event(keyA, OutcomeCompleted, 1, 2, 3)
+	done.Idempotency, failed.Idempotency, judged.Idempotency = run(1), run(2), run(3)
+	record(t, m, done, failed, judged, plain)
+	bad := done
+	bad.Idempotency = "not hex"
+	if err := m.Record(bad); err == nil {
+		t.Fatal("an idempotency that is not a hex SHA-256 was recorded")
+	}
+	m.Close()
+	m = openMeter(t, dir)
+	for _, tt := range []struct {
+		run  string
+		now  time.Time
+		want bool
+	}{
+		{run(1), t0, true},
+		{run(1), t0.Add(cacheTTL), true},
+		{run(1), t0.Add(cacheTTL + time.Second), false},
+		{run(2), t0, false},
+		{run(3), t0, true},
+		{run(4), t0, false},
+	} {
+		if got := m.Billed(tt.run, tt.now); got != tt.want {
+			t.Errorf("Billed(%s, +%v) = %v, want %v", tt.run[56:], tt.now.Sub(t0), got, tt.want)
+		}
+	}
+	// Bounded: past maxBilled runs, the oldest are forgotten (counted in memory only here).
+	for i := range maxBilled {
+		e := event(keyA, OutcomeCompleted, 1, 1, 1)
+		e.Idempotency = run(100 + i)
+		m.add(e)
+	}
+	if m.Billed(run(1), t0) || !m.Billed(run(100), t0) || len(m.billed) != maxBilled || len(m.billedOrder) != maxBilled {
+		t.Fatalf("after %d more runs: run 1 %v, run 100 %v, %d remembered", maxBilled, m.Billed(run(1), t0), m.Billed(run(100), t0), len(m.billed))
+	}
+}

@@ -116,6 +116,12 @@ var (
 	// errKeyReused refuses a request whose idempotency key names another request.
 	errKeyReused = inference.Errorf(inference.CodeInvalidRequest,
 		"idempotency_key already names another request of this session: use a fresh key per request")
+	// errBilledNotKept answers the resubmission of a request that completed, and was
+	// metered, before the coordinator restarted, when its result was not kept (too large
+	// for its record, or the crash came between the meter's line and the record's).
+	errBilledNotKept = inference.Errorf(inference.CodeCoordinatorLost,
+		"this request completed and was billed before the coordinator restarted, and its output was not kept: "+
+			"it is not run again under this idempotency_key")
 	// errAbandoned ends a request whose connection died and that no client resubmitted
 	// within DetachGrace. Nobody receives it; the meter records it.
 	errAbandoned = inference.Errorf(inference.CodeUnavailable, "client went away")
@@ -132,6 +138,17 @@ func WithMessageTimeout(d time.Duration) WSOption { return func(g *WebSocket) { 
 
 // WithDetachGrace replaces DetachGrace.
 func WithDetachGrace(d time.Duration) WSOption { return func(g *WebSocket) { g.grace = d } }
+
+// WithRecords keeps the results of completed requests with an idempotency key in
+// dir/IdempotencyFile, so that a restarted coordinator answers their resubmissions without
+// running them again, and consults m, the coordinator's meter, for those it metered but did
+// not keep (m may be nil). See the package documentation ("Across a restart").
+func WithRecords(dir string, m *Meter) WSOption {
+	return func(g *WebSocket) { g.recordsDir, g.meter = dir, m }
+}
+
+// WithClock replaces time.Now for the ages of results and records.
+func WithClock(now func() time.Time) WSOption { return func(g *WebSocket) { g.now = now } }
 
 // WithTestHooks injects h's faults. For tests of clients only.
 func WithTestHooks(h WSTestHooks) WSOption { return func(g *WebSocket) { g.hooks = h } }
@@ -166,6 +183,11 @@ type WebSocket struct {
 	direct  DirectRelay // nil: no direct requests
 	origins []string    // page origins allowed besides the coordinator's own (origins.go)
 
+	recordsDir string   // "": no records across a restart
+	recs       *records // nil without recordsDir
+	meter      *Meter   // nil: no meter to consult for results not kept
+	restored   int      // records read back at start
+
 	// ctx is the parent of every run and connection; Close cancels it with errShuttingDown.
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -195,9 +217,24 @@ func NewWebSocket(keys *KeyStore, api http.Handler, opts ...WSOption) (*WebSocke
 			g.idle, g.message, g.grace)
 	}
 	g.cache = newResultCache(cacheEntries, cacheBytes, cacheTTL)
+	if g.recordsDir != "" {
+		recs, live, err := openRecords(g.recordsDir, g.now())
+		if err != nil {
+			return nil, fmt.Errorf("gateway websocket: %w", err)
+		}
+		g.recs, g.restored = recs, len(live)
+		for _, rc := range live {
+			r := restoredRun(rc)
+			g.cache.put(r.key, r, rc.Time)
+		}
+	}
 	g.ctx, g.cancel = context.WithCancelCause(context.Background())
 	return g, nil
 }
+
+// Restored is how many completed results NewWebSocket read back from its records: those a
+// previous run of the coordinator kept that are still within their age.
+func (g *WebSocket) Restored() int { return g.restored }
 
 // Close closes every connection (1001), cancels the requests still running, which end with
 // shutting_down, and returns once every goroutine of the endpoint has ended. Upgrades that
@@ -208,6 +245,9 @@ func (g *WebSocket) Close() error {
 	g.mu.Unlock()
 	g.cancel(errShuttingDown)
 	g.wg.Wait()
+	if g.recs != nil {
+		return g.recs.close()
+	}
 	return nil
 }
 

@@ -95,6 +95,13 @@ func startWS(t *testing.T, d *wsDispatcher, opts ...WSOption) *wsFixture {
 	t.Helper()
 	ks := openKeys(t, t.TempDir())
 	key, _ := createKey(t, ks, "alice")
+	return startWSKeys(t, d, ks, key, opts...)
+}
+
+// startWSKeys is startWS with the key store ks, whose key key the fixture uses: two
+// fixtures on one store stand for one coordinator before and after a restart.
+func startWSKeys(t *testing.T, d *wsDispatcher, ks *KeyStore, key string, opts ...WSOption) *wsFixture {
+	t.Helper()
 	api := openai.Handler(d)
 	ws, err := NewWebSocket(ks, api, opts...)
 	if err != nil {

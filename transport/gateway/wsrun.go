@@ -5,6 +5,7 @@ import (
 	"container/list"
 	"context"
 	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,10 +18,23 @@ import (
 	"github.com/meshinfer/meshinfer/internal/sse"
 )
 
-// runKey identifies a request across connections: its session and idempotency key. The
-// session's ID never holds a NUL.
+// runKey identifies a request across connections and restarts: the hex SHA-256 of its
+// session and idempotency key (the session's ID never holds a NUL). It is what the
+// idempotency records and the meter (MeterEvent.Idempotency) store, never the key itself.
 func runKey(s Session, idempotencyKey string) string {
-	return s.ID() + "\x00" + idempotencyKey
+	sum := sha256.Sum256([]byte(s.ID() + "\x00" + idempotencyKey))
+	return hex.EncodeToString(sum[:])
+}
+
+// runKeyKey is the context key of a run's runKey.
+type runKeyKey struct{}
+
+// IdempotencyFrom returns the runKey of the gateway run whose context ctx is (or derives
+// from), or "" for a request without an idempotency key or not from the gateway. node's
+// task meter records it in MeterEvent.Idempotency.
+func IdempotencyFrom(ctx context.Context) string {
+	k, _ := ctx.Value(runKeyKey{}).(string)
+	return k
 }
 
 // attach returns the run that serves req for the session: the cached result of a
@@ -42,12 +56,20 @@ func (g *WebSocket) attach(s Session, idempotencyKey string, digest [sha256.Size
 			case r == nil:
 			case r.digest != digest:
 				return nil, errKeyReused
+			case r.billed:
+				return nil, errBilledNotKept
 			case r.watch():
 				return r, nil
 			}
 		}
+		if g.runs[key] == nil && g.meter != nil && g.meter.Billed(key, g.now()) {
+			return nil, errBilledNotKept
+		}
 	}
 	ctx, cancel := context.WithCancelCause(withSession(g.ctx, s))
+	if key != "" {
+		ctx = context.WithValue(ctx, runKeyKey{}, key)
+	}
 	r := &run{key: key, digest: digest, cancel: cancel, changed: make(chan struct{}), watchers: 1}
 	if key != "" {
 		g.runs[key] = r
@@ -58,7 +80,7 @@ func (g *WebSocket) attach(s Session, idempotencyKey string, digest [sha256.Size
 
 // serveRun runs req through the API, recording its events in r, then retires r.
 func (g *WebSocket) serveRun(ctx context.Context, r *run, req *http.Request) {
-	w := &eventWriter{r: r, header: make(http.Header)}
+	w := &eventWriter{r: r, header: make(http.Header), keep: g.keep}
 	g.api.ServeHTTP(w, req)
 	w.end(ctx)
 	r.cancel(nil) // releases the context
@@ -81,6 +103,7 @@ type run struct {
 	key    string            // runKey; "" without an idempotency key: never cached nor attached to
 	digest [sha256.Size]byte // of the request as run: a resubmission must be the same request
 	cancel context.CancelCauseFunc
+	billed bool // read back from a record without its tokens: answered errBilledNotKept
 
 	mu        sync.Mutex
 	tokens    []string      // texts, by index
@@ -107,6 +130,33 @@ func (o *outcome) encode(id string) []byte {
 		return encode(doneMessage{Type: msgDone, ID: id, FinishReason: o.finish, Usage: o.usage, Meshinfer: o.meshinfer})
 	}
 	return encode(errorMessage{Type: msgError, ID: id, Error: errorDetail{Code: o.code, Message: o.message}})
+}
+
+// restoredRun is the completed run a record read back at start stands for.
+func restoredRun(rc idemRecord) *run {
+	r := &run{key: rc.Run, cancel: func(error) {}, changed: make(chan struct{}), billed: rc.Dropped, tokens: rc.Tokens,
+		final: &outcome{done: true, finish: rc.Finish, usage: rc.Usage, meshinfer: rc.Meshinfer}}
+	hex.Decode(r.digest[:], []byte(rc.Digest)) // valid: checked when read
+	for _, t := range r.tokens {
+		r.size += len(t) + 16
+	}
+	r.size += len(rc.Usage) + len(rc.Meshinfer)
+	return r
+}
+
+// keep records the completed outcome o of r, synced, before r publishes it: once a client
+// has its done message, a restarted coordinator still knows the request completed. A run
+// without an idempotency key, or an endpoint without records, keeps nothing. A record that
+// cannot be written is given up: the client gets its result all the same, and after a
+// restart the meter alone tells that the request ran (errBilledNotKept).
+func (g *WebSocket) keep(r *run, o outcome) {
+	if g.recs == nil || r.key == "" {
+		return
+	}
+	toks, _, _ := r.since(0)
+	now := g.now()
+	_ = g.recs.put(idemRecord{Time: now, Run: r.key, Digest: hex.EncodeToString(r.digest[:]), Tokens: toks,
+		Finish: o.finish, Usage: o.usage, Meshinfer: o.meshinfer}, now)
 }
 
 // watch counts one more watcher, unless the run cannot serve one: abandoned, or ended in
@@ -268,6 +318,7 @@ func (c *resultCache) remove(e *list.Element) {
 // Only the API handler's goroutine uses it.
 type eventWriter struct {
 	r      *run
+	keep   func(*run, outcome) // records a completed outcome before it is published
 	header http.Header
 	status int    // 0 until the header is written
 	buf    []byte // SSE bytes not parsed yet, or the error body
@@ -306,6 +357,9 @@ func (w *eventWriter) Write(b []byte) (int, error) {
 			w.fail(inference.CodeUnavailable, "the API ended the stream without a finish reason")
 		} else {
 			w.done.done = true
+			if w.keep != nil {
+				w.keep(w.r, w.done)
+			}
 			w.r.finish(w.done)
 			w.ended = true
 		}

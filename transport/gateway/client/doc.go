@@ -36,6 +36,15 @@
 // ErrReplayMismatch rather than splicing two outputs. So a Chat call returns one completion,
 // its tokens each delivered once and in order, or an error.
 //
+// A request whose connection died waits at most DefaultLostTimeout (4 s; WithLostTimeout)
+// for a new connection to resubmit it on; then its Chat call returns an *Error with code
+// coordinator_lost, once, whatever comes later, and the request is not sent again: it may
+// have run and been billed, or not. A coordinator that crashed and restarted within that
+// time on the same address gets the request back with its key: it replays the result it
+// recorded before the crash, runs afresh a request that had not completed, or answers
+// coordinator_lost for one it billed without keeping its output (package gateway, "Across
+// a restart"); never a second run billed.
+//
 // An error outcome of peer_lost or unavailable before any token was delivered is retried
 // once: the coordinator routes every submission afresh, so the retry may reach another peer.
 // Over REST the same single retry applies; a REST stream cut midway is not resumed.

@@ -91,7 +91,7 @@ func (d *dispatcher) Generate(ctx context.Context, req *inference.Request, emit 
 		}
 		d.meter.Record(gateway.MeterEvent{Time: time.Now(), KeyID: s.KeyID, Model: req.Model, Peer: at.Route(),
 			TokensIn: res.Usage.PromptTokens, TokensOut: res.Usage.CompletionTokens,
-			DurationMS: time.Since(start).Milliseconds(), Outcome: outcome})
+			DurationMS: time.Since(start).Milliseconds(), Outcome: outcome, Idempotency: gateway.IdempotencyFrom(ctx)})
 	}()
 	if d.hold != nil {
 		if err := d.hold(ctx, n); err != nil {
