@@ -20,6 +20,17 @@ type tokenGate struct {
 	// replays are the lengths of the replays (inference.Request.Replay) of the requests
 	// the gated backends were given, when not empty, in order.
 	replays []int
+	// resumed are the positions of KV cache each resumed generation (a live handover's
+	// replacement) was loaded with before it went on, in order.
+	resumed []int
+}
+
+// Resumed returns the positions of KV cache the gated backends' resumed generations were
+// loaded with, so far.
+func (g *tokenGate) Resumed() []int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.resumed)
 }
 
 // Replays returns the lengths of the replays the gated backends were given so far.
@@ -84,4 +95,39 @@ func (b gated) Generate(ctx context.Context, req *inference.Request, emit func(i
 		}
 		return emit(tok)
 	})
+}
+
+// Resume forwards to the inner backend, noting the rows each resumption was loaded with;
+// its stream waits at the gate like any other.
+func (b gated) Resume(ctx context.Context, req *inference.Request) (inference.Resumption, error) {
+	r, ok := b.Backend.(inference.Resumer)
+	if !ok {
+		return nil, inference.Errorf(inference.CodeUnavailable, "the gated backend cannot resume")
+	}
+	res, err := r.Resume(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &gatedResumption{Resumption: res, g: b.g}, nil
+}
+
+type gatedResumption struct {
+	inference.Resumption
+	g      *tokenGate
+	loaded int
+}
+
+func (r *gatedResumption) Load(rows inference.KVRows) error {
+	if err := r.Resumption.Load(rows); err != nil {
+		return err
+	}
+	r.loaded += rows.N
+	return nil
+}
+
+func (r *gatedResumption) Generate(ctx context.Context, replay []int, emit func(inference.Token) error) (inference.Result, error) {
+	r.g.mu.Lock()
+	r.g.resumed = append(r.g.resumed, r.loaded)
+	r.g.mu.Unlock()
+	return r.Resumption.Generate(ctx, replay, emit)
 }

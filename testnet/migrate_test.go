@@ -3,6 +3,9 @@ package testnet
 import (
 	"testing"
 	"time"
+
+	"github.com/meshinfer/meshinfer/mesh/participation"
+	"github.com/meshinfer/meshinfer/node"
 )
 
 // A stream cut mid-way goes on as the viability gate picks, from what the router measured:
@@ -63,4 +66,86 @@ func TestGatePicksCloudOrReplay(t *testing.T) {
 			t.Fatalf("privacy %s: options %v: a replay on the next peer was possible", tc.privacy, last.OptionsMS)
 		}
 	}
+}
+
+// A peer whose battery drains below the floor mid-generation hands its session over by live
+// transfer: it pauses, sends its KV cache on the stream while it keeps generating, stops,
+// and the router relays the cache to the other peer, which goes on from it (prefilling
+// only the last token) instead of replaying the prompt and the tokens sent. The stream is
+// identical to an uninterrupted run, and /api/status "migration" has the live_transfer
+// decision, completed.
+func TestBatteryDrainHandsOverLive(t *testing.T) {
+	const heartbeat = 500 * time.Millisecond
+	gate := newTokenGate()
+	tn := start(t, Options{Nodes: 3, NoConsole: true, Heartbeat: heartbeat, Sensors: true,
+		ModelsFor: func(i int) []string {
+			if i == 0 {
+				return nil
+			}
+			return []string{"synth-small"}
+		},
+		Configure: func(i int, cfg *node.Config) {
+			gate.configure(i, cfg)
+			cfg.PeerInterTokenTimeout = time.Minute // the test holds the stream while the battery drains
+		}})
+	within(t, 15*time.Second, "converge", tn.Converged)
+	router := tn.Node(0)
+	for i := 1; i < 3; i++ {
+		within(t, 10*time.Second, "every peer accepting", func() bool { a, _ := peerAccepting(router, tn.Node(i)); return a })
+	}
+
+	const drainAt = 4
+	open := gate.Hold(t, drainAt)
+	body := routedBody("synth-small", 40, 5, nil)
+	drained := 0
+	r := stream(t, router.APIAddr(), body, nil, func(n int, route string) {
+		if n != drainAt {
+			return
+		}
+		for i := 1; i < 3; i++ {
+			if "peer:"+tn.Node(i).ID().String() == route {
+				drained = i
+			}
+		}
+		if drained == 0 {
+			t.Errorf("token %d from %q, not a peer", n, route)
+			open()
+			return
+		}
+		s := tn.Sensors(drained)
+		st := s.State()
+		st.BatteryLevel = participation.DefaultBatteryFloor - 5
+		if err := s.Set(st); err != nil {
+			t.Error(err)
+		}
+		nd := tn.Node(drained)
+		within(t, 3*heartbeat, "the node pauses itself", func() bool {
+			return nd.Status().Participation.Admission == "paused"
+		})
+		open()
+	})
+	if drained == 0 || r.errCode != "" || !r.done {
+		t.Fatalf("drained node %d, stream %+v", drained, r)
+	}
+	if want := reference(t, body); r.text() != want {
+		t.Fatalf("the stream differs from an uninterrupted run\n got %q\nwant %q", r.text(), want)
+	}
+	other := tn.Node(3 - drained)
+	if r.final.Route != "peer:"+other.ID().String() {
+		t.Fatalf("went on at %s, want the other peer %s", r.final.Route, other.ID())
+	}
+	resumed := gate.Resumed()
+	if len(resumed) != 1 || resumed[0] < drainAt || len(gate.Replays()) != 0 {
+		t.Fatalf("resumed with %v positions of cache, replays %v: want one resumption from the cache, no replay", resumed, gate.Replays())
+	}
+	m := router.Status().Migration
+	if len(m.Recent) == 0 {
+		t.Fatalf("no migration decision: %+v", m)
+	}
+	last := m.Recent[len(m.Recent)-1]
+	if m.Decisions["live_transfer"] != 1 || last.Choice != "live_transfer" || last.Outcome != "completed" ||
+		!last.Inputs.SourceUp || last.Inputs.KVBytes <= 0 || last.Inputs.BandwidthMbps <= 0 || last.Route != r.final.Route {
+		t.Fatalf("migration status %+v, want one completed live_transfer with the source up and the bandwidth measured", m)
+	}
+	t.Logf("live transfer of %d bytes (%d positions) at %.0f Mbit/s; options %v", last.Inputs.KVBytes, resumed[0], last.Inputs.BandwidthMbps, last.OptionsMS)
 }
