@@ -50,43 +50,54 @@ func realTokens(tb testing.TB, n int) ([]inference.Token, inference.Result) {
 	return toks, res
 }
 
-// FuzzRequestFrame: a request frame decodes, or fails typed (not a request: a protocol
-// error; a request that does not decode: invalid_request); a request the server would
-// serve (it validates) encodes and decodes again to itself, receipt flag included.
+// FuzzRequestFrame: a request frame decodes, or fails typed (not a request, or a
+// resumption's with a replay: a protocol error; a request that does not decode:
+// invalid_request); a request the server would serve (it validates) encodes and decodes
+// again to itself, with what the frame asks besides (receipt, handover, resume).
 func FuzzRequestFrame(f *testing.F) {
-	for _, want := range []bool{false, true} {
-		b, err := encodeRequest(request(16), want)
+	for _, o := range []requestOpts{{}, {receipt: true}, {handover: true}, {resume: true, receipt: true}} {
+		b, err := encodeRequestOpts(request(16), o)
 		if err != nil {
 			f.Fatal(err)
 		}
 		f.Add(b)
 		f.Add(b[:len(b)/2])
 	}
+	replayed := request(16)
+	replayed.Replay = []int{3, 1}
+	b, err := encodeRequestOpts(replayed, requestOpts{resume: true})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(b) // a resumption's request with a replay: a protocol error
 	f.Add([]byte{frameRequest, '{', '}'})
 	f.Add([]byte{frameToken, 0, 1, 'a'})
 	f.Add([]byte{frameRequest, 'n', 'u', 'l', 'l'})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, body []byte) {
-		req, want, err := decodeRequest(body)
+		req, o, err := decodeRequest(body)
 		if err != nil {
 			if !typed(err) || !errors.Is(err, errProtocol) && inference.CodeOf(err) != inference.CodeInvalidRequest {
 				t.Fatalf("%q: error %v is neither a protocol error nor invalid_request", body, err)
 			}
 			return
 		}
-		if want != (body[0] == frameRequestReceipt) {
-			t.Fatalf("%q: receipt %v for frame type %#x", body, want, body[0])
+		if o.receipt != (body[0] == frameRequestReceipt) {
+			t.Fatalf("%q: receipt %v for frame type %#x", body, o.receipt, body[0])
+		}
+		if o.resume && len(req.Replay) > 0 {
+			t.Fatalf("%q: a resumption's request decoded with a replay", body)
 		}
 		if req.Validate(inference.Limits{}) != nil {
 			return // refused by the server with invalid_request
 		}
-		again, err := EncodeRequest(req, want)
-		if err != nil {
-			t.Fatalf("%q decodes to a valid request that does not encode: %v", body, err)
+		again, err := encodeRequestOpts(req, o)
+		if err != nil || len(again) > MaxRequestFrame {
+			t.Fatalf("%q decodes to a valid request that does not encode: %d bytes, %v", body, len(again), err)
 		}
-		back, wantBack, err := DecodeRequest(again)
-		if err != nil || wantBack != want || !reflect.DeepEqual(back, req) {
-			t.Fatalf("%q: round trip gave %+v, %v, %v; want %+v, %v", body, back, wantBack, err, req, want)
+		back, oBack, err := decodeRequest(again)
+		if err != nil || oBack != o || !reflect.DeepEqual(back, req) {
+			t.Fatalf("%q: round trip gave %+v, %+v, %v; want %+v, %+v", body, back, oBack, err, req, o)
 		}
 	})
 }
@@ -246,14 +257,14 @@ func (s *script) SetWriteDeadline(time.Time) error { return nil }
 func FuzzServeStream(f *testing.F) {
 	for _, n := range []int{1, 8} {
 		for _, want := range []bool{false, true} {
-			b, err := encodeRequest(request(n), want)
+			b, err := EncodeRequest(request(n), want)
 			if err != nil {
 				f.Fatal(err)
 			}
 			f.Add(frame.Append(nil, b))
 		}
 	}
-	b, _ := encodeRequest(request(4), false)
+	b, _ := EncodeRequest(request(4), false)
 	f.Add(frame.Append(frame.Append(nil, b), []byte{frameToken, 0, 0, 'x'})) // a frame after the request
 	f.Add(frame.Append(nil, b)[:len(b)/2])                                   // cut short
 	f.Add(frame.Append(nil, []byte{frameRequest, '{', '}'}))                 // decodes, does not validate
