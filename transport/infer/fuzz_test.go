@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"reflect"
 	"slices"
 	"sync"
@@ -373,6 +374,134 @@ func FuzzAnswerStream(f *testing.F) {
 		}
 		if res.Usage.CompletionTokens != len(got) || res.Usage.PromptTokens > req.PromptTokensBound() {
 			t.Fatalf("usage %+v for %d tokens received (prompt bound %d)", res.Usage, len(got), req.PromptTokensBound())
+		}
+	})
+}
+
+// FuzzKVFrame: a kv frame decodes to well-formed rows (at least one position, within
+// maxKVPositions, a whole number of rows of values within inference.MaxKVRowsBytes) that
+// encode to the same bytes, or fails with a protocol error.
+func FuzzKVFrame(f *testing.F) {
+	f.Add(appendKV(nil, kvRows(tinyShape, 0, 1)))
+	f.Add(appendKV(nil, kvRows(tinyShape, 511, 1)))
+	f.Add(appendKV(nil, inference.KVRows{Pos: 3, N: 2, Data: []float32{float32(math.NaN()), 1, 2, 3}}))
+	f.Add(kvFrame(1<<31-1, 2, make([]byte, 16)))
+	f.Add(kvFrame(0, 1, make([]byte, 6)))
+	f.Add([]byte{frameKV, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01, 1, 0, 0, 0, 0})
+	f.Add([]byte{frameKV})
+	f.Fuzz(func(t *testing.T, body []byte) {
+		r, err := decodeKV(body)
+		if err != nil {
+			if !errors.Is(err, errProtocol) {
+				t.Fatalf("%q: untyped error %v", body, err)
+			}
+			return
+		}
+		if r.Pos < 0 || r.N < 1 || r.Pos+r.N > maxKVPositions || len(r.Data) == 0 ||
+			4*len(r.Data) > inference.MaxKVRowsBytes || len(r.Data)%(2*r.N) != 0 {
+			t.Fatalf("%q: accepted rows at %d of %d positions, %d values", body, r.Pos, r.N, len(r.Data))
+		}
+		again := appendKV(nil, r)
+		if len(again) > len(body) {
+			t.Fatalf("%q re-encodes longer: %q", body, again)
+		}
+		back, err := decodeKV(again)
+		if err != nil || back.Pos != r.Pos || back.N != r.N || !bytes.Equal(again[len(again)-4*len(r.Data):], body[len(body)-4*len(r.Data):]) ||
+			len(back.Data) != len(r.Data) {
+			t.Fatalf("%q: round trip gave rows at %d of %d, %v", body, back.Pos, back.N, err)
+		}
+	})
+}
+
+// FuzzGoFrame: a go frame decodes to a replay or fails with a protocol error (or, past
+// MaxRequestFrame, frame.ErrTooLarge); a replay the server takes (checkReplay) encodes and
+// decodes again to itself.
+func FuzzGoFrame(f *testing.F) {
+	for _, replay := range [][]int{nil, {1}, {5, 0, 2047, 3}} {
+		b, err := encodeGo(replay)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add(append([]byte{frameGo}, `{"replay":[-1]}`...))
+	f.Add(append([]byte{frameGo}, `{"replay":[1e30]}`...))
+	f.Add(append([]byte{frameGo}, `{"replay":null,"replay":[1]}`...))
+	f.Add([]byte{frameKV, '{', '}'})
+	req := request(16)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		replay, err := decodeGo(body)
+		if err != nil {
+			if !errors.Is(err, errProtocol) && !errors.Is(err, frame.ErrTooLarge) {
+				t.Fatalf("%q: untyped error %v", body, err)
+			}
+			return
+		}
+		if err := checkReplay(req, replay); err != nil {
+			if inference.CodeOf(err) != inference.CodeInvalidRequest {
+				t.Fatalf("%q: replay %v refused with %v, not invalid_request", body, replay, err)
+			}
+			return
+		}
+		if len(replay) >= req.EffectiveMaxTokens() || slices.ContainsFunc(replay, func(id int) bool { return id < 0 }) {
+			t.Fatalf("%q: replay %v accepted for max_tokens %d", body, replay, req.EffectiveMaxTokens())
+		}
+		again, err := encodeGo(replay)
+		if err != nil {
+			t.Fatalf("%q: replay %v does not encode: %v", body, replay, err)
+		}
+		if back, err := decodeGo(again); err != nil || !slices.Equal(back, replay) {
+			t.Fatalf("%q: round trip gave %v, %v; want %v", body, back, err, replay)
+		}
+	})
+}
+
+// FuzzMovedReadyFrame: a moved frame decodes to counts in [0, maxKVPositions] and a ready
+// frame to a shape whose dimensions are in [1, maxShapeDim] and whose one position of rows
+// fits a kv frame, each encoding and decoding again to itself; anything else is a protocol
+// error.
+func FuzzMovedReadyFrame(f *testing.F) {
+	f.Add(encodeMoved(&inference.Moved{Positions: 30, Tokens: 9}))
+	f.Add(encodeMoved(&inference.Moved{}))
+	f.Add(append([]byte{frameMoved}, `{"positions":-3,"tokens":1}`...))
+	f.Add(encodeReady(inference.ModelShape{Layers: 4, Width: 256, Context: 1024, Params: 4458752}))
+	f.Add(encodeReady(inference.ModelShape{Layers: 16, Width: 768, Context: 1024}))
+	f.Add(append([]byte{frameReady}, `{"shape":{"layers":9007199254740993,"width":1,"context":1}}`...))
+	f.Add([]byte{frameReady})
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if len(body) > 0 && body[0] == frameMoved {
+			m, err := decodeMoved(body)
+			if err != nil {
+				if !errors.Is(err, errProtocol) {
+					t.Fatalf("%q: untyped error %v", body, err)
+				}
+				return
+			}
+			if m.Positions < 0 || m.Tokens < 0 || m.Positions > maxKVPositions || m.Tokens > maxKVPositions {
+				t.Fatalf("%q: accepted %+v", body, m)
+			}
+			if back, err := decodeMoved(encodeMoved(m)); err != nil || *back != *m {
+				t.Fatalf("%q: round trip gave %+v, %v; want %+v", body, back, err, m)
+			}
+			return
+		}
+		s, err := decodeReady(body)
+		if err != nil {
+			if !errors.Is(err, errProtocol) {
+				t.Fatalf("%q: untyped error %v", body, err)
+			}
+			return
+		}
+		for _, d := range []int{s.Layers, s.Width, s.Context} {
+			if d < 1 || d > maxShapeDim {
+				t.Fatalf("%q: accepted %+v", body, s)
+			}
+		}
+		if inference.KVValues(s, 1)*4 > inference.MaxKVRowsBytes {
+			t.Fatalf("%q: accepted %+v, whose one position exceeds a kv frame", body, s)
+		}
+		if back, err := decodeReady(encodeReady(s)); err != nil || back != s {
+			t.Fatalf("%q: round trip gave %+v, %v; want %+v", body, back, err, s)
 		}
 	})
 }
