@@ -16,7 +16,7 @@ import (
 //
 // The way it goes: the serving node calls Move.Start. From its next token on, the
 // generation sends its cache's rows in order, from position 0, to Move.Send while it keeps
-// generating (pre-copy: at most MovePreCopyBytes between two tokens). Once what it has not
+// generating (pre-copy: at most Move.PreCopyBytes between two tokens). Once what it has not
 // sent is at most MoveStopRows positions, it stops, sends those (stop-and-copy) and returns
 // *Moved. Whoever took the rows loads them into a Resumption in the same order and calls
 // its Generate with the tokens the client has: the new node prefills the positions it was
@@ -66,6 +66,9 @@ func (r KVRows) Check(s ModelShape) error {
 // generation simply runs to its end (or until its context ends).
 type Move struct {
 	started atomic.Bool
+	// PreCopyBytes bounds the rows sent between two tokens while the generation pre-copies
+	// (0: MovePreCopyBytes). Smaller keeps more of a slow uplink for the tokens.
+	PreCopyBytes int
 	// Send takes the cache's rows in order from position 0, each run at most
 	// MaxKVRowsBytes. It is called on Generate's goroutine, between tokens, and may keep
 	// r.Data only until it returns. An error from it ends the generation with that error.

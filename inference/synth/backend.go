@@ -263,7 +263,7 @@ func (b *Backend) Generate(ctx context.Context, req *inference.Request, emit fun
 	// The cache needs no slot for the last sampled token: it is never fed back.
 	local := newSession(w, 0, m.preset.Layers, len(prompt)+budget-1, nil)
 	defer local.Close()
-	return generate(ctx, m, w, local.Forward, req, prompt, budget, emit)
+	return generate(ctx, m, w, local.Forward, req, prompt, budget, emit, 0, newMover(req.Move, local))
 }
 
 // GenerateWith is Generate, with every layer computed by layers instead of here: the head
@@ -291,7 +291,7 @@ func (b *Backend) GenerateWith(ctx context.Context, req *inference.Request, laye
 	if err != nil {
 		return inference.Result{}, err
 	}
-	return generate(ctx, m, w, layers, req, prompt, budget, emit)
+	return generate(ctx, m, w, layers, req, prompt, budget, emit, 0, nil)
 }
 
 // prepare does Generate's checks, in its order, and returns the model, the prompt's tokens
@@ -311,15 +311,8 @@ func (b *Backend) prepare(ctx context.Context, req *inference.Request) (*model, 
 			"prompt needs at least %d tokens, %s has a context window of %d", len(prompt), p.Name, p.Context)
 	}
 	budget := min(req.EffectiveMaxTokens(), p.Context-len(prompt))
-	if len(req.Replay) >= budget {
-		return nil, nil, 0, inference.Errorf(inference.CodeInvalidRequest,
-			"%d tokens to replay leave none of the completion's %d to generate", len(req.Replay), budget)
-	}
-	for _, id := range req.Replay {
-		if id >= p.Vocab || id == idEOT || !m.tok.sampleable[id] {
-			return nil, nil, 0, inference.Errorf(inference.CodeInvalidRequest,
-				"token id %d cannot be replayed: not a token %s samples", id, p.Name)
-		}
+	if err := m.checkReplay(req.Replay, budget); err != nil {
+		return nil, nil, 0, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, nil, 0, fmt.Errorf("synth: %w", err)
@@ -327,14 +320,41 @@ func (b *Backend) prepare(ctx context.Context, req *inference.Request) (*model, 
 	return m, prompt, budget, nil
 }
 
-// generate is the generation loop of Generate and GenerateWith: head holds the head's
-// weights, layers runs every layer. The tokens to replay (req.Replay, checked by prepare)
-// go through the layers with the prompt, in one call; each then takes the place of a pick
-// (the sampler draws what the pick would have) and passes the stop strings like a sampled
-// one, so the tokens after them are those of the uninterrupted run.
+// checkReplay returns an invalid_request *inference.Error unless replay can be replayed in
+// a completion of budget tokens: fewer ids than the budget, each a token m samples.
+func (m *model) checkReplay(replay []int, budget int) error {
+	p := m.preset
+	if len(replay) >= budget {
+		return inference.Errorf(inference.CodeInvalidRequest,
+			"%d tokens to replay leave none of the completion's %d to generate", len(replay), budget)
+	}
+	for _, id := range replay {
+		if id < 0 || id >= p.Vocab || id == idEOT || !m.tok.sampleable[id] {
+			return inference.Errorf(inference.CodeInvalidRequest,
+				"token id %d cannot be replayed: not a token %s samples", id, p.Name)
+		}
+	}
+	return nil
+}
+
+// generate is the generation loop of Generate, GenerateWith and a Resumption: head holds
+// the head's weights, layers runs every layer. The tokens to replay (req.Replay, checked by
+// prepare) go through the layers with the prompt, in one call, from position from (the
+// positions before it are in the layers' cache already: a resumed generation's); each then
+// takes the place of a pick (the sampler draws what the pick would have) and passes the stop
+// strings like a sampled one, so the tokens after them are those of the uninterrupted run.
+// mv, when set, hands the generation over once its Move starts (mover.tick).
 func generate(ctx context.Context, m *model, head *weights, layers inference.Layers, req *inference.Request,
-	prompt []int, budget int, emit func(inference.Token) error) (inference.Result, error) {
+	prompt []int, budget int, emit func(inference.Token) error, from int, mv *mover) (inference.Result, error) {
 	replay := req.Replay
+	emitted := 0 // tokens emitted: what a handover reports the client has
+	if mv != nil {
+		next := emit
+		emit = func(t inference.Token) error {
+			emitted++
+			return next(t)
+		}
+	}
 	p := m.preset
 	d := p.Dim
 	logits, xn := make([]float32, p.Vocab), make([]float32, d)
@@ -358,7 +378,7 @@ func generate(ctx context.Context, m *model, head *weights, layers inference.Lay
 		head.logits(logits, xn, out[(n-1)*d:])
 		return nil
 	}
-	if err := step(append(slices.Clip(prompt), replay...), 0); err != nil {
+	if err := step(append(slices.Clip(prompt), replay...)[from:], from); err != nil {
 		return inference.Result{}, fmt.Errorf("synth: prompt: %w", err)
 	}
 	smp := newSampler(req.EffectiveTemperature(), req.EffectiveTopP(), req.EffectiveSeed(), m.tok.sampleable)
@@ -398,6 +418,9 @@ func generate(ctx context.Context, m *model, head *weights, layers inference.Lay
 		}
 		if usage.CompletionTokens <= len(replay) {
 			continue // a replayed token: in the layers already, with the prompt
+		}
+		if err := mv.tick(emitted); err != nil {
+			return inference.Result{}, err
 		}
 		if err := step([]int{id}, len(prompt)+usage.CompletionTokens-1); err != nil {
 			return inference.Result{}, fmt.Errorf("synth: generation: %w", err)
