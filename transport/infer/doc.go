@@ -98,8 +98,11 @@
 //
 // B checks the request as any other, admits it (the slot is held from the request to the
 // answer's end) and readies the generation (inference.Resumer) before the ready frame; it
-// loads each kv frame's rows (rows B's backend refuses get an error frame with its code),
-// checks the go frame's replay as a request's replay and prefills what it was not sent.
+// loads each kv frame's rows, checks the go frame's replay as a request's replay and
+// prefills what it was not sent. Rows B's backend refuses, or a bad replay, get an error
+// frame with its code in answer to the go frame: H writes its rows without reading, so B
+// reads on to the go frame (dropping the rows after a refusal) rather than leave H's writes
+// blocked on a full stream window.
 // The transfer phase, from the request frame to the go frame, is bounded by
 // TransferTimeout; any other frame in it, or a request frame with "resume" and "replay",
 // is a protocol violation (the stream is reset). A resumption ends its stream: B closes it

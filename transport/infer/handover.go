@@ -52,8 +52,8 @@ func (s *Server) track(m *inference.Move, add bool) {
 // the generation (the Resumer's Resume), writes the ready frame with its shape, then loads
 // the kv frames the client sends, in order, until its go frame, whose replay it returns.
 // The phase is bounded by TransferTimeout from its start. Otherwise it has answered the
-// client and returns false with the outcome: an error frame (the backend's error, a Load
-// refused, a bad replay: invalid_request, the timeout, shutting down), or a reset
+// client and returns false with the outcome: an error frame (the backend's error; rows
+// refused or a bad replay, at the go frame; the timeout; shutting down), or a reset
 // (OutcomeClientDisconnected: the client went away or broke the protocol). rs, when not
 // nil, is the caller's to close either way.
 func (s *Server) transfer(from peer.ID, st Stream, req *inference.Request, resumer inference.Resumer, in *inbound) (rs inference.Resumption, replay []int, outcome string, ok bool) {
@@ -86,6 +86,11 @@ func (s *Server) transfer(from peer.ID, st Stream, req *inference.Request, resum
 	defer stop()
 	st.SetReadDeadline(deadline)
 	r := frame.NewReader(in.r, MaxKVFrame)
+	// refused is why the rows or the replay were refused. The error frame waits for the go
+	// frame, where the answer would come: the client writes its rows without reading, so
+	// the rows after a refusal are read on (and dropped) rather than left to fill the
+	// stream's window, where its writes would block.
+	var refused error
 	for {
 		in.m.Take() // the frame alone
 		body, err := r.Next()
@@ -112,19 +117,21 @@ func (s *Server) transfer(from peer.ID, st Stream, req *inference.Request, resum
 			if s.transfers != nil && len(body) >= bandwidth.MinBytes {
 				s.transfers(from, in.m.Take())
 			}
-			if err := rows.Check(shape); err != nil {
-				return fail(err)
-			}
-			if err := rs.Load(rows); err != nil {
-				return fail(err)
+			if refused == nil {
+				if refused = rows.Check(shape); refused == nil {
+					refused = rs.Load(rows)
+				}
 			}
 		case frameGo:
 			replay, err := decodeGo(body)
 			if err != nil {
 				return violated(err)
 			}
-			if err := checkReplay(req, replay); err != nil {
-				return fail(err)
+			if refused == nil {
+				refused = checkReplay(req, replay)
+			}
+			if refused != nil {
+				return fail(refused)
 			}
 			return rs, replay, "", true
 		default:
