@@ -13,6 +13,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/internal/bandwidth"
 	"github.com/meshinfer/meshinfer/internal/frame"
 )
 
@@ -25,6 +26,7 @@ type Client struct {
 	interToken time.Duration // wait for each frame after it
 	receipts   bool
 	observer   Observer
+	transfers  func(peer.ID, bandwidth.Transfer)
 
 	mu   sync.Mutex
 	pool map[peer.ID][]pooled // idle ReuseID streams, the most recent last
@@ -62,6 +64,14 @@ func WithReceipts() ClientOption { return func(c *Client) { c.receipts = true } 
 // o, as reputation.MalformedFrame or ProtocolViolation.
 func WithClientObserver(o Observer) ClientOption { return func(c *Client) { c.observer = o } }
 
+// WithClientTransfers sets a function told of each kv frame of at least bandwidth.MinBytes
+// that a handover's leaving peer sent, timed from its first byte to its last
+// (internal/bandwidth: the caller keeps those that are samples). It runs on the caller's
+// goroutine in Generate and should return at once.
+func WithClientTransfers(fn func(from peer.ID, t bandwidth.Transfer)) ClientOption {
+	return func(c *Client) { c.transfers = fn }
+}
+
 // NewClient returns a client that opens streams from h.
 func NewClient(h host.Host, opts ...ClientOption) *Client {
 	c := &Client{
@@ -80,6 +90,12 @@ func NewClient(h host.Host, opts ...ClientOption) *Client {
 // timeout when the peer sends no token within the first-token timeout or then stays silent
 // past the inter-token timeout, peer_lost when the stream ends or breaks without a terminal
 // frame, and the peer's own code from its error frame.
+//
+// With req.Move set the request asks the peer to hand the generation over if it leaves:
+// the rows of KV cache it then sends go to req.Move.Send, in order from position 0 (an
+// error from Send ends Generate with it), and Generate ends with *inference.Moved, the
+// positions and tokens received, for the caller to resume the generation elsewhere
+// (Resume).
 func (c *Client) Generate(ctx context.Context, p peer.ID, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
 	body, err := c.requestFrame(req)
 	if err != nil {
@@ -93,15 +109,24 @@ func (c *Client) Generate(ctx context.Context, p peer.ID, req *inference.Request
 		// The pooled stream had ended before any answer (the peer closed it idle, or
 		// restarted): the request goes again on a new stream.
 	}
-	st, err := c.h.NewStream(ctx, p, ReuseID, ID)
+	st, err := c.open(ctx, p)
 	if err != nil {
-		if ctx.Err() != nil {
-			return inference.Result{}, fmt.Errorf("open stream to %s: %w", p, ctx.Err())
-		}
-		return inference.Result{}, inference.Errorf(inference.CodeUnavailable, "open stream to %s: %v", p, err)
+		return inference.Result{}, err
 	}
 	res, _, err := c.exchange(ctx, st, p, req, body, emit, false)
 	return res, err
+}
+
+// open opens a new stream to p, asking for ReuseID first: unavailable when it cannot.
+func (c *Client) open(ctx context.Context, p peer.ID) (network.Stream, error) {
+	st, err := c.h.NewStream(ctx, p, ReuseID, ID)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("open stream to %s: %w", p, ctx.Err())
+		}
+		return nil, inference.Errorf(inference.CodeUnavailable, "open stream to %s: %v", p, err)
+	}
+	return st, nil
 }
 
 // take returns the most recent idle pooled stream to p, or nil. Expired ones are closed
@@ -186,87 +211,201 @@ func (c *Client) requestFrame(req *inference.Request) ([]byte, error) {
 // completed ReuseID stream goes back to the pool, any other is closed or reset. stale
 // reports that st was a pooled stream (pooled) found ended before any answer: nothing of
 // the request ran, and the caller may send it again.
-//
-// It believes nothing the peer says about its own work: a peer that sends more tokens than
-// req's max_tokens, or more text than req.MaxCompletionBytes, is cut off with a protocol
-// error (peer_lost, so the caller fails over), and the usage returned is what this side
-// counted (counted).
 func (c *Client) exchange(ctx context.Context, st Stream, p peer.ID, req *inference.Request, body []byte, emit func(inference.Token) error, pooled bool) (res inference.Result, stale bool, err error) {
 	stop := context.AfterFunc(ctx, func() { st.Reset() })
 	defer stop()
-	// staleOr reports a broken stream: stale if it was pooled and nothing came back yet.
-	answered := false
-	staleOr := func(what string, err error) (inference.Result, bool, error) {
-		st.Reset()
-		if pooled && !answered && ctx.Err() == nil && !isTimeout(err) {
-			return inference.Result{}, true, err
-		}
-		return inference.Result{}, false, c.lost(ctx, p, what, err)
-	}
-
 	if body != nil {
 		st.SetWriteDeadline(time.Now().Add(WriteTimeout))
 		if err := frame.Write(st, body); err != nil {
-			return staleOr("send request", err)
+			st.Reset()
+			if pooled && ctx.Err() == nil && !isTimeout(err) {
+				return inference.Result{}, true, err
+			}
+			return inference.Result{}, false, c.lost(ctx, p, "send request", err)
 		}
 	}
 	// The write side stays open: the server reads its end (EOF or reset) as cancellation.
-
-	r := frame.NewReader(st, maxFrame)
-	next, text := 0, 0
-	maxTokens, maxText := req.EffectiveMaxTokens(), req.MaxCompletionBytes()
-	for {
-		// Each wait starts once emit has returned: a slow consumer is not the peer's delay.
-		wait := c.firstToken
-		if next > 0 {
-			wait = c.interToken
-		}
-		st.SetReadDeadline(time.Now().Add(wait))
-		fb, err := r.Next()
-		if err != nil {
-			if isTimeout(err) && ctx.Err() == nil {
-				st.Reset()
-				return inference.Result{}, false, silence(p, next, wait)
-			}
-			return staleOr("read", err)
-		}
-		answered = true
-		if len(fb) == 0 {
-			st.Reset()
-			return inference.Result{}, false, c.lost(ctx, p, "read", fmt.Errorf("%w: empty frame", errProtocol))
-		}
-		if fb[0] != frameToken {
-			res, err := decodeTerminal(fb)
-			if errors.Is(err, errProtocol) {
-				st.Reset()
-				return inference.Result{}, false, c.lost(ctx, p, "read", err)
-			}
-			c.release(p, st, stop)
-			if err == nil {
-				res = counted(res, req, next)
-			}
-			return res, false, err
-		}
-		tok, err := decodeToken(fb)
-		switch {
-		case err != nil:
-		case tok.Index != next:
-			err = fmt.Errorf("%w: token index %d, want %d", errProtocol, tok.Index, next)
-		case next >= maxTokens:
-			err = fmt.Errorf("%w: more than the request's %d tokens", errProtocol, maxTokens)
-		case text+len(tok.Text) > maxText:
-			err = fmt.Errorf("%w: more than %d bytes of text for %d tokens", errProtocol, maxText, maxTokens)
-		}
-		if err != nil {
-			st.Reset()
-			return inference.Result{}, false, c.lost(ctx, p, "read", err)
-		}
-		next, text = next+1, text+len(tok.Text)
-		if err := emit(tok); err != nil {
-			st.Reset()
-			return inference.Result{}, false, err
-		}
+	a := c.newAnswer(st, p, req)
+	a.retry = pooled
+	res, err = a.read(ctx, emit)
+	if errors.Is(err, errStale) {
+		return inference.Result{}, true, err
 	}
+	if a.ended {
+		c.release(p, st, stop)
+	}
+	return res, false, err
+}
+
+// errStale is wrapped by what answer.read returns for a pooled stream found ended before
+// any answer.
+var errStale = errors.New("pooled stream ended before an answer")
+
+// answer reads the answer to one request from a stream: token frames, with a handover kv
+// frames, then one terminal frame (done, error, or with a handover moved). It is shared by
+// every exchange: a request's (exchange, ReadAnswer) and a resumption's (after its go
+// frame).
+//
+// It believes nothing the peer says about its own work: a peer that sends more tokens than
+// req's max_tokens, or more text than req.MaxCompletionBytes, more than MaxMoveBytes of kv
+// frames, rows out of order, or a moved frame whose counts are not what it sent, is cut off
+// with a protocol error (peer_lost, so the caller fails over), and the usage returned is
+// what this side counted (counted).
+type answer struct {
+	c   *Client
+	st  Stream
+	p   peer.ID
+	req *inference.Request
+	r   *frame.Reader
+	m   *bandwidth.Meter // beneath r: times each kv frame
+	// retry makes a stream found ended before any frame read come back as errStale (a
+	// pooled stream the peer had closed).
+	retry bool
+
+	answered  bool  // a frame was read
+	tokens    int   // token frames read
+	text      int   // bytes of their text
+	positions int   // KV positions read (handover)
+	kvBytes   int64 // bytes of the kv frames read
+	ended     bool  // the terminal frame was read: the stream is in order
+}
+
+// newAnswer reads req's answer from st, which peer p serves. Only a handover's reader (req.Move
+// set) takes kv frames, and frames as large.
+func (c *Client) newAnswer(st Stream, p peer.ID, req *inference.Request) *answer {
+	limit := maxFrame
+	if req.Move != nil {
+		limit = MaxKVFrame
+	}
+	m := bandwidth.NewMeter(st)
+	return &answer{c: c, st: st, p: p, req: req, r: frame.NewReader(m, limit), m: m}
+}
+
+// read reads the answer to its terminal frame, passing each token to emit: the result with
+// the usage counted, or an error (the peer's, typed; a moved frame's *inference.Moved; or
+// why the exchange broke, when the stream was reset). ctx's end resets the stream, the
+// caller's doing.
+func (a *answer) read(ctx context.Context, emit func(inference.Token) error) (inference.Result, error) {
+	maxTokens, maxText := a.req.EffectiveMaxTokens(), a.req.MaxCompletionBytes()
+	for {
+		// Each wait starts once emit (or Move.Send) has returned: a slow consumer is not the
+		// peer's delay.
+		wait := a.c.firstToken
+		if a.answered {
+			wait = a.c.interToken
+		}
+		a.st.SetReadDeadline(time.Now().Add(wait))
+		a.m.Take() // the frame alone
+		fb, err := a.r.Next()
+		if err != nil {
+			a.st.Reset()
+			switch {
+			case isTimeout(err) && ctx.Err() == nil:
+				return inference.Result{}, silence(a.p, a.tokens, wait)
+			case a.retry && !a.answered && ctx.Err() == nil && !errors.Is(err, frame.ErrTooLarge) && !errors.Is(err, frame.ErrMalformed):
+				return inference.Result{}, fmt.Errorf("%w: %w", errStale, err)
+			}
+			return inference.Result{}, a.c.lost(ctx, a.p, "read", err)
+		}
+		a.answered = true
+		switch {
+		case len(fb) == 0:
+			err = fmt.Errorf("%w: empty frame", errProtocol)
+		case fb[0] != frameKV && len(fb) > maxFrame:
+			err = fmt.Errorf("%w: frame type %#x of %d bytes, max %d", frame.ErrTooLarge, fb[0], len(fb), maxFrame)
+		case fb[0] == frameToken:
+			var tok inference.Token
+			if tok, err = a.token(fb, maxTokens, maxText); err == nil {
+				if err := emit(tok); err != nil {
+					a.st.Reset()
+					return inference.Result{}, err
+				}
+				continue
+			}
+		case fb[0] == frameKV:
+			var rows inference.KVRows
+			if rows, err = a.kv(fb); err == nil {
+				if err := a.req.Move.Send(rows); err != nil {
+					a.st.Reset()
+					return inference.Result{}, err
+				}
+				continue
+			}
+		case fb[0] == frameMoved:
+			var moved *inference.Moved
+			if moved, err = a.moved(fb); err == nil {
+				a.ended = true
+				return inference.Result{}, moved
+			}
+		default:
+			var res inference.Result
+			if res, err = decodeTerminal(fb); !errors.Is(err, errProtocol) {
+				a.ended = true
+				if err == nil {
+					res = counted(res, a.req, a.tokens)
+				}
+				return res, err
+			}
+		}
+		a.st.Reset()
+		return inference.Result{}, a.c.lost(ctx, a.p, "read", err)
+	}
+}
+
+// token decodes a token frame and counts it: its index must be the next, and the tokens and
+// their text within the request's bounds.
+func (a *answer) token(fb []byte, maxTokens, maxText int) (inference.Token, error) {
+	tok, err := decodeToken(fb)
+	switch {
+	case err != nil:
+		return tok, err
+	case tok.Index != a.tokens:
+		return tok, fmt.Errorf("%w: token index %d, want %d", errProtocol, tok.Index, a.tokens)
+	case a.tokens >= maxTokens:
+		return tok, fmt.Errorf("%w: more than the request's %d tokens", errProtocol, maxTokens)
+	case a.text+len(tok.Text) > maxText:
+		return tok, fmt.Errorf("%w: more than %d bytes of text for %d tokens", errProtocol, maxText, maxTokens)
+	}
+	a.tokens, a.text = a.tokens+1, a.text+len(tok.Text)
+	return tok, nil
+}
+
+// kv decodes a kv frame of a handover and counts it: one the request did not ask for
+// (req.Move nil), rows that do not start where the last ended, or past MaxMoveBytes in all
+// is a protocol error. A frame of at least bandwidth.MinBytes is a transfer (WithClientTransfers).
+func (a *answer) kv(fb []byte) (inference.KVRows, error) {
+	if a.req.Move == nil {
+		return inference.KVRows{}, fmt.Errorf("%w: a kv frame, no handover asked", errProtocol)
+	}
+	rows, err := decodeKV(fb)
+	switch {
+	case err != nil:
+		return rows, err
+	case rows.Pos != a.positions:
+		return rows, fmt.Errorf("%w: KV rows at %d, want %d", errProtocol, rows.Pos, a.positions)
+	case a.kvBytes+int64(len(fb)) > MaxMoveBytes:
+		return rows, fmt.Errorf("%w: more than %d bytes of KV rows", errProtocol, MaxMoveBytes)
+	}
+	if a.c.transfers != nil && len(fb) >= bandwidth.MinBytes {
+		a.c.transfers(a.p, a.m.Take())
+	}
+	a.positions, a.kvBytes = a.positions+rows.N, a.kvBytes+int64(len(fb))
+	return rows, nil
+}
+
+// moved decodes a moved frame: the handover's end, whose counts must be what this side
+// received (a peer that says it sent more than it did would have its client resume from
+// rows and tokens it never got).
+func (a *answer) moved(fb []byte) (*inference.Moved, error) {
+	if a.req.Move == nil {
+		return nil, fmt.Errorf("%w: a moved frame, no handover asked", errProtocol)
+	}
+	m, err := decodeMoved(fb)
+	if err == nil && (m.Tokens != a.tokens || m.Positions != a.positions) {
+		err = fmt.Errorf("%w: moved after %d tokens and %d positions, %d and %d received",
+			errProtocol, m.Tokens, m.Positions, a.tokens, a.positions)
+	}
+	return m, err
 }
 
 // silence is the timeout of peer p, silent for wait after sending tokens tokens.

@@ -119,7 +119,12 @@ func DecodeResult(body []byte) (inference.Result, error) {
 // EncodeRequest is the request frame of req (type 0x05 with wantReceipt), within
 // MaxRequestFrame.
 func EncodeRequest(req *inference.Request, wantReceipt bool) ([]byte, error) {
-	body, err := encodeRequest(req, wantReceipt)
+	return encodeBounded(req, requestOpts{receipt: wantReceipt, handover: req.Move != nil})
+}
+
+// encodeBounded is the request frame of req asking o, within MaxRequestFrame.
+func encodeBounded(req *inference.Request, o requestOpts) ([]byte, error) {
+	body, err := encodeRequestOpts(req, o)
 	if err != nil {
 		return nil, err
 	}
@@ -130,8 +135,13 @@ func EncodeRequest(req *inference.Request, wantReceipt bool) ([]byte, error) {
 }
 
 // DecodeRequest reads a request frame and whether it asks for a receipt. A frame that is
-// not a request is a protocol error; one that does not decode is invalid_request.
-func DecodeRequest(body []byte) (*inference.Request, bool, error) { return decodeRequest(body) }
+// not a request is a protocol error; one that does not decode is invalid_request. It
+// ignores "handover" and "resume": a direct task's answer goes to a thin client, which
+// takes no cache, and ServeRequest runs it as a plain request.
+func DecodeRequest(body []byte) (*inference.Request, bool, error) {
+	req, o, err := decodeRequest(body)
+	return req, o.receipt, err
+}
 
 // ReadAnswer reads the answer to req, which reached peer p another way (a coordinator sent
 // it), from st, with Generate's contract and its bounds: emit once per token, then the result

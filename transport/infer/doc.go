@@ -1,6 +1,7 @@
 // Package infer implements the peer inference protocol, /meshinfer/infer/1.0.0: one request
 // per stream, answered by a stream of tokens and exactly one terminal frame; and
-// /meshinfer/infer/1.1.0 (ReuseID), the same exchange repeated on one stream.
+// /meshinfer/infer/1.1.0 (ReuseID), the same exchange repeated on one stream. Both carry a
+// live handover of a running generation from a leaving server to a replacement.
 //
 // # Wire format
 //
@@ -8,14 +9,20 @@
 // first body byte is the frame type.
 //
 //	client → server   0x01 request   JSON of inference.Request, with     ≤ MaxRequestFrame
-//	                                 "replay" (below)
+//	                                 "replay", "handover", "resume"
+//	                                 (below)
 //	                  0x05 request   the same, asking for a signed receipt
-//	                  then nothing: the client keeps its write side open until the
-//	                  terminal frame; closing or resetting it earlier cancels the request
+//	                  then nothing (but a resumption's frames, below): the client keeps
+//	                  its write side open until the terminal frame; closing or
+//	                  resetting it earlier cancels the request
 //	server → client   0x02 token     uvarint index, uvarint id+1, text  ≤ MaxTokenFrame
+//	                  0x06 kv        uvarint pos, uvarint n, values     ≤ MaxKVFrame
+//	                                 (handover only, below)
 //	                  0x03 done      JSON {"finish_reason", "usage",     ≤ MaxTerminalFrame
 //	                                       "receipt" (0x05 only)}
 //	                  0x04 error     JSON {"code", "message"}           ≤ MaxTerminalFrame
+//	                  0x07 moved     JSON {"positions", "tokens"}       ≤ MaxTerminalFrame
+//	                                 (handover only, below)
 //
 // A request that continues a cut stream carries "replay": the ids of the tokens its client
 // already has (inference.Request.Replay). The server's backend may prefill them with the
@@ -23,6 +30,11 @@
 // from index 0. A client leaves replay out when it would push the frame past
 // MaxRequestFrame; a server checks it like the rest of the request (fewer ids than
 // max_tokens, none negative; the backend checks them against its vocabulary).
+//
+// A kv frame carries rows of a generation's KV cache (inference.KVRows): positions
+// [pos, pos+n) of every layer, their keys then their values, as little-endian float32; their
+// count is implied by the frame's length, a multiple of 4, more than 0 and at most
+// inference.MaxKVRowsBytes, and a whole number of 2 × n rows.
 //
 // A receipt (0x05; a coordinator asks on every request) is the server's signed task receipt
 // (mesh/receipts: its peer ID, the requester's, the model, token counts, and the digest of
@@ -55,6 +67,53 @@
 // protocol error (the stream is reset, peer_lost), and the usage it reports is its own
 // count of the tokens received with the server's prompt count bounded by
 // inference.Request.BoundUsage.
+//
+// # Handing a generation over
+//
+// A node that must leave while it serves a generation (its owner paused it, it drains for a
+// restart) hands the generation's KV cache, through its requester, to a replacement that
+// goes on with the very tokens it would have generated (inference/handover.go has the
+// contract). On the wire, from the leaving server A through the requester H to the
+// replacement B:
+//
+//   - H's request to A says "handover": true (H set inference.Request.Move). When A leaves
+//     (Server.HandOver) the generation sends its cache in kv frames between its tokens,
+//     rows in order from position 0, then ends with the moved frame: the positions and
+//     tokens it sent. A non-streaming answer's batched token frames go out before each kv
+//     frame, in order. A backend that cannot hand over runs on to its end.
+//   - H passes the rows to Move.Send as they come and checks them: a kv frame or a moved
+//     frame without handover asked, rows that do not start where the last ended, more than
+//     MaxMoveBytes of them, or a moved frame whose counts are not what H received (a server
+//     lying about what it sent) is a protocol violation. Generate returns *inference.Moved.
+//
+// Then H opens a fresh stream to B (never pooled, never reused) and sends the request with
+// "resume": true and no replay, then the rows and its tokens (Client.Resume):
+//
+//	client → server   0x01/0x05 request   "resume": true, no "replay"
+//	server → client   0x09 ready          JSON {"shape": inference.ModelShape} ≤ MaxTerminalFrame
+//	                  (or 0x04 error: B cannot resume (unavailable), the request is refused)
+//	client → server   0x06 kv             rows in order from position 0, any number ≤ MaxKVFrame
+//	                  0x08 go             JSON {"replay": [ids]}               ≤ MaxRequestFrame
+//	server → client   the answer of a request, tokens from index 0 (the replayed ones too)
+//
+// B checks the request as any other, admits it (the slot is held from the request to the
+// answer's end) and readies the generation (inference.Resumer) before the ready frame; it
+// loads each kv frame's rows, checks the go frame's replay as a request's replay and
+// prefills what it was not sent. Rows B's backend refuses, or a bad replay, get an error
+// frame with its code in answer to the go frame: H writes its rows without reading, so B
+// reads on to the go frame (dropping the rows after a refusal) rather than leave H's writes
+// blocked on a full stream window.
+// The transfer phase, from the request frame to the go frame, is bounded by
+// TransferTimeout; any other frame in it, or a request frame with "resume" and "replay",
+// is a protocol violation (the stream is reset). A resumption ends its stream: B closes it
+// after the terminal frame on 1.1.0 too. A resumption may ask "handover" itself: B then
+// hands it over as A did. A transfer cut halfway still resumes: the rows B
+// did not get are prefilled from the replay, so a partial transfer degrades to a replay,
+// never to a hang.
+//
+// Kv frames of at least 64 KiB are transfers timed from first byte to last
+// (internal/bandwidth), as request frames are: B reports those it reads
+// (WithServerTransfers), H those from A (WithClientTransfers).
 //
 // # Server rules
 //
@@ -93,7 +152,10 @@
 //     peer's time to first token: that estimate guesses a peer's cold start, and a
 //     deadline a healthy peer misses costs it a cooldown and the request a restart.
 //   - A stream that ends without a terminal frame gives peer_lost, a stream that cannot be
-//     opened gives unavailable. Token indices are checked to be contiguous.
+//     opened gives unavailable. Token indices are checked to be contiguous. A handover's
+//     kv frames are frames like the others for both deadlines; a resumption's ready frame
+//     must come within the first-token timeout, and so must the first token after its go
+//     frame (B prefills the prompt and the replay not loaded).
 //   - The requester's executor (node/dispatch) treats a timeout mid-stream as any cut
 //     stream: it resumes the stream on another peer where it can, so a frozen peer stalls
 //     its client for the inter-token timeout and then the stream goes on. A batched

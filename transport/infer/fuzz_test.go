@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"reflect"
 	"slices"
 	"sync"
@@ -50,43 +51,54 @@ func realTokens(tb testing.TB, n int) ([]inference.Token, inference.Result) {
 	return toks, res
 }
 
-// FuzzRequestFrame: a request frame decodes, or fails typed (not a request: a protocol
-// error; a request that does not decode: invalid_request); a request the server would
-// serve (it validates) encodes and decodes again to itself, receipt flag included.
+// FuzzRequestFrame: a request frame decodes, or fails typed (not a request, or a
+// resumption's with a replay: a protocol error; a request that does not decode:
+// invalid_request); a request the server would serve (it validates) encodes and decodes
+// again to itself, with what the frame asks besides (receipt, handover, resume).
 func FuzzRequestFrame(f *testing.F) {
-	for _, want := range []bool{false, true} {
-		b, err := encodeRequest(request(16), want)
+	for _, o := range []requestOpts{{}, {receipt: true}, {handover: true}, {resume: true, receipt: true}} {
+		b, err := encodeRequestOpts(request(16), o)
 		if err != nil {
 			f.Fatal(err)
 		}
 		f.Add(b)
 		f.Add(b[:len(b)/2])
 	}
+	replayed := request(16)
+	replayed.Replay = []int{3, 1}
+	b, err := encodeRequestOpts(replayed, requestOpts{resume: true})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(b) // a resumption's request with a replay: a protocol error
 	f.Add([]byte{frameRequest, '{', '}'})
 	f.Add([]byte{frameToken, 0, 1, 'a'})
 	f.Add([]byte{frameRequest, 'n', 'u', 'l', 'l'})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, body []byte) {
-		req, want, err := decodeRequest(body)
+		req, o, err := decodeRequest(body)
 		if err != nil {
 			if !typed(err) || !errors.Is(err, errProtocol) && inference.CodeOf(err) != inference.CodeInvalidRequest {
 				t.Fatalf("%q: error %v is neither a protocol error nor invalid_request", body, err)
 			}
 			return
 		}
-		if want != (body[0] == frameRequestReceipt) {
-			t.Fatalf("%q: receipt %v for frame type %#x", body, want, body[0])
+		if o.receipt != (body[0] == frameRequestReceipt) {
+			t.Fatalf("%q: receipt %v for frame type %#x", body, o.receipt, body[0])
+		}
+		if o.resume && len(req.Replay) > 0 {
+			t.Fatalf("%q: a resumption's request decoded with a replay", body)
 		}
 		if req.Validate(inference.Limits{}) != nil {
 			return // refused by the server with invalid_request
 		}
-		again, err := EncodeRequest(req, want)
-		if err != nil {
-			t.Fatalf("%q decodes to a valid request that does not encode: %v", body, err)
+		again, err := encodeRequestOpts(req, o)
+		if err != nil || len(again) > MaxRequestFrame {
+			t.Fatalf("%q decodes to a valid request that does not encode: %d bytes, %v", body, len(again), err)
 		}
-		back, wantBack, err := DecodeRequest(again)
-		if err != nil || wantBack != want || !reflect.DeepEqual(back, req) {
-			t.Fatalf("%q: round trip gave %+v, %v, %v; want %+v, %v", body, back, wantBack, err, req, want)
+		back, oBack, err := decodeRequest(again)
+		if err != nil || oBack != o || !reflect.DeepEqual(back, req) {
+			t.Fatalf("%q: round trip gave %+v, %+v, %v; want %+v, %+v", body, back, oBack, err, req, o)
 		}
 	})
 }
@@ -246,14 +258,14 @@ func (s *script) SetWriteDeadline(time.Time) error { return nil }
 func FuzzServeStream(f *testing.F) {
 	for _, n := range []int{1, 8} {
 		for _, want := range []bool{false, true} {
-			b, err := encodeRequest(request(n), want)
+			b, err := EncodeRequest(request(n), want)
 			if err != nil {
 				f.Fatal(err)
 			}
 			f.Add(frame.Append(nil, b))
 		}
 	}
-	b, _ := encodeRequest(request(4), false)
+	b, _ := EncodeRequest(request(4), false)
 	f.Add(frame.Append(frame.Append(nil, b), []byte{frameToken, 0, 0, 'x'})) // a frame after the request
 	f.Add(frame.Append(nil, b)[:len(b)/2])                                   // cut short
 	f.Add(frame.Append(nil, []byte{frameRequest, '{', '}'}))                 // decodes, does not validate
@@ -362,6 +374,134 @@ func FuzzAnswerStream(f *testing.F) {
 		}
 		if res.Usage.CompletionTokens != len(got) || res.Usage.PromptTokens > req.PromptTokensBound() {
 			t.Fatalf("usage %+v for %d tokens received (prompt bound %d)", res.Usage, len(got), req.PromptTokensBound())
+		}
+	})
+}
+
+// FuzzKVFrame: a kv frame decodes to well-formed rows (at least one position, within
+// maxKVPositions, a whole number of rows of values within inference.MaxKVRowsBytes) that
+// encode to the same bytes, or fails with a protocol error.
+func FuzzKVFrame(f *testing.F) {
+	f.Add(appendKV(nil, kvRows(tinyShape, 0, 1)))
+	f.Add(appendKV(nil, kvRows(tinyShape, 511, 1)))
+	f.Add(appendKV(nil, inference.KVRows{Pos: 3, N: 2, Data: []float32{float32(math.NaN()), 1, 2, 3}}))
+	f.Add(kvFrame(1<<31-1, 2, make([]byte, 16)))
+	f.Add(kvFrame(0, 1, make([]byte, 6)))
+	f.Add([]byte{frameKV, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01, 1, 0, 0, 0, 0})
+	f.Add([]byte{frameKV})
+	f.Fuzz(func(t *testing.T, body []byte) {
+		r, err := decodeKV(body)
+		if err != nil {
+			if !errors.Is(err, errProtocol) {
+				t.Fatalf("%q: untyped error %v", body, err)
+			}
+			return
+		}
+		if r.Pos < 0 || r.N < 1 || r.Pos+r.N > maxKVPositions || len(r.Data) == 0 ||
+			4*len(r.Data) > inference.MaxKVRowsBytes || len(r.Data)%(2*r.N) != 0 {
+			t.Fatalf("%q: accepted rows at %d of %d positions, %d values", body, r.Pos, r.N, len(r.Data))
+		}
+		again := appendKV(nil, r)
+		if len(again) > len(body) {
+			t.Fatalf("%q re-encodes longer: %q", body, again)
+		}
+		back, err := decodeKV(again)
+		if err != nil || back.Pos != r.Pos || back.N != r.N || !bytes.Equal(again[len(again)-4*len(r.Data):], body[len(body)-4*len(r.Data):]) ||
+			len(back.Data) != len(r.Data) {
+			t.Fatalf("%q: round trip gave rows at %d of %d, %v", body, back.Pos, back.N, err)
+		}
+	})
+}
+
+// FuzzGoFrame: a go frame decodes to a replay or fails with a protocol error (or, past
+// MaxRequestFrame, frame.ErrTooLarge); a replay the server takes (checkReplay) encodes and
+// decodes again to itself.
+func FuzzGoFrame(f *testing.F) {
+	for _, replay := range [][]int{nil, {1}, {5, 0, 2047, 3}} {
+		b, err := encodeGo(replay)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add(append([]byte{frameGo}, `{"replay":[-1]}`...))
+	f.Add(append([]byte{frameGo}, `{"replay":[1e30]}`...))
+	f.Add(append([]byte{frameGo}, `{"replay":null,"replay":[1]}`...))
+	f.Add([]byte{frameKV, '{', '}'})
+	req := request(16)
+	f.Fuzz(func(t *testing.T, body []byte) {
+		replay, err := decodeGo(body)
+		if err != nil {
+			if !errors.Is(err, errProtocol) && !errors.Is(err, frame.ErrTooLarge) {
+				t.Fatalf("%q: untyped error %v", body, err)
+			}
+			return
+		}
+		if err := checkReplay(req, replay); err != nil {
+			if inference.CodeOf(err) != inference.CodeInvalidRequest {
+				t.Fatalf("%q: replay %v refused with %v, not invalid_request", body, replay, err)
+			}
+			return
+		}
+		if len(replay) >= req.EffectiveMaxTokens() || slices.ContainsFunc(replay, func(id int) bool { return id < 0 }) {
+			t.Fatalf("%q: replay %v accepted for max_tokens %d", body, replay, req.EffectiveMaxTokens())
+		}
+		again, err := encodeGo(replay)
+		if err != nil {
+			t.Fatalf("%q: replay %v does not encode: %v", body, replay, err)
+		}
+		if back, err := decodeGo(again); err != nil || !slices.Equal(back, replay) {
+			t.Fatalf("%q: round trip gave %v, %v; want %v", body, back, err, replay)
+		}
+	})
+}
+
+// FuzzMovedReadyFrame: a moved frame decodes to counts in [0, maxKVPositions] and a ready
+// frame to a shape whose dimensions are in [1, maxShapeDim] and whose one position of rows
+// fits a kv frame, each encoding and decoding again to itself; anything else is a protocol
+// error.
+func FuzzMovedReadyFrame(f *testing.F) {
+	f.Add(encodeMoved(&inference.Moved{Positions: 30, Tokens: 9}))
+	f.Add(encodeMoved(&inference.Moved{}))
+	f.Add(append([]byte{frameMoved}, `{"positions":-3,"tokens":1}`...))
+	f.Add(encodeReady(inference.ModelShape{Layers: 4, Width: 256, Context: 1024, Params: 4458752}))
+	f.Add(encodeReady(inference.ModelShape{Layers: 16, Width: 768, Context: 1024}))
+	f.Add(append([]byte{frameReady}, `{"shape":{"layers":9007199254740993,"width":1,"context":1}}`...))
+	f.Add([]byte{frameReady})
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if len(body) > 0 && body[0] == frameMoved {
+			m, err := decodeMoved(body)
+			if err != nil {
+				if !errors.Is(err, errProtocol) {
+					t.Fatalf("%q: untyped error %v", body, err)
+				}
+				return
+			}
+			if m.Positions < 0 || m.Tokens < 0 || m.Positions > maxKVPositions || m.Tokens > maxKVPositions {
+				t.Fatalf("%q: accepted %+v", body, m)
+			}
+			if back, err := decodeMoved(encodeMoved(m)); err != nil || *back != *m {
+				t.Fatalf("%q: round trip gave %+v, %v; want %+v", body, back, err, m)
+			}
+			return
+		}
+		s, err := decodeReady(body)
+		if err != nil {
+			if !errors.Is(err, errProtocol) {
+				t.Fatalf("%q: untyped error %v", body, err)
+			}
+			return
+		}
+		for _, d := range []int{s.Layers, s.Width, s.Context} {
+			if d < 1 || d > maxShapeDim {
+				t.Fatalf("%q: accepted %+v", body, s)
+			}
+		}
+		if inference.KVValues(s, 1)*4 > inference.MaxKVRowsBytes {
+			t.Fatalf("%q: accepted %+v, whose one position exceeds a kv frame", body, s)
+		}
+		if back, err := decodeReady(encodeReady(s)); err != nil || back != s {
+			t.Fatalf("%q: round trip gave %+v, %v; want %+v", body, back, err, s)
 		}
 	})
 }

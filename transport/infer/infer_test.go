@@ -424,7 +424,7 @@ func TestReplayLeftOutOfAFullFrame(t *testing.T) {
 	for i := range req.Replay {
 		req.Replay[i] = 1000 + i
 	}
-	body, err := encodeRequest(req, false)
+	body, err := EncodeRequest(req, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -433,7 +433,7 @@ func TestReplayLeftOutOfAFullFrame(t *testing.T) {
 		t.Fatalf("frame of %d bytes (bound %d), err %v, replay of %d ids", len(body), MaxRequestFrame, err, len(got.Replay))
 	}
 	req.Messages[0].Content = "short"
-	if body, err = encodeRequest(req, false); err != nil {
+	if body, err = EncodeRequest(req, false); err != nil {
 		t.Fatal(err)
 	}
 	if got, _, err = decodeRequest(body); err != nil || !slices.Equal(got.Replay, req.Replay) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"time"
 	"unicode/utf8"
 
@@ -35,8 +36,28 @@ const (
 	MaxTokenFrame = 4 << 10
 	// MaxTerminalFrame bounds a done or error frame (a usage object or a message).
 	MaxTerminalFrame = 4 << 10
-	// maxFrame is the largest frame a client accepts from a server.
+	// maxFrame is the largest frame a client accepts from a server, kv frames aside.
 	maxFrame = max(MaxTokenFrame, MaxTerminalFrame)
+	// MaxKVFrame bounds a kv frame (0x06): one run of KV rows of at most
+	// inference.MaxKVRowsBytes, plus its type and two varints. Only a handover's or a
+	// resumption's reader accepts frames this large.
+	MaxKVFrame = inference.MaxKVRowsBytes + 32
+	// MaxMoveBytes bounds the kv frames a requester reads from one handover, in bytes. The
+	// rows wait in its memory (or in its stream to the replacement) until the replacement
+	// has loaded them, so a leaving peer must not be able to make it hold more than this.
+	// 512 MiB is the full context window of synth-large (96 KiB a position, 1,024
+	// positions) five times over and 2,048 positions of a 7 B model with grouped-query
+	// attention in float32 (256 KiB a position); a cache bigger than that takes longer to
+	// move (over 4 s at 1 Gbit/s) than to prefill again, which the replacement does with
+	// whatever it was not sent.
+	MaxMoveBytes = 512 << 20
+	// TransferTimeout bounds a resumption's transfer phase at the replacement, from its
+	// request frame to its go frame (on top of RequestTimeout, which bounds the request
+	// frame's arrival): the replacement holds an in-flight slot and a cache for it. The
+	// requester streams the rows while the leaving peer still pre-copies them (a token's
+	// time each) and 512 MiB (MaxMoveBytes) takes 43 s at 100 Mbit/s: 60 s is room for
+	// an honest transfer, and a requester that stalls past it is cut off.
+	TransferTimeout = 60 * time.Second
 	// RequestTimeout bounds the wait for a request frame after a stream opens (slowloris).
 	RequestTimeout = 10 * time.Second
 	// WriteTimeout bounds one frame write; a client that stops reading is cut off.
@@ -80,6 +101,10 @@ const (
 	frameToken          byte = 0x02
 	frameDone           byte = 0x03
 	frameError          byte = 0x04
+	frameKV             byte = 0x06 // rows of a KV cache: server → client (handover), client → server (resume)
+	frameMoved          byte = 0x07 // terminal: the generation was handed over
+	frameGo             byte = 0x08 // client → server: the resumption's rows are in, generate
+	frameReady          byte = 0x09 // server → client: a resumption is ready for its rows
 )
 
 var errProtocol = errors.New("infer protocol violation")
@@ -130,42 +155,59 @@ type wireError struct {
 }
 
 // wireRequest is a request frame's JSON: the request's, with "replay" (the ids of
-// inference.Request.Replay, which the OpenAI API never takes from a client) beside its
-// fields.
+// inference.Request.Replay, which the OpenAI API never takes from a client), "handover"
+// (the client takes the generation's cache if the server leaves: inference.Request.Move is
+// set) and "resume" (the client resumes a generation begun elsewhere) beside its fields.
 type wireRequest struct {
 	*inference.Request
-	Replay []int `json:"replay,omitempty"`
+	Replay   []int `json:"replay,omitempty"`
+	Handover bool  `json:"handover,omitempty"`
+	Resume   bool  `json:"resume,omitempty"`
 }
 
-func encodeRequest(req *inference.Request, wantReceipt bool) ([]byte, error) {
-	b, err := json.Marshal(wireRequest{req, req.Replay})
+// requestOpts are what a request frame asks besides the request itself.
+type requestOpts struct {
+	receipt  bool // a signed receipt in the done frame (frame type 0x05)
+	handover bool // kv frames and a moved frame if the server leaves (req.Move is set)
+	resume   bool // a resumption: ready, kv and go frames before the answer
+}
+
+// encodeRequestOpts is the request frame of req asking o (encodeBounded bounds it).
+func encodeRequestOpts(req *inference.Request, o requestOpts) ([]byte, error) {
+	w := wireRequest{Request: req, Replay: req.Replay, Handover: o.handover, Resume: o.resume}
+	b, err := json.Marshal(w)
 	if err == nil && len(b)+1 > MaxRequestFrame && len(req.Replay) > 0 {
 		// A replay is an optimization: a request it would push past the frame bound goes
 		// without it, and the server generates the tokens again.
-		b, err = json.Marshal(req)
+		w.Replay = nil
+		b, err = json.Marshal(w)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("encode request: %w", err)
 	}
 	typ := frameRequest
-	if wantReceipt {
+	if o.receipt {
 		typ = frameRequestReceipt
 	}
 	return append([]byte{typ}, b...), nil
 }
 
-// decodeRequest decodes a request frame and reports whether its client wants a receipt.
-func decodeRequest(body []byte) (req *inference.Request, wantReceipt bool, err error) {
+// decodeRequest decodes a request frame and what it asks besides. A resumption's request
+// frame carries no replay (its go frame does): one that does is a protocol error.
+func decodeRequest(body []byte) (req *inference.Request, o requestOpts, err error) {
 	if len(body) == 0 || body[0] != frameRequest && body[0] != frameRequestReceipt {
-		return nil, false, fmt.Errorf("%w: first frame is not a request", errProtocol)
+		return nil, o, fmt.Errorf("%w: first frame is not a request", errProtocol)
 	}
 	req = new(inference.Request)
 	w := wireRequest{Request: req}
 	if err := json.Unmarshal(body[1:], &w); err != nil {
-		return nil, false, inference.Errorf(inference.CodeInvalidRequest, "request frame: %v", err)
+		return nil, o, inference.Errorf(inference.CodeInvalidRequest, "request frame: %v", err)
+	}
+	if w.Resume && len(w.Replay) > 0 {
+		return nil, o, fmt.Errorf("%w: a resumption's request frame with a replay", errProtocol)
 	}
 	req.Replay = w.Replay
-	return req, body[0] == frameRequestReceipt, nil
+	return req, requestOpts{receipt: body[0] == frameRequestReceipt, handover: w.Handover, resume: w.Resume}, nil
 }
 
 func encodeToken(dst []byte, t inference.Token) []byte {
@@ -235,4 +277,173 @@ func decodeTerminal(body []byte) (inference.Result, error) {
 		return inference.Result{}, inference.Errorf(code, "peer: %s", we.Message)
 	}
 	return inference.Result{}, fmt.Errorf("%w: frame type %#x", errProtocol, body[0])
+}
+
+// appendKV appends the kv frame of r to dst: uvarint pos, uvarint n, then r.Data as
+// little-endian float32. r must be well formed (checkKV).
+func appendKV(dst []byte, r inference.KVRows) []byte {
+	dst = append(dst, frameKV)
+	dst = binary.AppendUvarint(dst, uint64(r.Pos))
+	dst = binary.AppendUvarint(dst, uint64(r.N))
+	for _, v := range r.Data {
+		dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(v))
+	}
+	return dst
+}
+
+// maxKVPositions bounds a kv frame's pos and pos+n: far beyond any context window, and
+// small enough that no sum of them overflows an int.
+const maxKVPositions = 1 << 31
+
+// checkKV returns an error unless r fits a kv frame: 0 ≤ Pos, 1 ≤ N, Pos+N ≤
+// maxKVPositions, and between 1 and inference.MaxKVRowsBytes of values, a whole number of
+// layers × 2 × N.
+func checkKV(r inference.KVRows) error {
+	switch {
+	case r.Pos < 0 || r.N < 1 || r.Pos > maxKVPositions-r.N:
+		return fmt.Errorf("KV rows at %d of %d positions", r.Pos, r.N)
+	case len(r.Data) == 0 || len(r.Data) > inference.MaxKVRowsBytes/4:
+		return fmt.Errorf("KV rows of %d values, limit %d", len(r.Data), inference.MaxKVRowsBytes/4)
+	case len(r.Data)%(2*r.N) != 0:
+		return fmt.Errorf("%d values are no whole rows of keys and values for %d positions", len(r.Data), r.N)
+	}
+	return nil
+}
+
+// decodeKV decodes a kv frame. Anything but a well-formed run of rows (checkKV) is a
+// protocol error.
+func decodeKV(body []byte) (inference.KVRows, error) {
+	if len(body) == 0 || body[0] != frameKV {
+		return inference.KVRows{}, fmt.Errorf("%w: not a kv frame", errProtocol)
+	}
+	rest := body[1:]
+	pos, n := binary.Uvarint(rest)
+	if n <= 0 || pos > maxKVPositions {
+		return inference.KVRows{}, fmt.Errorf("%w: bad kv position", errProtocol)
+	}
+	rest = rest[n:]
+	count, n := binary.Uvarint(rest)
+	if n <= 0 || count > maxKVPositions {
+		return inference.KVRows{}, fmt.Errorf("%w: bad kv count", errProtocol)
+	}
+	rest = rest[n:]
+	if len(rest)%4 != 0 {
+		return inference.KVRows{}, fmt.Errorf("%w: kv values of %d bytes, not whole float32", errProtocol, len(rest))
+	}
+	r := inference.KVRows{Pos: int(pos), N: int(count), Data: make([]float32, len(rest)/4)}
+	for i := range r.Data {
+		r.Data[i] = math.Float32frombits(binary.LittleEndian.Uint32(rest[4*i:]))
+	}
+	if err := checkKV(r); err != nil {
+		return inference.KVRows{}, fmt.Errorf("%w: %w", errProtocol, err)
+	}
+	return r, nil
+}
+
+// wireMoved is a moved frame's JSON (0x07).
+type wireMoved struct {
+	Positions int `json:"positions"`
+	Tokens    int `json:"tokens"`
+}
+
+func encodeMoved(m *inference.Moved) []byte {
+	b, _ := json.Marshal(wireMoved{Positions: m.Positions, Tokens: m.Tokens}) // two ints always encode
+	return append([]byte{frameMoved}, b...)
+}
+
+// decodeMoved decodes a moved frame; counts that are negative or past maxKVPositions are a
+// protocol error (the caller checks them against what it received).
+func decodeMoved(body []byte) (*inference.Moved, error) {
+	var w wireMoved
+	if len(body) == 0 || body[0] != frameMoved {
+		return nil, fmt.Errorf("%w: not a moved frame", errProtocol)
+	}
+	if err := json.Unmarshal(body[1:], &w); err != nil {
+		return nil, fmt.Errorf("%w: moved frame: %w", errProtocol, err)
+	}
+	if w.Positions < 0 || w.Tokens < 0 || w.Positions > maxKVPositions || w.Tokens > maxKVPositions {
+		return nil, fmt.Errorf("%w: moved frame with %d positions and %d tokens", errProtocol, w.Positions, w.Tokens)
+	}
+	return &inference.Moved{Positions: w.Positions, Tokens: w.Tokens}, nil
+}
+
+// wireGo is a go frame's JSON (0x08).
+type wireGo struct {
+	Replay []int `json:"replay"`
+}
+
+// encodeGo is the go frame of replay, or invalid_request when it would exceed
+// MaxRequestFrame (unlike a request's, a resumption's replay cannot be left out: the rows
+// loaded stand for its tokens).
+func encodeGo(replay []int) ([]byte, error) {
+	b, err := json.Marshal(wireGo{Replay: replay})
+	if err != nil {
+		return nil, fmt.Errorf("encode go frame: %w", err)
+	}
+	if len(b)+1 > MaxRequestFrame {
+		return nil, inference.Errorf(inference.CodeInvalidRequest, "a replay of %d tokens over the %d byte frame limit", len(replay), MaxRequestFrame)
+	}
+	return append([]byte{frameGo}, b...), nil
+}
+
+// decodeGo decodes a go frame's replay. A frame over MaxRequestFrame or whose JSON does not
+// decode is a protocol error; the ids are checked against the request by the caller
+// (checkReplay).
+func decodeGo(body []byte) ([]int, error) {
+	if len(body) == 0 || body[0] != frameGo {
+		return nil, fmt.Errorf("%w: not a go frame", errProtocol)
+	}
+	if len(body) > MaxRequestFrame {
+		return nil, fmt.Errorf("%w: go frame of %d bytes, max %d", frame.ErrTooLarge, len(body), MaxRequestFrame)
+	}
+	var w wireGo
+	if err := json.Unmarshal(body[1:], &w); err != nil {
+		return nil, fmt.Errorf("%w: go frame: %w", errProtocol, err)
+	}
+	return w.Replay, nil
+}
+
+// checkReplay checks replay as a request frame's replay is checked (inference.Request.Validate:
+// fewer ids than req's completion budget, none negative), and the rest of req with it.
+func checkReplay(req *inference.Request, replay []int) error {
+	r := *req
+	r.Replay = replay
+	return r.Validate(inference.NoSizeLimits())
+}
+
+// wireReady is a ready frame's JSON (0x09).
+type wireReady struct {
+	Shape inference.ModelShape `json:"shape"`
+}
+
+func encodeReady(s inference.ModelShape) []byte {
+	b, _ := json.Marshal(wireReady{Shape: s}) // ints always encode
+	return append([]byte{frameReady}, b...)
+}
+
+// maxShapeDim bounds a ready frame's layers, width and context: far beyond any model, and
+// small enough that no product of two of them overflows an int.
+const maxShapeDim = 1 << 24
+
+// decodeReady decodes a ready frame's shape. A shape whose one position of KV rows would
+// not fit a kv frame, or with a dimension under 1 or past maxShapeDim, is a protocol error:
+// no rows could be loaded into it.
+func decodeReady(body []byte) (inference.ModelShape, error) {
+	var w wireReady
+	if len(body) == 0 || body[0] != frameReady {
+		return w.Shape, fmt.Errorf("%w: not a ready frame", errProtocol)
+	}
+	if err := json.Unmarshal(body[1:], &w); err != nil {
+		return inference.ModelShape{}, fmt.Errorf("%w: ready frame: %w", errProtocol, err)
+	}
+	s := w.Shape
+	for _, d := range []int{s.Layers, s.Width, s.Context} {
+		if d < 1 || d > maxShapeDim {
+			return inference.ModelShape{}, fmt.Errorf("%w: ready frame with shape %d layers × width %d, context %d", errProtocol, s.Layers, s.Width, s.Context)
+		}
+	}
+	if inference.KVValues(s, 1) > inference.MaxKVRowsBytes/4 {
+		return inference.ModelShape{}, fmt.Errorf("%w: one position of %d layers × width %d exceeds a kv frame", errProtocol, s.Layers, s.Width)
+	}
+	return s, nil
 }

@@ -1,6 +1,7 @@
 package infer
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -38,7 +39,8 @@ type ServerStats struct {
 	Failed             uint64 `json:"failed"`              // ended with an error frame
 	Overloaded         uint64 `json:"overloaded"`          // refused by the in-flight limits
 	ClientDisconnected uint64 `json:"client_disconnected"` // the client reset before the end
-	ProtocolErrors     uint64 `json:"protocol_errors"`     // bad or missing request frame
+	ProtocolErrors     uint64 `json:"protocol_errors"`     // bad or missing request frame, a broken transfer
+	Moved              uint64 `json:"moved"`               // ended with a moved frame (handed over)
 }
 
 // Outcomes of a ServedTask besides the error codes of inference.
@@ -48,6 +50,9 @@ const (
 	// OutcomeClientDisconnected: the client reset or closed the stream, or stopped reading,
 	// before the terminal frame was written.
 	OutcomeClientDisconnected = "client_disconnected"
+	// OutcomeMoved: the generation was handed over (HandOver): its KV cache went to the
+	// client in kv frames and the moved frame was written.
+	OutcomeMoved = "moved"
 )
 
 // ServedTask describes one request the server admitted and ran, for WithOnServed. It carries
@@ -61,7 +66,7 @@ type ServedTask struct {
 	// client before the end (those of a write that failed not included).
 	PromptTokens, CompletionTokens int
 	Duration                       time.Duration          // from admission to the terminal frame or reset (with a receipt: to the generation's end)
-	Outcome                        string                 // OutcomeCompleted, OutcomeClientDisconnected or an inference error code
+	Outcome                        string                 // OutcomeCompleted, OutcomeMoved, OutcomeClientDisconnected or an inference error code
 	FinishReason                   inference.FinishReason // of a completed task
 	// Receipt is the signed receipt sent in the done frame, when the client asked for one
 	// and the Signer made it; End and Output are the values it was signed over.
@@ -94,7 +99,8 @@ func WithLimits(l inference.Limits) ServerOption { return func(s *Server) { s.li
 // WithOnServed sets a function called once for every request that was admitted and ran:
 // completed, failed with a typed error (the backend's, a timeout, shutting down) or ended by
 // the client. Requests refused before running (a protocol error, invalid or over the limits,
-// refused by admission, overloaded) are not reported. It is called on the request's handler
+// refused by admission, overloaded) are not reported, nor are resumptions that ended before
+// their go frame (no generation ran). It is called on the request's handler
 // goroutine after the terminal frame was written or the stream reset, and after the request's
 // in-flight slot was released; Close waits for running calls. It should return promptly (a
 // file append and sync is fine): the handler's goroutine waits for it.
@@ -109,10 +115,11 @@ func WithSigner(fn Signer) ServerOption { return func(s *Server) { s.sign = fn }
 func WithServerObserver(o Observer) ServerOption { return func(s *Server) { s.observer = o } }
 
 // WithServerTransfers sets a function told of each request frame read (from a libp2p
-// stream or a data channel), timed from its first byte to its last (internal/bandwidth:
-// the caller keeps those that are samples, requests of at least 64 KiB). The token stream
-// going back is no transfer to time: the model paces it. It runs on the request's handler
-// goroutine and should return at once.
+// stream or a data channel) and of each kv frame of a resumption of at least
+// bandwidth.MinBytes, timed from its first byte to its last (internal/bandwidth: the caller
+// keeps those that are samples, requests of at least 64 KiB). The token stream going back
+// is no transfer to time: the model paces it. It runs on the request's handler goroutine
+// and should return at once.
 func WithServerTransfers(fn func(from peer.ID, t bandwidth.Transfer)) ServerOption {
 	return func(s *Server) { s.transfers = fn }
 }
@@ -139,12 +146,13 @@ type Server struct {
 	wg     sync.WaitGroup // one per stream being handled
 	closed atomic.Bool
 
-	served, failed, overloaded, disconnected, protoErrs atomic.Uint64
-	observer                                            Observer
+	served, failed, overloaded, disconnected, protoErrs, moved atomic.Uint64
+	observer                                                   Observer
 
 	mu      sync.Mutex
 	total   int
 	perPeer map[peer.ID]int
+	moves   map[*inference.Move]struct{} // of the running generations whose client takes a handover
 }
 
 // NewServer registers the handlers of ID and ReuseID on h. Close removes them and ends every
@@ -164,6 +172,7 @@ func newServer(gen Generator, opts ...ServerOption) *Server {
 	s := &Server{
 		gen: gen, maxTotal: DefaultMaxInFlight, maxPeer: DefaultMaxInFlightPerPeer,
 		sessionIdle: DefaultSessionIdle, ctx: ctx, cancel: cancel, perPeer: make(map[peer.ID]int),
+		moves: make(map[*inference.Move]struct{}),
 	}
 	for _, o := range opts {
 		o(s)
@@ -194,7 +203,7 @@ func (s *Server) Stats() ServerStats {
 	return ServerStats{
 		InFlight: int64(inFlight), Capacity: s.maxTotal, Served: s.served.Load(), Failed: s.failed.Load(),
 		Overloaded: s.overloaded.Load(), ClientDisconnected: s.disconnected.Load(),
-		ProtocolErrors: s.protoErrs.Load(),
+		ProtocolErrors: s.protoErrs.Load(), Moved: s.moved.Load(),
 	}
 }
 
@@ -242,29 +251,43 @@ func (s *Server) ServeStream(from peer.ID, st Stream) {
 		return
 	}
 	m := bandwidth.NewMeter(st)
-	body, err := frame.NewReader(m, MaxRequestFrame).Next()
+	in := &inbound{r: bufio.NewReader(m), m: m}
+	body, err := frame.NewReader(in.r, MaxRequestFrame).Next()
 	s.transferred(from, m, err)
-	req, wantReceipt, ok, err := s.readRequest(from, st, body, err)
+	req, o, ok, err := s.readRequest(from, st, body, err)
 	if ok {
-		s.run(from, st, req, wantReceipt, err, nil)
+		s.run(from, st, req, o, err, nil, in)
 	}
+}
+
+// inbound is how a request's handler reads its stream: a resumption's transfer phase reads
+// its kv and go frames from where the request frame's reader stopped.
+type inbound struct {
+	r *bufio.Reader    // the stream, buffered
+	m *bandwidth.Meter // beneath r: times each frame
 }
 
 // readRequest decodes a request frame read with readErr. A missing or broken frame, or one
 // that is not a request, is a protocol error: counted, st reset, ok false. A request whose
 // content does not decode comes back with its error, for run to answer.
-func (s *Server) readRequest(from peer.ID, st Stream, body []byte, readErr error) (req *inference.Request, wantReceipt, ok bool, err error) {
+func (s *Server) readRequest(from peer.ID, st Stream, body []byte, readErr error) (req *inference.Request, o requestOpts, ok bool, err error) {
 	err = readErr
 	if err == nil {
-		if req, wantReceipt, err = decodeRequest(body); !errors.Is(err, errProtocol) {
-			return req, wantReceipt, true, err
+		if req, o, err = decodeRequest(body); !errors.Is(err, errProtocol) {
+			return req, o, true, err
 		}
 	}
+	s.violated(from, st, err)
+	return nil, o, false, nil
+}
+
+// violated counts and records a client's protocol violation (or a missing frame) and resets
+// st.
+func (s *Server) violated(from peer.ID, st Stream, err error) {
 	s.protoErrs.Add(1)
-	log.Debugw("bad request frame", "peer", from, "err", err)
+	log.Debugw("protocol violation", "peer", from, "err", err)
 	observe(s.observer, from, err)
 	st.Reset()
-	return nil, false, false, nil
 }
 
 // transferred tells WithServerTransfers' function of the request frame just read through
@@ -302,7 +325,8 @@ func (s *Server) handleSession(st network.Stream) {
 	defer stop()
 
 	m := bandwidth.NewMeter(st)
-	r := frame.NewReader(m, MaxRequestFrame)
+	br := bufio.NewReader(m)
+	r := frame.NewReader(br, MaxRequestFrame)
 	if err := st.SetReadDeadline(time.Now().Add(RequestTimeout)); err != nil {
 		st.Reset()
 		return
@@ -319,8 +343,15 @@ func (s *Server) handleSession(st network.Stream) {
 			st.Close()
 			return
 		}
-		req, wantReceipt, ok, derr := s.readRequest(from, st, body, err)
+		req, o, ok, derr := s.readRequest(from, st, body, err)
 		if !ok {
+			return
+		}
+		if o.resume {
+			// A resumption reads the stream itself until its go frame, and ends the stream
+			// with its answer, as on ID: its client never reuses it.
+			st.SetReadDeadline(time.Time{})
+			s.run(from, st, req, o, derr, nil, &inbound{r: br, m: m})
 			return
 		}
 		ctx, cancel := context.WithCancel(s.ctx)
@@ -328,7 +359,7 @@ func (s *Server) handleSession(st network.Stream) {
 		st.SetReadDeadline(time.Time{})
 		usable := make(chan bool, 1)
 		go func() {
-			usable <- s.run(from, st, req, wantReceipt, derr, sess).Outcome != OutcomeClientDisconnected
+			usable <- s.run(from, st, req, o, derr, sess, nil).Outcome != OutcomeClientDisconnected
 		}()
 		// Read on: the next request once the terminal frame is out, else the client's end
 		// (or a frame it should not have sent yet), which cancels the request.
@@ -365,13 +396,20 @@ func (s *Server) ServeRequest(from peer.ID, req *inference.Request, wantReceipt 
 	}
 	s.wg.Add(1)
 	defer s.wg.Done()
-	return s.run(from, st, req, wantReceipt, nil, nil)
+	return s.run(from, st, req, requestOpts{receipt: wantReceipt}, nil, nil, nil)
 }
 
 // run checks, admits and serves a decoded request (decodeErr: why it could not be decoded)
-// and reports the task.
-func (s *Server) run(from peer.ID, st Stream, req *inference.Request, wantReceipt bool, decodeErr error, sess *session) ServedTask {
+// and reports the task. A resumption (o.resume) reads its transfer phase from in first.
+func (s *Server) run(from peer.ID, st Stream, req *inference.Request, o requestOpts, decodeErr error, sess *session, in *inbound) ServedTask {
 	err := decodeErr
+	var resumer inference.Resumer
+	if err == nil && o.resume {
+		var ok bool
+		if resumer, ok = s.gen.(inference.Resumer); !ok || in == nil {
+			err = inference.Errorf(inference.CodeUnavailable, "this node cannot resume a generation")
+		}
+	}
 	if err == nil {
 		err = req.Validate(s.limits)
 	}
@@ -390,25 +428,61 @@ func (s *Server) run(from peer.ID, st Stream, req *inference.Request, wantReceip
 		return refused
 	}
 	began := time.Now()
+	w := &answerWriter{st: st, stream: req.Stream, lastWrite: began}
 	var signer Signer
-	if wantReceipt {
-		signer = s.sign
+	if o.receipt && s.sign != nil {
+		signer, w.digest = s.sign, inference.NewDigester()
 	}
-	task := s.serve(st, from, req, began, signer, sess)
+	var rs inference.Resumption
+	// end frees what the request held: its cache (before its slot, which counts it), its
+	// handover, its slot.
+	end := func() {
+		if rs != nil {
+			rs.Close()
+		}
+		if req.Move != nil {
+			s.track(req.Move, false)
+		}
+		s.release(from)
+	}
+	if o.handover {
+		req.Move = &inference.Move{Send: w.kv}
+		s.track(req.Move, true)
+	}
+	generate := func(ctx context.Context, emit func(inference.Token) error) (inference.Result, error) {
+		return s.gen.Generate(ctx, req, emit)
+	}
+	if o.resume {
+		var (
+			replay  []int
+			outcome string
+			ok      bool
+		)
+		if rs, replay, outcome, ok = s.transfer(from, st, req, resumer, in); !ok {
+			end()
+			return ServedTask{From: from, Model: req.Model, Outcome: outcome}
+		}
+		generate = func(ctx context.Context, emit func(inference.Token) error) (inference.Result, error) {
+			return rs.Generate(ctx, replay, emit)
+		}
+	}
+	task := s.serve(st, from, req, began, signer, sess, w, generate)
 	task.From, task.Model = from, req.Model
 	if task.Receipt == "" {
 		task.Duration = time.Since(began)
 	}
-	s.release(from)
+	end()
 	if s.onServed != nil {
 		s.onServed(task)
 	}
 	return task
 }
 
-// serve runs an admitted request to its terminal frame and reports its outcome and tokens.
-// With a signer, a completed request's done frame carries the receipt it makes.
-func (s *Server) serve(st Stream, from peer.ID, req *inference.Request, began time.Time, sign Signer, sess *session) ServedTask {
+// serve runs an admitted request's generation (generate) to its terminal frame, writing its
+// answer with w, and reports its outcome and tokens. With a signer, a completed request's
+// done frame carries the receipt it makes.
+func (s *Server) serve(st Stream, from peer.ID, req *inference.Request, began time.Time, sign Signer, sess *session, w *answerWriter,
+	generate func(context.Context, func(inference.Token) error) (inference.Result, error)) ServedTask {
 	parent := s.ctx
 	if sess != nil {
 		parent = sess.ctx // cancelled by the stream's handler, which watches the stream
@@ -416,10 +490,10 @@ func (s *Server) serve(st Stream, from peer.ID, req *inference.Request, began ti
 	ctx, cancel := context.WithTimeout(parent, maxGeneration)
 	defer cancel()
 	if sess == nil {
-		// The client sends nothing after the request and keeps its write side open until
-		// the terminal frame; its end (EOF or reset) before then means it gave up. Watching
-		// the read side turns that into a cancellation at once, even while the backend is
-		// loading and nothing is being written.
+		// The client sends nothing after the request (after a resumption's go frame) and
+		// keeps its write side open until the terminal frame; its end (EOF or reset) before
+		// then means it gave up. Watching the read side turns that into a cancellation at
+		// once, even while the backend is loading and nothing is being written.
 		st.SetReadDeadline(time.Time{})
 		clientGone := make(chan struct{})
 		go func() { // exits when the read side ends: the client's EOF or reset, or finish's Close/Reset
@@ -430,38 +504,15 @@ func (s *Server) serve(st Stream, from peer.ID, req *inference.Request, began ti
 		defer func() { <-clientGone }()
 	}
 
-	// A streaming request gets each token frame written as it is produced. A non-streaming
-	// one is answered only once complete, so its token frames are batched and go out with
-	// the terminal frame in one write (one muxer frame, one syscall, one wake-up at the
-	// client instead of one per token); a batch is still written once it reaches
-	// batchBytes or batchDelay has passed since the last write, so that a long completion
-	// is not held back and the client's inter-token timer sees gaps at most batchDelay
-	// longer than the backend's.
-	pending := make([]byte, 0, 256)
-	lastWrite := time.Now()
-	sent, queued := 0, 0 // tokens written to the client; tokens in pending
-	var out *inference.Digester
-	if sign != nil {
-		out = inference.NewDigester()
-	}
-	res, err := s.gen.Generate(ctx, req, func(t inference.Token) error {
-		if out != nil {
-			out.Add(t)
-		}
-		pending = frame.Append(pending, encodeToken(nil, t))
-		queued++
-		if !req.Stream && len(pending) < batchBytes && time.Since(lastWrite) < batchDelay {
-			return nil
-		}
-		st.SetWriteDeadline(time.Now().Add(WriteTimeout))
-		_, werr := st.Write(pending)
-		if werr == nil {
-			sent += queued
-		}
-		pending, lastWrite, queued = pending[:0], time.Now(), 0
-		return werr
-	})
-	if s.ctx.Err() != nil && err != nil {
+	res, err := generate(ctx, w.token)
+	var moved *inference.Moved
+	switch {
+	case errors.As(err, &moved) && req.Move != nil:
+		// What this side wrote, whatever the backend counted: the client checks these.
+		err = &inference.Moved{Positions: w.positions, Tokens: w.sent + w.queued}
+	case moved != nil:
+		err = inference.Errorf(inference.CodeUnavailable, "the backend moved a generation not asked to move")
+	case s.ctx.Err() != nil && err != nil:
 		err = inference.Errorf(inference.CodeShuttingDown, "node is shutting down")
 	}
 	res.Receipt = "" // only the signer below makes one
@@ -470,7 +521,7 @@ func (s *Server) serve(st Stream, from peer.ID, req *inference.Request, began ti
 		task = ServedTask{
 			From: from, Model: req.Model, Outcome: OutcomeCompleted,
 			PromptTokens: res.Usage.PromptTokens, CompletionTokens: res.Usage.CompletionTokens,
-			End: time.Now(), Output: out.Sum(),
+			End: time.Now(), Output: w.digest.Sum(),
 		}
 		task.Duration = task.End.Sub(began)
 		if rcpt, serr := sign(task); serr != nil {
@@ -479,17 +530,80 @@ func (s *Server) serve(st Stream, from peer.ID, req *inference.Request, began ti
 			task.Receipt, res.Receipt = rcpt, rcpt
 		}
 	}
-	task.Outcome = s.finish(st, pending, &res, err, sess)
+	task.Outcome = s.finish(st, w.pending, &res, err, sess)
 	switch task.Outcome {
 	case OutcomeCompleted:
 		task.FinishReason = res.FinishReason
 		task.PromptTokens, task.CompletionTokens = res.Usage.PromptTokens, res.Usage.CompletionTokens
 	case OutcomeClientDisconnected: // the last batch was not written
-		task.CompletionTokens = sent
-	default: // the last batch went out with the error frame
-		task.CompletionTokens = sent + queued
+		task.CompletionTokens = w.sent
+	default: // the last batch went out with the terminal frame
+		task.CompletionTokens = w.sent + w.queued
 	}
 	return task
+}
+
+// answerWriter writes an admitted request's answer frames in the order they are produced:
+// its token frames and, when the server hands the generation over, its kv frames (Send of
+// its Move). A streaming request (stream true) gets each token frame written as it is
+// produced. A non-streaming one is answered only once complete, so its token frames are
+// batched and go out with the terminal frame in one write (one muxer frame, one syscall,
+// one wake-up at the client instead of one per token); a batch is still written once it
+// reaches batchBytes or batchDelay has passed since the last write, so that a long
+// completion is not held back and the client's inter-token timer sees gaps at most
+// batchDelay longer than the backend's, and before a kv frame, which goes out at once. It
+// is used on the generation's goroutine only.
+type answerWriter struct {
+	st           Stream
+	stream       bool   // the request's stream: each token frame is written at once
+	pending      []byte // frames not written yet
+	kvBody       []byte // reused for each kv frame's body
+	lastWrite    time.Time
+	sent, queued int                 // tokens written to the client; tokens in pending
+	positions    int                 // KV positions written to the client
+	digest       *inference.Digester // of the tokens, for a receipt (nil without one)
+}
+
+// token queues t's frame and writes what is pending unless it may be batched.
+func (w *answerWriter) token(t inference.Token) error {
+	if w.digest != nil {
+		w.digest.Add(t)
+	}
+	w.pending = frame.Append(w.pending, encodeToken(nil, t))
+	w.queued++
+	if !w.stream && len(w.pending) < batchBytes && time.Since(w.lastWrite) < batchDelay {
+		return nil
+	}
+	return w.flush()
+}
+
+// kv is a handover's Move.Send: it writes r's kv frame at once, after the tokens produced
+// before it. Rows out of order or past a frame's bound are the backend's error.
+func (w *answerWriter) kv(r inference.KVRows) error {
+	if err := checkKV(r); err != nil {
+		return inference.Errorf(inference.CodeUnavailable, "handover: %v", err)
+	}
+	if r.Pos != w.positions {
+		return inference.Errorf(inference.CodeUnavailable, "handover: KV rows at %d, want %d", r.Pos, w.positions)
+	}
+	w.kvBody = appendKV(w.kvBody[:0], r)
+	w.pending = frame.Append(w.pending, w.kvBody)
+	if err := w.flush(); err != nil {
+		return err
+	}
+	w.positions += r.N
+	return nil
+}
+
+// flush writes the pending frames.
+func (w *answerWriter) flush() error {
+	w.st.SetWriteDeadline(time.Now().Add(WriteTimeout))
+	_, err := w.st.Write(w.pending)
+	if err == nil {
+		w.sent += w.queued
+	}
+	w.pending, w.lastWrite, w.queued = w.pending[:0], time.Now(), 0
+	return err
 }
 
 // Batching of a non-streaming request's token frames (see serve).
@@ -498,12 +612,14 @@ const (
 	batchDelay = 100 * time.Millisecond
 )
 
-// finish writes the token frames still pending and the terminal frame, and closes the
-// stream, or resets it when the client is gone. On a reused stream (sess) it leaves the
-// stream open and gives the handler's read the session idle time. It returns the outcome:
-// OutcomeCompleted, the code of err, or OutcomeClientDisconnected.
+// finish writes the frames still pending and the terminal frame (done; moved when err is
+// *inference.Moved; else error), and closes the stream, or resets it when the client is
+// gone. On a reused stream (sess) it leaves the stream open and gives the handler's read the
+// session idle time. It returns the outcome: OutcomeCompleted, OutcomeMoved, the code of
+// err, or OutcomeClientDisconnected.
 func (s *Server) finish(st Stream, pending []byte, res *inference.Result, err error, sess *session) string {
 	var body []byte
+	var moved *inference.Moved
 	switch {
 	case err == nil:
 		body = encodeDone(*res)
@@ -512,6 +628,8 @@ func (s *Server) finish(st Stream, pending []byte, res *inference.Result, err er
 		s.disconnected.Add(1)
 		st.Reset()
 		return OutcomeClientDisconnected
+	case errors.As(err, &moved):
+		body = encodeMoved(moved)
 	default:
 		body = encodeError(err)
 	}
@@ -526,9 +644,13 @@ func (s *Server) finish(st Stream, pending []byte, res *inference.Result, err er
 		return OutcomeClientDisconnected
 	}
 	outcome := OutcomeCompleted
-	if err == nil {
+	switch {
+	case err == nil:
 		s.served.Add(1)
-	} else {
+	case moved != nil:
+		s.moved.Add(1)
+		outcome = OutcomeMoved
+	default:
 		s.failed.Add(1)
 		outcome = string(inference.CodeOf(err))
 	}
