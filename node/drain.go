@@ -17,8 +17,11 @@ import (
 //  1. stop admitting: every new task from a peer is refused with shutting_down (the router
 //     tries another peer and counts a rejection, not a failure), and the node announces
 //     itself as not accepting at once, so that routers stop choosing it;
-//  2. wait until the tasks in flight for peers have ended, or the deadline (ctx) passes;
-//  3. Close (the caller's): the API lets its own in-flight requests end within its
+//  2. ask the generations in flight for peers to move (live transfer, handOver): those whose
+//     requester takes a handover send it their KV cache and stop within a few tokens;
+//     the others run on;
+//  3. wait until the tasks in flight for peers have ended, or the deadline (ctx) passes;
+//  4. Close (the caller's): the API lets its own in-flight requests end within its
 //     shutdown grace; tasks still running past the drain deadline are cancelled, and their
 //     routers resume them elsewhere.
 //
@@ -44,6 +47,7 @@ func (n *Node) Drain(ctx context.Context) error {
 	if n.infer == nil {
 		return nil
 	}
+	n.handOver("draining")
 	tick := time.NewTicker(drainPoll)
 	defer tick.Stop()
 	for n.infer.Stats().InFlight > 0 {
@@ -62,4 +66,25 @@ func (n *Node) admit(from peer.ID) error {
 		return inference.Errorf(inference.CodeShuttingDown, "this node is stopping and takes no new tasks")
 	}
 	return n.part.admit(from)
+}
+
+// handOver asks every generation this node serves for peers to move elsewhere (live
+// transfer, inference/handover.go): the node is leaving, why says why. Requesters that take
+// handovers get each one's KV cache on its stream and resume it on another peer; the
+// others' generations run on (the pause admits nothing new, a drain waits for them).
+func (n *Node) handOver(why string) {
+	if k := n.infer.HandOver(); k > 0 {
+		log.Infow("handing generations over to other peers", "generations", k, "why", why)
+	}
+}
+
+// acceptingChanged re-announces the node when it starts or stops taking work from peers;
+// when it stops (paused by its participation policy: battery, heat, the owner's
+// withdrawal, a metered network, the traffic cap) it also hands the generations it serves
+// over.
+func (n *Node) acceptingChanged() {
+	n.announcer.Changed()
+	if n.infer != nil && !n.part.accepting() {
+		n.handOver("paused")
+	}
 }

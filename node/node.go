@@ -307,7 +307,7 @@ func (n *Node) start() error {
 		return fmt.Errorf("start announcer: %w", err)
 	}
 	n.closers = append(n.closers, n.announcer.Close)
-	n.part.onChange(n.announcer.Changed)
+	n.part.onChange(n.acceptingChanged)
 	// The owner's consent, re-read, may change the memory share: the budget follows, and is
 	// announced at once.
 	n.part.onPolicy(n.policyChanged)
@@ -351,6 +351,9 @@ func (n *Node) start() error {
 		clientOpts := []infer.ClientOption{
 			infer.WithClientObserver(n.rep),
 			infer.WithTimeouts(cfg.PeerFirstTokenTimeout, cfg.PeerInterTokenTimeout),
+			// A leaving peer's KV rows are timed as they arrive: the gate's sample of the
+			// bandwidth from it, which a paused peer would not answer a probe for.
+			infer.WithClientTransfers(n.noteTransfer),
 		}
 		if coordinator {
 			// The meter opens first and closes last: the executor's verifications record

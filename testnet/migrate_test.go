@@ -136,7 +136,7 @@ func TestBatteryDrainHandsOverLive(t *testing.T) {
 	}
 	resumed := gate.Resumed()
 	if len(resumed) != 1 || resumed[0] < drainAt || len(gate.Replays()) != 0 {
-		t.Fatalf("resumed with %v positions of cache, replays %v: want one resumption from the cache, no replay", resumed, gate.Replays())
+		t.Fatalf("resumed with %v positions of cache, replays %v: want one resumption from the cache, no replay; %+v", resumed, gate.Replays(), router.Status().Migration)
 	}
 	m := router.Status().Migration
 	if len(m.Recent) == 0 {

@@ -57,6 +57,12 @@ func (r *run) offerMove(ctx context.Context, t route.Target, det bool) *relay {
 		len(t.Stages) > 0 || r.via != inference.TransportLibp2p {
 		return nil
 	}
+	if r.d.cfg.Bandwidth != nil {
+		// The gate will want the bandwidth from the peer if it leaves, and a paused peer
+		// answers no probe: measure it now, off the request's path (a probe happens only
+		// when no recent sample exists, within the probes' rate limits).
+		r.d.background(func() { r.d.cfg.Bandwidth(r.d.bg, t.Peer) })
+	}
 	return &relay{r: r, ctx: ctx, source: t, pending: r.pending}
 }
 
@@ -94,6 +100,8 @@ func (rl *relay) open() bool {
 	in.Bandwidth = r.d.legs(rl.ctx, rl.source.Peer, target.Peer)
 	dec := route.Gate(in)
 	if dec.Choice != route.MoveLiveTransfer {
+		log.Debugw("live transfer declined", "source", rl.source, "target", target, "why", dec.Why,
+			"kv_bytes", in.KVBytes, "bandwidth", in.Bandwidth)
 		return false
 	}
 	res, err := r.d.cfg.Peers.(PeerResumer).Resume(rl.ctx, target.Peer, r.resumeRequest())
