@@ -68,48 +68,26 @@ func TestGatePicksCloudOrReplay(t *testing.T) {
 	}
 }
 
-// A peer whose battery drains below the floor mid-generation hands its session over by live
-// transfer: it pauses, sends its KV cache on the stream while it keeps generating, stops,
-// and the router relays the cache to the other peer, which goes on from it (prefilling
-// only the last token) instead of replaying the prompt and the tokens sent. The stream is
-// identical to an uninterrupted run, and /api/status "migration" has the live_transfer
-// decision, completed.
-func TestBatteryDrainHandsOverLive(t *testing.T) {
-	const heartbeat = 500 * time.Millisecond
-	gate := newTokenGate()
-	tn := start(t, Options{Nodes: 3, NoConsole: true, Heartbeat: heartbeat, Sensors: true,
-		ModelsFor: func(i int) []string {
-			if i == 0 {
-				return nil
-			}
-			return []string{"synth-small"}
-		},
-		Configure: func(i int, cfg *node.Config) {
-			gate.configure(i, cfg)
-			cfg.PeerInterTokenTimeout = time.Minute // the test holds the stream while the battery drains
-		}})
-	within(t, 15*time.Second, "converge", tn.Converged)
-	router := tn.Node(0)
-	for i := 1; i < 3; i++ {
-		within(t, 10*time.Second, "every peer accepting", func() bool { a, _ := peerAccepting(router, tn.Node(i)); return a })
-	}
-
+// drainMidStream streams body from the router (node 0) of tn, drains the battery of the
+// peer serving it once the client has drainAt tokens (the gate holds the stream there
+// until the peer has paused itself), and returns the stream and the drained node.
+func drainMidStream(t *testing.T, tn *Testnet, gate *tokenGate, body string, heartbeat time.Duration) (streamResult, int) {
+	t.Helper()
 	const drainAt = 4
 	open := gate.Hold(t, drainAt)
-	body := routedBody("synth-small", 40, 5, nil)
 	drained := 0
-	r := stream(t, router.APIAddr(), body, nil, func(n int, route string) {
+	r := stream(t, tn.Node(0).APIAddr(), body, nil, func(n int, route string) {
 		if n != drainAt {
 			return
 		}
-		for i := 1; i < 3; i++ {
+		defer open()
+		for i := 1; i < tn.Len(); i++ {
 			if "peer:"+tn.Node(i).ID().String() == route {
 				drained = i
 			}
 		}
 		if drained == 0 {
 			t.Errorf("token %d from %q, not a peer", n, route)
-			open()
 			return
 		}
 		s := tn.Sensors(drained)
@@ -122,7 +100,6 @@ func TestBatteryDrainHandsOverLive(t *testing.T) {
 		within(t, 3*heartbeat, "the node pauses itself", func() bool {
 			return nd.Status().Participation.Admission == "paused"
 		})
-		open()
 	})
 	if drained == 0 || r.errCode != "" || !r.done {
 		t.Fatalf("drained node %d, stream %+v", drained, r)
@@ -130,12 +107,55 @@ func TestBatteryDrainHandsOverLive(t *testing.T) {
 	if want := reference(t, body); r.text() != want {
 		t.Fatalf("the stream differs from an uninterrupted run\n got %q\nwant %q", r.text(), want)
 	}
+	return r, drained
+}
+
+// handoverMesh starts a router (node 0, serving nothing) and two peers serving synth-small,
+// with simulated batteries, every link from the router capped at kbPerSec KB/s (so that
+// the bandwidth probes and transfers are paced by the link, as on a network, and measured),
+// and, with cloud, the testnet's stand-in cloud.
+func handoverMesh(t *testing.T, gate *tokenGate, heartbeat time.Duration, kbPerSec int, cloud bool) *Testnet {
+	t.Helper()
+	tn := start(t, Options{Nodes: 3, NoConsole: true, Heartbeat: heartbeat, Sensors: true, Links: true,
+		Cloud: cloud, CloudLatency: time.Millisecond,
+		ModelsFor: func(i int) []string {
+			if i == 0 {
+				return nil
+			}
+			return []string{"synth-small"}
+		},
+		Configure: func(i int, cfg *node.Config) {
+			gate.configure(i, cfg)
+			cfg.PeerInterTokenTimeout = time.Minute // the test holds the stream while the battery drains
+		}})
+	if err := tn.Between([]int{0}, []int{1, 2}).Bandwidth(kbPerSec); err != nil {
+		t.Fatal(err)
+	}
+	within(t, 15*time.Second, "converge", tn.Converged)
+	for i := 1; i < 3; i++ {
+		within(t, 10*time.Second, "every peer accepting", func() bool { a, _ := peerAccepting(tn.Node(0), tn.Node(i)); return a })
+	}
+	return tn
+}
+
+// A peer whose battery drains below the floor mid-generation hands its session over by live
+// transfer: it pauses, sends its KV cache on the stream while it keeps generating, stops,
+// and the router relays the cache to the other peer, which goes on from it (prefilling
+// only the last token) instead of replaying the prompt and the tokens sent. The stream is
+// identical to an uninterrupted run, and /api/status "migration" has the live_transfer
+// decision, completed, with the source up and the bandwidth measured.
+func TestBatteryDrainHandsOverLive(t *testing.T) {
+	const heartbeat = 500 * time.Millisecond
+	gate := newTokenGate()
+	tn := handoverMesh(t, gate, heartbeat, 10_000, false) // 80 Mbit/s
+	router := tn.Node(0)
+	r, drained := drainMidStream(t, tn, gate, routedBody("synth-small", 40, 5, nil), heartbeat)
 	other := tn.Node(3 - drained)
 	if r.final.Route != "peer:"+other.ID().String() {
 		t.Fatalf("went on at %s, want the other peer %s", r.final.Route, other.ID())
 	}
 	resumed := gate.Resumed()
-	if len(resumed) != 1 || resumed[0] < drainAt || len(gate.Replays()) != 0 {
+	if len(resumed) != 1 || resumed[0] < 4 || len(gate.Replays()) != 0 {
 		t.Fatalf("resumed with %v positions of cache, replays %v: want one resumption from the cache, no replay; %+v", resumed, gate.Replays(), router.Status().Migration)
 	}
 	m := router.Status().Migration
@@ -148,4 +168,61 @@ func TestBatteryDrainHandsOverLive(t *testing.T) {
 		t.Fatalf("migration status %+v, want one completed live_transfer with the source up and the bandwidth measured", m)
 	}
 	t.Logf("live transfer of %d bytes (%d positions) at %.0f Mbit/s; options %v", last.Inputs.KVBytes, resumed[0], last.Inputs.BandwidthMbps, last.OptionsMS)
+}
+
+// Over a slow link (8 Mbit/s from the router to either peer, measured) moving a leaving
+// peer's cache would take longer than rebuilding it: the gate, deciding at the handover
+// with the source up, stops the source and, with privacy any and the cloud measured
+// faster than a peer whose copy of the model is cold, restarts in the cloud; with privacy
+// mesh, replays on the other peer. Neither moves the cache; both streams are identical to
+// an uninterrupted run.
+func TestSlowLinkGatePicksCloudOrReplay(t *testing.T) {
+	const heartbeat = 500 * time.Millisecond
+	gate := newTokenGate()
+	tn := handoverMesh(t, gate, heartbeat, 1_000, true)
+	router := tn.Node(0)
+	// The router measures the cloud: latency first, it beats peers whose model is still
+	// cold.
+	for i := range 3 {
+		r := stream(t, router.APIAddr(), routedBody("synth-small", 8, int64(i), map[string]string{"privacy": "any", "priority": "latency"}), nil, nil)
+		if r.errCode != "" || r.final.Tier != "cloud" {
+			t.Fatalf("warm-up request %d: %+v, want the cloud", i, r)
+		}
+	}
+	for k, tc := range []struct{ privacy, choice, tier string }{
+		{"any", "restart_cloud", "cloud"}, // priority cost: the mesh first
+		{"mesh", "replay", "mesh"},
+	} {
+		if k > 0 { // the drained peer charges and comes back, so that both peers serve again
+			for i := 1; i < 3; i++ {
+				s := tn.Sensors(i)
+				st := s.State()
+				st.BatteryLevel, st.Charging = participation.DefaultBatteryFloor+20, true
+				if err := s.Set(st); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i := 1; i < 3; i++ {
+				within(t, 20*time.Second, "both peers accepting", func() bool { a, _ := peerAccepting(router, tn.Node(i)); return a })
+			}
+		}
+		// A short completion: the cloud's restart (its measured TTFT and rate over all of
+		// it) beats a cold peer's replay.
+		body := routedBody("synth-small", 12, int64(20+k), map[string]string{"privacy": tc.privacy, "priority": "cost"})
+		r, drained := drainMidStream(t, tn, gate, body, heartbeat)
+		if r.final.Tier != tc.tier || r.final.Route == "peer:"+tn.Node(drained).ID().String() {
+			t.Fatalf("privacy %s: went on at %s (%s), want the %s tier; %+v", tc.privacy, r.final.Route, r.final.Tier, tc.tier, router.Status().Migration)
+		}
+		m := router.Status().Migration
+		last := m.Recent[len(m.Recent)-1]
+		live, hasLive := last.OptionsMS["live_transfer"]
+		if last.Choice != tc.choice || last.Outcome != "completed" || !last.Inputs.SourceUp || !hasLive ||
+			live <= last.EstimateMS || last.Inputs.BandwidthMbps <= 0 || last.Inputs.BandwidthMbps > 16 {
+			t.Fatalf("privacy %s: last decision %+v, want a completed %s taken with the source up over a link measured near 8 Mbit/s, live transfer estimated slower", tc.privacy, last, tc.choice)
+		}
+		if n := len(gate.Resumed()); n != 0 {
+			t.Fatalf("privacy %s: %d resumptions from a cache, want none", tc.privacy, n)
+		}
+		t.Logf("privacy %s: %s at %.1f Mbit/s; options %v", tc.privacy, last.Choice, last.Inputs.BandwidthMbps, last.OptionsMS)
+	}
 }

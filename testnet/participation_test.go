@@ -24,8 +24,10 @@ func peerAccepting(observer, n *node.Node) (accepting, known bool) {
 }
 
 // A node whose battery drops below the floor pauses: its peers see it not accepting within
-// a heartbeat of its pause, the stream it was serving completes, new requests go to the
-// other peers, and it comes back after the documented healthy heartbeats once charging.
+// a heartbeat of its pause, the stream it was serving is handed over and completes
+// elsewhere, identical (TestBatteryDrainHandsOverLive has the handover's details), new
+// requests go to the other peers, and it comes back after the documented healthy
+// heartbeats once charging.
 func TestBatteryDrainPausesAndResumes(t *testing.T) {
 	const heartbeat = 500 * time.Millisecond
 	gate := newTokenGate()
@@ -54,7 +56,8 @@ func TestBatteryDrainPausesAndResumes(t *testing.T) {
 	var pausedAt time.Time
 	var seenPaused time.Duration
 	open := gate.Hold(t, 1)
-	r := stream(t, router.APIAddr(), routedBody("synth-small", 48, 1, nil), nil, func(n int, route string) {
+	body := routedBody("synth-small", 48, 1, nil)
+	r := stream(t, router.APIAddr(), body, nil, func(n int, route string) {
 		if n != 1 {
 			return
 		}
@@ -95,8 +98,11 @@ func TestBatteryDrainPausesAndResumes(t *testing.T) {
 	if drained == 0 || pausedAt.IsZero() {
 		t.Fatalf("no peer drained (stream %+v)", r)
 	}
-	if r.errCode != "" || !r.done || r.final.Attempts != 1 {
-		t.Fatalf("the stream in flight when its node paused did not complete normally: %+v", r)
+	if r.errCode != "" || !r.done || r.final.Attempts != 2 || r.final.Route == "peer:"+tn.Node(drained).ID().String() {
+		t.Fatalf("the stream in flight when its node paused was not handed over to another peer: %+v", r)
+	}
+	if want := reference(t, body); r.text() != want {
+		t.Fatalf("the handed-over stream differs from an uninterrupted run\n got %q\nwant %q", r.text(), want)
 	}
 	t.Logf("node %d paused; the router saw it %v later", drained, seenPaused)
 

@@ -360,10 +360,12 @@ func skipUnlessInterTokenTimeoutShort(t *testing.T) {
 	}
 }
 
-// A serving peer sent SIGTERM mid-stream drains (node.Drain): it takes no new task but
-// finishes the one in flight, so the stream ends on it, in one attempt, identical to the
-// reference; then the process exits with status 0. (Before draining, SIGTERM closed the
-// node at once, cancelling the task; the router resumed it elsewhere.)
+// A serving peer sent SIGTERM mid-stream drains (node.Drain): it takes no new task and
+// hands the one in flight over (its router takes handovers: a live transfer when the
+// bandwidth is measured, else the peer's "moved" is a cut the router replays), so the
+// stream goes on at the other peer, identical to the reference; then the process exits
+// with status 0. (A router that takes no handover gets the stream finished by the draining
+// peer, within its drain.)
 func TestProcsDrainOnSIGTERM(t *testing.T) {
 	ps := startProcs(t, ProcOptions{Nodes: 3, Heartbeat: time.Second, ModelsFor: routerAndPeers("synth-small")})
 	waitProcsConverged(t, ps)
@@ -371,16 +373,7 @@ func TestProcsDrainOnSIGTERM(t *testing.T) {
 	f := faultAtFirstToken(t, ps, body, ps.Terminate)
 	r, drained := f.streamResult, f.peer
 	t.Logf("SIGTERM to node %d (pid %d) at token 1; %d tokens, %d attempts", drained.Index, drained.PID, len(r.tokens), r.final.Attempts)
-	if r.errCode != "" || !r.done {
-		t.Fatalf("error %q done %v after %d tokens", r.errCode, r.done, len(r.tokens))
-	}
-	if r.final.Route != "peer:"+drained.ID || r.final.Attempts != 1 {
-		t.Fatalf("final route %s after %d attempts, want the draining peer %s in one", r.final.Route, r.final.Attempts, drained.ID)
-	}
-	other := ps.Proc(3 - drained.Index) // the peers are nodes 1 and 2
-	if want := procReference(t, other, body); r.text() != want {
-		t.Fatalf("drained stream differs from the reference\n got %q\nwant %q", r.text(), want)
-	}
+	checkResumed(t, ps, r, body, drained)
 	select {
 	case <-drained.Exited():
 	case <-time.After(ProcCloseGrace):

@@ -25,15 +25,28 @@ import (
 // just received are a sample of the first), the replacement's round trip and rates, the
 // cloud's. Only when it picks live_transfer is the replacement asked to resume (the first
 // deterministic peer after the source among the run's attempts; never this node, nor a
-// pipeline, whose stages hold no whole cache). Otherwise the rows are dropped and the
-// peer's "moved" is a cut like any other: the gate decides again with the source down.
+// pipeline, whose stages hold no whole cache). When it picks another way (the link from
+// the source is slow, the cloud is faster), the run stops the source at once and goes on
+// that way: the decision is recorded, and applied at the cut (gateCut), not taken again.
 // A transfer that fails halfway (the replacement refuses rows, its stream breaks) is
-// dropped likewise: the cut then goes to the gate, which picks a replay.
+// dropped, and the source's "moved" is then a cut like any other: the gate decides again,
+// with the source down.
 
 // PeerResumer is Peers when it can also resume on a peer a generation another began
 // (transport/infer's Client).
 type PeerResumer interface {
 	Resume(ctx context.Context, p peer.ID, req *inference.Request) (inference.Resumption, error)
+}
+
+// errDeclined stops a source whose handover the gate did not take.
+var errDeclined = errors.New("handover declined: the gate chose another way on")
+
+// decided is a gate decision taken at a handover and applied at the cut: the choice, and
+// the replacement's and the cloud's offsets from the source among the run's attempts (-1:
+// none, as gateInput gives them).
+type decided struct {
+	choice      route.MoveOption
+	next, cloud int
 }
 
 // relay is one attempt's offer to take a handover from its peer.
@@ -75,9 +88,15 @@ func (rl *relay) send(rows inference.KVRows) error {
 	if rl.declined {
 		return nil
 	}
-	if rl.res == nil && !rl.open() {
-		rl.declined = true
-		return nil
+	if rl.res == nil {
+		ok, stop := rl.open()
+		if !ok {
+			rl.declined = true
+			if stop {
+				return errDeclined
+			}
+			return nil
+		}
 	}
 	if err := rl.res.Load(rows); err != nil {
 		log.Debugw("live transfer dropped: the replacement took no more rows", "target", rl.target, "err", err)
@@ -86,13 +105,15 @@ func (rl *relay) send(rows inference.KVRows) error {
 	return nil
 }
 
-// open asks the gate, and when it picks live transfer, asks the replacement to resume.
-func (rl *relay) open() bool {
+// open asks the gate, and when it picks live transfer, asks the replacement to resume. ok
+// is whether the transfer goes on; stop, when it does not, whether the source is to be
+// stopped now because the gate chose another way on (recorded in the run: decided).
+func (rl *relay) open() (ok, stop bool) {
 	r := rl.r
 	attempts := append([]route.Target{rl.source}, rl.pending...)
-	in, next, _ := r.gateInput(rl.ctx, attempts, 0)
+	in, next, cloud := r.gateInput(rl.ctx, attempts, 0)
 	if next < 0 || attempts[next].Tier != inference.TierMesh || len(attempts[next].Stages) > 0 {
-		return false // no peer to take the cache
+		return false, false // no peer to take the cache: the cut decides
 	}
 	target := attempts[next]
 	in.SourceUp = true
@@ -102,16 +123,18 @@ func (rl *relay) open() bool {
 	if dec.Choice != route.MoveLiveTransfer {
 		log.Debugw("live transfer declined", "source", rl.source, "target", target, "why", dec.Why,
 			"kv_bytes", in.KVBytes, "bandwidth", in.Bandwidth)
-		return false
+		r.d.migr.add(r, r.d.now(), in, dec)
+		r.decided = &decided{choice: dec.Choice, next: next, cloud: cloud}
+		return false, true
 	}
 	res, err := r.d.cfg.Peers.(PeerResumer).Resume(rl.ctx, target.Peer, r.resumeRequest())
 	if err != nil {
 		log.Debugw("live transfer refused by the replacement", "target", target, "err", err)
-		return false
+		return false, false
 	}
 	r.d.migr.add(r, r.d.now(), in, dec)
 	rl.target, rl.res = target, res
-	return true
+	return true, false
 }
 
 // taken returns the replacement that took the source's cache, if one did.
@@ -192,8 +215,8 @@ func (d *Executor) legs(ctx context.Context, src, dst peer.ID) float64 {
 	return min(down, up)
 }
 
-// isMoved reports whether err is a source's handover.
+// isMoved reports whether err is a source's handover, taken or declined.
 func isMoved(err error) bool {
 	_, ok := errors.AsType[*inference.Moved](err)
-	return ok
+	return ok || errors.Is(err, errDeclined)
 }

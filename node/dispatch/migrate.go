@@ -31,12 +31,13 @@ import (
 //   - none: nothing can continue the stream (within the deadline): the request ends with
 //     the cut's error.
 //
-// live_transfer (the leaving node sending its KV state) is not built: the gate is told the
-// source is down, so it never picks it. The inputs not measured yet take the gate's
-// defaults: the replacement's prefill and decode rates (this node's own decode rate is
-// measured when the replacement is this node), the bandwidth (not needed without live
-// transfer). Every decision is counted, and the last recentMigrations are kept with their
-// inputs, estimate and the time the request really took from there (/api/status
+// live_transfer is decided at a handover (handover.go), when a peer that leaves with notice
+// starts sending its KV cache: the gate is told the source is up, the bytes to move and
+// the bandwidth measured on the way. At a cut the source is down and the gate never picks
+// it. The inputs not measured yet take the gate's defaults: the replacement's prefill rate,
+// and a peer's decode rate (the default scaled by its performance; this node's own decode
+// rate is measured). Every decision is counted, and the last recentMigrations are kept with
+// their inputs, estimate and the time the request really took from there (/api/status
 // "migration").
 
 // recentMigrations is how many decisions /api/status keeps (8).
@@ -53,10 +54,22 @@ type migrations struct {
 // attempts to go on with (the chosen target moved to i+1) and false when the gate says
 // nothing can continue the stream.
 func (r *run) gateCut(ctx context.Context, attempts []route.Target, i int) ([]route.Target, bool) {
+	if d := r.decided; d != nil {
+		// The gate decided at the source's handover, with the source up, and the run
+		// stopped the source to act on it (handover.go).
+		r.decided = nil
+		return applyMove(attempts, i, d.choice, i+d.next, i+d.cloud)
+	}
 	in, next, cloud := r.gateInput(ctx, attempts, i)
 	dec := route.Gate(in)
 	r.d.migr.add(r, r.d.now(), in, dec)
-	switch dec.Choice {
+	return applyMove(attempts, i, dec.Choice, next, cloud)
+}
+
+// applyMove is the attempts to go on with after attempts[i] cut its stream and the gate
+// chose choice, with the replacement at next and the cloud at cloud.
+func applyMove(attempts []route.Target, i int, choice route.MoveOption, next, cloud int) ([]route.Target, bool) {
+	switch choice {
 	case route.MoveNone:
 		return attempts, false
 	case route.MoveRestartCloud:

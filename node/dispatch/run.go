@@ -43,6 +43,9 @@ type run struct {
 	// pending are the attempts after the one running: where a handover may go
 	// (handover.go).
 	pending []route.Target
+	// decided is the gate's decision at a handover it did not take, which the next cut
+	// applies (gateCut).
+	decided *decided
 }
 
 // served says where the run's latest attempt ran.

@@ -1,0 +1,165 @@
+package infer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/inference/synth"
+)
+
+// BenchmarkM1HandoverDowntime measures issue 17's M1 on real hosts over loopback: a
+// requester streams a synth-base generation from peer A, which hands it over after its
+// fourth token; the requester relays A's KV rows to peer B, which goes on. The downtime is
+// the gap between the last token from A and the first new one from B, at a context of 224
+// and of 896 positions (synth-base's window is 1,024: 4,096 does not fit it). For contrast
+// the same cut is made by replay: A is cut at the fourth token and B prefills the prompt and
+// the tokens sent. Metrics (ratios in one run):
+//
+//   - live-flat: live downtime at 896 ÷ at 224 (goal ≤ 1.5: the stop-and-copy is a few rows,
+//     whatever the context);
+//   - live-intervals: live downtime at 896 in token intervals (A's median gap before the
+//     switch; goal ≤ 2 + one round trip, which on loopback is nothing);
+//   - replay-growth: replay downtime at 896 ÷ at 224 (grows with the context).
+func BenchmarkM1HandoverDowntime(b *testing.B) {
+	ch, ha, hb := benchHost(b), benchHost(b), benchHost(b)
+	for _, h := range []host.Host{ha, hb} {
+		if err := ch.Connect(context.Background(), peer.AddrInfo{ID: h.ID(), Addrs: h.Addrs()}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	servers := map[peer.ID]*Server{}
+	for _, h := range []host.Host{ha, hb} {
+		be, err := synth.New("synth-base")
+		if err != nil {
+			b.Fatal(err)
+		}
+		s := NewServer(h, be)
+		b.Cleanup(func() { s.Close() })
+		servers[h.ID()] = s
+	}
+	c := NewClient(ch)
+	ctx := context.Background()
+	for _, h := range []host.Host{ha, hb} { // warm: load synth-base on both
+		if _, err := c.Generate(ctx, h.ID(), m1Request(8, 2), func(inference.Token) error { return nil }); err != nil {
+			b.Fatal(err)
+		}
+	}
+
+	// run streams one request of a context of about words·k tokens from A, moved or cut
+	// after the fourth token, and returns the gap at the switch and A's median token gap.
+	run := func(words int, live bool) (gap, interval time.Duration, positions int) {
+		req := m1Request(words, 100)
+		var stamps []time.Time
+		var ids []int
+		actx, cancelA := context.WithCancel(ctx)
+		defer cancelA()
+		emit := func(tok inference.Token) error {
+			if tok.Index < len(stamps) {
+				return nil // a replayed token, sent again by B
+			}
+			stamps, ids = append(stamps, time.Now()), append(ids, tok.ID)
+			if tok.Index == 3 {
+				if live {
+					servers[ha.ID()].HandOver()
+				} else {
+					cancelA()
+				}
+			}
+			return nil
+		}
+		var res inference.Resumption
+		if live {
+			moving := *req
+			moving.Move = &inference.Move{Send: func(rows inference.KVRows) error {
+				if res == nil {
+					var err error
+					if res, err = c.Resume(ctx, hb.ID(), req); err != nil {
+						return err
+					}
+				}
+				positions += rows.N
+				return res.Load(rows)
+			}}
+			req = &moving
+		}
+		_, err := c.Generate(actx, ha.ID(), req, emit)
+		fromA := len(stamps)
+		var moved *inference.Moved
+		switch {
+		case live && errors.As(err, &moved):
+			defer res.Close()
+			_, err = res.Generate(ctx, slices.Clone(ids), emit)
+		case !live && errors.Is(err, context.Canceled):
+			again := *req
+			again.Replay = slices.Clone(ids)
+			_, err = c.Generate(ctx, hb.ID(), &again, emit)
+		default:
+			b.Fatalf("the generation on A ended with %v, want it moved or cut (live %v)", err, live)
+		}
+		if err != nil || len(stamps) <= fromA {
+			b.Fatalf("B went on with %d tokens, %v", len(stamps)-fromA, err)
+		}
+		var gaps []time.Duration
+		for i := 1; i < fromA; i++ {
+			gaps = append(gaps, stamps[i].Sub(stamps[i-1]))
+		}
+		slices.Sort(gaps)
+		return stamps[fromA].Sub(stamps[fromA-1]), gaps[len(gaps)/2], positions
+	}
+
+	var live, replay [2]time.Duration
+	var interval time.Duration
+	var positions [2]int
+	for b.Loop() {
+		for i, words := range []int{m1Words(224), m1Words(896)} {
+			var gl, gr, iv time.Duration
+			gl, iv, positions[i] = run(words, true)
+			gr, _, _ = run(words, false)
+			live[i], replay[i], interval = gl, gr, iv
+		}
+	}
+	b.ReportMetric(float64(live[1])/float64(live[0]), "live-flat")
+	b.ReportMetric(float64(live[1])/float64(interval), "live-intervals")
+	b.ReportMetric(float64(replay[1])/float64(replay[0]), "replay-growth")
+	b.Logf("live downtime %v at %d positions moved, %v at %d; replay %v and %v; token interval %v",
+		live[0], positions[0], live[1], positions[1], replay[0], replay[1], interval)
+}
+
+// m1Request is a greedy synth-base request whose user message is words words long.
+func m1Request(words, maxTokens int) *inference.Request {
+	w := make([]string, words)
+	for i := range w {
+		w[i] = fmt.Sprintf("w%d", i%97)
+	}
+	zero := 0.0
+	return &inference.Request{
+		Model:       "synth-base",
+		Messages:    []inference.Message{{Role: "user", Content: strings.Join(w, " ")}},
+		MaxTokens:   &maxTokens,
+		Temperature: &zero,
+		Stream:      true,
+	}
+}
+
+// m1Words is about how many words of m1Request make a prompt of n tokens.
+func m1Words(n int) int { return n / 2 }
+
+func benchHost(tb testing.TB) host.Host {
+	tb.Helper()
+	h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableRelay())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { h.Close() })
+	return h
+}
