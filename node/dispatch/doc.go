@@ -5,11 +5,14 @@
 //   - a failure before the first token moves the whole request to the next target
 //     (failover), with nothing kept of the failed attempt;
 //   - a failure after tokens streamed resumes on the next target when both serve the model
-//     deterministically: the new target regenerates from the start, the tokens the client
-//     already has are checked against it and skipped, so the client sees one contiguous
-//     stream; a regenerated prefix that differs ends the request with
-//     verification_failed; where resumption is impossible the request ends with the typed
-//     error;
+//     deterministically, the way the viability gate picks (migrate.go): the new target
+//     replays the tokens the client has (or regenerates them), they come back first,
+//     checked and skipped, so the client sees one contiguous stream; a prefix that differs
+//     ends the request with verification_failed; where resumption is impossible the
+//     request ends with the typed error;
+//   - a peer that leaves with notice mid-stream hands its KV cache over on the stream, and
+//     the executor relays it to a replacement that goes on from it, when the gate picks
+//     live transfer (handover.go);
 //   - a speculative decision (a cold local model, the cloud allowed) loads the local model
 //     while a cloud stream starts: whichever comes first, local ready or the cloud's first
 //     token, serves, and a losing cloud stream is cancelled;
