@@ -46,7 +46,7 @@ func (n *Node) Status() console.Status {
 	if n.infer != nil {
 		st := n.infer.Stats()
 		inf.InFlight, inf.Served, inf.Failed = st.InFlight, st.Served, st.Failed
-		inf.Overloaded, inf.ClientDisconnected = st.Overloaded, st.ClientDisconnected
+		inf.Overloaded, inf.ClientDisconnected, inf.Moved = st.Overloaded, st.ClientDisconnected, st.Moved
 	}
 	var routing console.Routing
 	migration := console.Migration{Decisions: map[string]uint64{}, Recent: []console.MigrationDecision{}}

@@ -150,6 +150,9 @@ func TestBatteryDrainHandsOverLive(t *testing.T) {
 	tn := handoverMesh(t, gate, heartbeat, 10_000, false) // 80 Mbit/s
 	router := tn.Node(0)
 	r, drained := drainMidStream(t, tn, gate, routedBody("synth-small", 40, 5, nil), heartbeat)
+	if moved := tn.Node(drained).Status().Inference.Moved; moved != 1 {
+		t.Fatalf("the drained node counts %d generations moved, want 1", moved)
+	}
 	other := tn.Node(3 - drained)
 	if r.final.Route != "peer:"+other.ID().String() {
 		t.Fatalf("went on at %s, want the other peer %s", r.final.Route, other.ID())

@@ -269,6 +269,9 @@ type Inference struct {
 	Failed             uint64 `json:"failed"`
 	Overloaded         uint64 `json:"overloaded"`
 	ClientDisconnected uint64 `json:"client_disconnected"`
+	// Moved counts the generations handed over to another peer, with their KV cache, when
+	// this node paused or drained.
+	Moved uint64 `json:"moved"`
 }
 
 // RoutingAffinity is what the node's routing has learned (mesh-llm's field name).
