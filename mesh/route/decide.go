@@ -567,16 +567,16 @@ func (d *decider) orderClass(order []int, mc []reputation.Candidate, mi []int, k
 // the quickest measured latency, then each estimate (kept in Latency) and the best of them,
 // then the factors.
 func (d *decider) weighLatency(mc []reputation.Candidate, mi []int, peers []meshPeer) {
-	var measured time.Duration // the quickest measured latency, 0 = none
+	var quickest time.Duration // the quickest measured latency, 0 = none
 	for j := range mc {
-		if c := &mc[j]; c.Latency > 0 && c.Confidence > 0 && (measured == 0 || c.Latency < measured) {
-			measured = c.Latency
+		if c := &mc[j]; c.Latency > 0 && c.Confidence > 0 && (quickest == 0 || c.Latency < quickest) {
+			quickest = c.Latency
 		}
 	}
 	var best time.Duration // the least estimate, 0 = none
 	for j := range mc {
 		c := &mc[j]
-		c.Latency = latencyEstimate(c.Latency, c.Confidence, peers[mi[j]].rtt, measured)
+		c.Latency = latencyEstimate(c.Latency, c.Confidence, peers[mi[j]].rtt, quickest)
 		if c.Latency > 0 && (best == 0 || c.Latency < best) {
 			best = c.Latency
 		}
@@ -593,25 +593,25 @@ func (d *decider) weighLatency(mc []reputation.Candidate, mi []int, peers []mesh
 	}
 }
 
-// latencyEstimate is what the latency rule expects of a peer's time to first token: its
-// measured latency lat blended by confidence conf into a prior, the peer's round trip rtt
-// but no less than the quickest latency measured of any peer (measured). A peer never
-// measured, or whose measurements have faded, is estimated by the prior alone; a round
-// trip or measurement that is unknown (0) leaves the other to decide, and 0 means nothing
-// is known.
-func latencyEstimate(lat time.Duration, conf float64, rtt, measured time.Duration) time.Duration {
-	prior := min(max(rtt, measured), maxEstimate)
-	if lat <= 0 || !(conf > 0) { // NaN counts as 0
+// latencyEstimate is what the latency rule expects of a peer's time to first token, given
+// its measured latency lat and the confidence conf in it, its round trip rtt, and the
+// quickest latency measured of any eligible peer: a peer measured before is estimated by
+// lat blended by confidence into the quickest (so that, as its measurements fade, it comes
+// back to par and is tried again); one never measured by its round trip, no less than the
+// quickest (a first token takes a round trip at least). 0 means nothing is known.
+func latencyEstimate(lat time.Duration, conf float64, rtt, quickest time.Duration) time.Duration {
+	quickest = min(quickest, maxEstimate)
+	if lat <= 0 {
 		if rtt <= 0 {
 			return 0
 		}
-		return prior
+		return min(max(rtt, quickest), maxEstimate)
 	}
-	lat, conf = min(lat, maxEstimate), min(conf, 1)
-	if prior <= 0 {
-		return lat
+	if !(conf > 0) { // NaN too
+		conf = 0
 	}
-	return time.Duration(conf*float64(lat) + (1-conf)*float64(prior))
+	conf = min(conf, 1)
+	return time.Duration(conf*float64(min(lat, maxEstimate)) + (1-conf)*float64(quickest))
 }
 
 // weight is c's share in Select's weighted draw: Weight(score) × performance × spare.

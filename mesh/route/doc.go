@@ -53,15 +53,16 @@
 //
 // A peer that is slow for this node to reach or to answer (a far or throttled link, a
 // busy host) loses its share to the quicker ones, by its estimated time to first token
-// (docs/reliability.md F3). The estimate is what this node measured of the peer
+// (docs/reliability.md F3). The estimate comes from what this node measured of it
 // (reputation's Candidate.Latency: the geometric moving average of the times to first
-// token the executor recorded, RecordPerformance) blended by its confidence c (full after
-// five recent samples, fading with a 2 min half-life) into a prior, the peer's round trip
-// (Peer.RTT) but no less than the quickest latency measured of any eligible peer:
+// token the executor recorded with RecordPerformance, and the confidence c in it, full
+// after five recent samples and fading with a 2 min half-life), or, for a peer never
+// measured, from its round trip (Peer.RTT). With q the quickest latency measured of any
+// eligible peer:
 //
-//	prior    = max(RTT, quickest measured latency)
-//	estimate = c × measured + (1 − c) × prior        (the prior alone when never measured)
-//	factor   = ((best + slack) ÷ (estimate + slack))²
+//	measured before   estimate = c × measured + (1 − c) × q
+//	never measured    estimate = max(RTT, q)       (a first token takes a round trip at least)
+//	factor            = ((best + slack) ÷ (estimate + slack))²
 //
 // best is the least estimate among the eligible peers and slack Tuning.LatencySlack (50 ms),
 // so that jitter of a few ms does not move traffic. The factor multiplies the peer's
@@ -75,12 +76,13 @@
 // What the rule keeps: the peer with the least estimate keeps its full weight, so a
 // healthy peer is never starved; every factor is in (0, 1]; exploration (ε, uniform over
 // the class) still sends the slow peer about ε/n of the requests, so it keeps being
-// measured and regains its share once it is quick again, the faster as its old
-// measurements fade (the stale-peer boost: a peer that went quiet is estimated by its
-// round trip again, which shows at once whether its link is still far). The rule changes
-// no score: being slow is not misbehaviour, and a timeout already counts as a failure
-// (reputation's performance class does move a score, by 15 points at most and never
-// below the floor of 40).
+// measured and regains its share once it is quick again, the sooner as its old
+// measurements fade (the stale-peer boost: a peer left alone comes back to par, q, and is
+// tried again). The round trip counts only until the first measurement: the peerstore's
+// average follows a change of the link over some twenty pings (one a heartbeat, 15 s), far
+// more slowly than measurements do. The rule changes no score: being slow is not
+// misbehaviour, and a timeout already counts as a failure (reputation's performance class
+// does move a score, by 15 points at most and never below the floor of 40).
 // TestSlowPeerF3Virtual plays F3 on virtual time with the real store.
 //
 // # Estimates

@@ -16,7 +16,7 @@ func TestLatencyEstimate(t *testing.T) {
 		name          string
 		lat           time.Duration
 		conf          float64
-		rtt, measured time.Duration
+		rtt, quickest time.Duration
 		want          time.Duration
 	}{
 		{"nothing known", 0, 0, 0, 0, 0},
@@ -25,18 +25,20 @@ func TestLatencyEstimate(t *testing.T) {
 		{"round trip under the quickest measured", 0, 0, 10 * ms, 30 * ms, 30 * ms},
 		{"confidence without a latency", 0, 1, 80 * ms, 0, 80 * ms},
 		{"measured, full confidence", 600 * ms, 1, 20 * ms, 10 * ms, 600 * ms},
-		{"measured, no round trip", 600 * ms, 1, 0, 10 * ms, 600 * ms},
-		{"measured, nothing else known", 600 * ms, 0.2, 0, 0, 600 * ms},
-		{"faded to the prior", 600 * ms, 0, 20 * ms, 10 * ms, 20 * ms},
-		{"one sample of five", 600 * ms, 0.2, 20 * ms, 10 * ms, 136 * ms},
-		{"half confidence, prior from the quickest", 600 * ms, 0.5, 0, 100 * ms, 350 * ms},
+		{"measured, the round trip does not count", 600 * ms, 1, 900 * ms, 10 * ms, 600 * ms},
+		{"measured, nothing else known", 600 * ms, 1, 0, 0, 600 * ms},
+		{"faded to par", 600 * ms, 0, 300 * ms, 10 * ms, 10 * ms},
+		{"faded, nobody measured", 600 * ms, 0, 300 * ms, 0, 0},
+		{"one sample of five", 600 * ms, 0.2, 20 * ms, 10 * ms, 128 * ms},
+		{"half confidence", 600 * ms, 0.5, 0, 100 * ms, 350 * ms},
 		{"confidence above 1 counts as 1", 600 * ms, 3, 20 * ms, 10 * ms, 600 * ms},
-		{"NaN confidence counts as 0", 600 * ms, math.NaN(), 20 * ms, 10 * ms, 20 * ms},
+		{"NaN confidence counts as 0", 600 * ms, math.NaN(), 20 * ms, 10 * ms, 10 * ms},
 		{"negative round trip is unknown", 0, 0, -5 * ms, 10 * ms, 0},
 		{"absurd latency is bounded", 1000 * time.Hour, 1, 20 * ms, 10 * ms, maxEstimate},
+		{"absurd round trip is bounded", 0, 0, 1000 * time.Hour, 10 * ms, maxEstimate},
 	} {
-		if got := latencyEstimate(tc.lat, tc.conf, tc.rtt, tc.measured); got != tc.want {
-			t.Errorf("%s: latencyEstimate(%v, %v, %v, %v) = %v, want %v", tc.name, tc.lat, tc.conf, tc.rtt, tc.measured, got, tc.want)
+		if got := latencyEstimate(tc.lat, tc.conf, tc.rtt, tc.quickest); got != tc.want {
+			t.Errorf("%s: latencyEstimate(%v, %v, %v, %v) = %v, want %v", tc.name, tc.lat, tc.conf, tc.rtt, tc.quickest, got, tc.want)
 		}
 	}
 }
@@ -62,14 +64,14 @@ func TestLatencyFactors(t *testing.T) {
 			[]float64{1, math.Pow(52.0/53, 2), math.Pow(52.0/650, 2)}},
 		{"unknown peer keeps its weight", []peerIn{{10 * ms, 1, 2 * ms}, {0, 0, 0}, {650 * ms, 1, 600 * ms}},
 			[]float64{1, 1, math.Pow(60.0/700, 2)}},
-		{"slow measurement faded, link still far", []peerIn{{10 * ms, 1, 2 * ms}, {650 * ms, 0, 600 * ms}},
-			[]float64{1, math.Pow(60.0/650, 2)}},
-		{"slow measurement faded, link quick again", []peerIn{{10 * ms, 1, 2 * ms}, {650 * ms, 0, 2 * ms}},
+		{"slow measurement faded: back to par", []peerIn{{10 * ms, 1, 2 * ms}, {650 * ms, 0, 600 * ms}},
 			[]float64{1, 1}},
-		{"slow measurement half faded, link quick again", []peerIn{{10 * ms, 1, 2 * ms}, {650 * ms, 0.5, 2 * ms}},
+		{"slow measurement half faded", []peerIn{{10 * ms, 1, 2 * ms}, {650 * ms, 0.5, 2 * ms}},
 			[]float64{1, math.Pow(60.0/380, 2)}},
 		{"a peer measured once counts a fifth", []peerIn{{10 * ms, 1, 2 * ms}, {650 * ms, 0.2, 2 * ms}},
 			[]float64{1, math.Pow(60.0/188, 2)}},
+		{"unmeasured far peer among measured ones", []peerIn{{10 * ms, 1, 2 * ms}, {0, 0, 600 * ms}},
+			[]float64{1, math.Pow(60.0/650, 2)}},
 		{"all equal", []peerIn{{100 * ms, 1, 5 * ms}, {100 * ms, 1, 5 * ms}}, []float64{1, 1}},
 	} {
 		var mc []reputation.Candidate
