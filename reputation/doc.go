@@ -50,7 +50,9 @@
 // seeded *rand.Rand. A routing decision is Rank (Order plus each survivor's score and
 // performance, one lookup per candidate), filling in spare capacity, then Select.
 // RankIndices is the same Rank returning the survivors as indices into the candidates, for
-// a caller that keeps per-candidate data of its own.
+// a caller that keeps per-candidate data of its own. Each Candidate also carries the peer's
+// measured latency and the confidence in it, which Select ignores and the router's latency
+// rule reads (mesh/route).
 //
 // # Bounds
 //

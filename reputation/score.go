@@ -57,6 +57,7 @@ type peerScore struct {
 	// (never a live epoch) marks them stale, which every change to a counter does.
 	cacheEpoch            uint64
 	cacheScore, cachePerf float64
+	cacheLat              time.Duration // 2^perfLat seconds, 0 without hasLat
 
 	decayedAt time.Time
 	touched   time.Time // last event; drives Retain and eviction
@@ -221,9 +222,17 @@ func (s *Store) candidateLocked(e *entry, now time.Time, tick int64) Candidate {
 		if rel != 0 {
 			ps.cachePerf = math.Exp2(rel)
 		}
+		ps.cacheLat = 0
+		if ps.hasLat {
+			ps.cacheLat = max(time.Duration(math.Exp2(ps.perfLat)*float64(time.Second)), 1)
+		}
 		ps.cacheEpoch = s.ref.epoch
 	}
-	return Candidate{Score: ps.cacheScore, Performance: ps.cachePerf, Spare: 1}
+	c := Candidate{Score: ps.cacheScore, Performance: ps.cachePerf, Spare: 1}
+	if ps.cacheLat > 0 {
+		c.Latency, c.Confidence = ps.cacheLat, ps.confidence(&s.p)
+	}
+	return c
 }
 
 // tickLocked numbers now in DecayInterval steps since the first time the store saw. Score

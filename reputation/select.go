@@ -3,6 +3,7 @@ package reputation
 import (
 	"math"
 	"math/rand/v2"
+	"time"
 )
 
 // maxPerformanceFactor bounds a candidate's performance factor (dimensionless). The store
@@ -28,6 +29,13 @@ type Candidate struct {
 	// their given order).
 	Penalty float64
 	Cooling bool
+	// Latency and Confidence are what this node measured of the peer's latency: the
+	// geometric moving average of the latencies RecordPerformance was given (the router's
+	// time to first token), 0 when none; and how much that average counts, in [0, 1] (full
+	// after PerformanceSamples recent samples, fading with PerformanceHalfLife when they
+	// stop). Select ignores them; the router's latency rule reads them (mesh/route).
+	Latency    time.Duration
+	Confidence float64
 }
 
 // eligible reports whether c may be picked at all.

@@ -193,11 +193,8 @@ type peerView interface {
 // Links into and out of node 2 add 50 ms each way from the start: node 0, which routes,
 // measures a round trip to node 2 of at least 100 ms (the peerstore's latency, the RTT the
 // executor gives route.Decide as Peer.RTT) and less to node 1. The share of
-// requests node 2 gets is logged, not asserted: route.Decide orders mesh peers by score,
-// measured performance and spare capacity, and uses the RTT only in the mesh tier's TTFT
-// estimate, so a 100 ms longer round trip does not reliably lower a peer's share (a
-// performance sample also counts throughput, which a delay leaves alone or improves when
-// it coalesces tokens).
+// requests node 2 gets is logged here; TestSlowPeerF3 asserts what route.Decide's latency
+// rule makes of it.
 func TestLinkDelay(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	const delay = 50 * time.Millisecond

@@ -49,6 +49,42 @@
 // behind a clean one says so (Decision.Penalized), and the executor counts it as
 // routes_penalized.
 //
+// # Latency
+//
+// A peer that is slow for this node to reach or to answer (a far or throttled link, a
+// busy host) loses its share to the quicker ones, by its estimated time to first token
+// (docs/reliability.md F3). The estimate comes from what this node measured of it
+// (reputation's Candidate.Latency: the geometric moving average of the times to first
+// token the executor recorded with RecordPerformance, and the confidence c in it, full
+// after five recent samples and fading with a 2 min half-life), or, for a peer never
+// measured, from its round trip (Peer.RTT). With q the quickest latency measured of any
+// eligible peer:
+//
+//	measured before   estimate = c × measured + (1 − c) × q
+//	never measured    estimate = max(RTT, q)       (a first token takes a round trip at least)
+//	factor            = ((best + slack) ÷ (estimate + slack))²
+//
+// best is the least estimate among the eligible peers and slack Tuning.LatencySlack (50 ms),
+// so that jitter of a few ms does not move traffic. The factor multiplies the peer's
+// performance in its weight, on top of reputation's own performance factor (which compares
+// latency and decode rate with the mean of measured peers, within ×4 either way, and which
+// a noisy decode rate on short completions can outweigh). A peer k times slower than the
+// best weighs about 1/k² as much: with two quick peers and one ten times slower, the slow
+// one leads about ε/3 + 0.95 × 0.01/2.01 ≈ 2.1 % of the decisions. A peer with neither a
+// measurement nor a round trip keeps its weight and is left out of best.
+//
+// What the rule keeps: the peer with the least estimate keeps its full weight, so a
+// healthy peer is never starved; every factor is in (0, 1]; exploration (ε, uniform over
+// the class) still sends the slow peer about ε/n of the requests, so it keeps being
+// measured and regains its share once it is quick again, the sooner as its old
+// measurements fade (the stale-peer boost: a peer left alone comes back to par, q, and is
+// tried again). The round trip counts only until the first measurement: the peerstore's
+// average follows a change of the link over some twenty pings (one a heartbeat, 15 s), far
+// more slowly than measurements do. The rule changes no score: being slow is not
+// misbehaviour, and a timeout already counts as a failure (reputation's performance class
+// does move a score, by 15 points at most and never below the floor of 40).
+// TestSlowPeerF3Virtual plays F3 on virtual time with the real store.
+//
 // # Estimates
 //
 // Each tier gets an Estimate for the model, n being the completion budget
@@ -182,7 +218,8 @@
 // # Cost
 //
 // A decision over 1,000 peers is one pass over the snapshot, one RankIndices (whose indices
-// lead straight back to the peers), one Select and one pass for the fallbacks: about 1.5
+// lead straight back to the peers), three short passes of the latency rule (arithmetic
+// only: the store caches each peer's latency), one Select and one pass for the fallbacks: about 1.5
 // times reputation's Rank and Select alone (BenchmarkDecide), provided the caller supplies
 // two things. Peer.Key carries the peer ID's string form, cached by the caller: encoding it
 // costs about 1.5 µs a peer. Snapshot.Scratch lends Decide working memory it reuses from

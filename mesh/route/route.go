@@ -106,6 +106,7 @@ type Tuning struct {
 	BalancedSecondsPerUSD float64       // balanced priority counts 1 USD as this many seconds
 	MaxMeshAttempts       int           // peers in a plan
 	ColdFactor            float64       // weight multiplier for a peer whose model is cold
+	LatencySlack          time.Duration // added to both sides of the latency rule's ratio
 }
 
 // Default tuning values.
@@ -127,6 +128,11 @@ const (
 	// DefaultColdFactor (0.5) halves the share of a peer that would first have to load the
 	// model (about DefaultColdStart of extra latency) against one that has it warm.
 	DefaultColdFactor = 0.5
+	// DefaultLatencySlack (50 ms) is added to a peer's estimated time to first token and to
+	// the quickest peer's in the latency rule, so that differences well under what a person
+	// notices (a few ms on a LAN, jitter) barely move traffic, while a peer hundreds of ms
+	// slower loses most of it.
+	DefaultLatencySlack = 50 * time.Millisecond
 )
 
 // DefaultTuning returns the default tuning.
@@ -138,6 +144,7 @@ func DefaultTuning() Tuning {
 		BalancedSecondsPerUSD: DefaultBalancedSecondsPerUSD,
 		MaxMeshAttempts:       DefaultMaxMeshAttempts,
 		ColdFactor:            DefaultColdFactor,
+		LatencySlack:          DefaultLatencySlack,
 	}
 }
 
@@ -162,6 +169,9 @@ func (t Tuning) withDefaults() Tuning {
 	}
 	if !(t.ColdFactor > 0) {
 		t.ColdFactor = d.ColdFactor
+	}
+	if t.LatencySlack <= 0 {
+		t.LatencySlack = d.LatencySlack
 	}
 	return t
 }
