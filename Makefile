@@ -5,7 +5,7 @@ LDFLAGS := -X main.version=$(VERSION)
 # CI runs on 2 cores; -race and a timeout that fails loudly instead of hanging CI.
 TESTFLAGS ?= -race -count=1 -timeout 14m
 
-.PHONY: build run test bench fuzz soak lint clean
+.PHONY: build run test bench fuzz soak reliability lint clean
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/meshinfer ./cmd/meshinfer
@@ -60,6 +60,12 @@ fuzz:
 # Long-running tests (T3 in docs/reliability.md), behind a build tag so CI never runs them.
 soak:
 	$(GO) test -race -count=1 -tags soak -timeout 30m -run Soak ./...
+
+# Every case of the reliability catalogue this machine can run, one table (docs/reliability.md,
+# "make reliability"). RELFLAGS: e.g. -o table.md, -case '^F1$$', -fuzztime 60s.
+RELFLAGS ?=
+reliability:
+	$(GO) run ./testnet/reliability $(RELFLAGS)
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1)
