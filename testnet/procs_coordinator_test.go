@@ -145,7 +145,7 @@ func f13Round(t *testing.T, ps *Procs, key string, restart bool) {
 			t.Fatalf("restart after a drain: %v", err)
 		}
 	}
-	t.Logf("F13 (restart %v): %d tasks, %d streaming at the kill; restart took %v; %d completed, %d coordinator_lost (latest %v after the kill); %d runs metered completed, each once",
+	t.Logf("figure F13: restart %v: %d tasks, %d streaming at the kill; restart took %v; %d completed, %d coordinator_lost (latest %v after the kill); %d runs metered completed, each once",
 		restart, tasks, inFlight, restarted.Round(time.Millisecond), completed, lost, late.Round(time.Millisecond), metered)
 }
 

@@ -45,12 +45,7 @@ func judge(c Case, results, fuzzed map[string]*result) row {
 				skips = append(skips, name+": "+firstNonEmpty(tr.Log, "skipped"))
 			}
 			for _, f := range tr.Figures {
-				if f.Case != c.ID {
-					continue
-				}
-				if _, sub, ok := strings.Cut(f.Test, "/"); ok {
-					figs = append(figs, sub+": "+f.Text)
-				} else {
+				if f.Case == c.ID {
 					figs = append(figs, f.Text)
 				}
 			}
