@@ -39,6 +39,7 @@ FUZZ_TARGETS := \
 	./mesh/probe/:FuzzParseMeminfo ./mesh/probe/:FuzzParseNVIDIASMI ./mesh/probe/:FuzzParseCPUInfo \
 	./mesh/receipts/:FuzzParse ./mesh/receipts/:FuzzParseTask \
 	./mesh/participation/:FuzzDecodeOverrides ./mesh/participation/:FuzzDecodeConsent \
+	./mesh/participation/:FuzzPolicyHysteresis \
 	./inference/:FuzzRequestJSON ./inference/:FuzzDigest ./inference/:FuzzParseDigest \
 	./inference/upstream/:FuzzSSE ./internal/frame/:FuzzReader ./node/console/:FuzzStatusQuery \
 	./transport/infer/:FuzzRequestFrame ./transport/infer/:FuzzResponseFrame \
@@ -62,9 +63,9 @@ soak:
 	$(GO) test -race -count=1 -tags soak -timeout 30m -run Soak ./...
 
 # Every case of the reliability catalogue this machine can run, one table (docs/reliability.md,
-# "make reliability"), each fuzz target fuzzed 30 s after its seeds. RELFLAGS: e.g.
+# "make reliability"), each fuzz target fuzzed 60 s after its seeds. RELFLAGS: e.g.
 # -o table.md, -case '^F1$$', -fuzztime 60s.
-RELFLAGS ?= -fuzztime 30s
+RELFLAGS ?= -fuzztime 60s
 reliability:
 	$(GO) run ./testnet/reliability $(RELFLAGS)
 

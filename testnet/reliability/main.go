@@ -109,11 +109,13 @@ func run() int {
 						continue
 					}
 					args := fuzzArgs(r.Pkg, t, *fuzztime)
+					t0 := time.Now()
 					fmt.Fprintf(os.Stderr, "go %s\n", strings.Join(args, " "))
 					res, err := goTest(ctx, dir, args, stderr)
 					if err != nil {
 						res = &result{PkgFail: true, PkgLog: []string{err.Error()}}
 					}
+					fmt.Fprintf(os.Stderr, "  %v\n", time.Since(t0).Round(time.Second))
 					fuzzed[r.Pkg+" "+t] = res
 				}
 			}

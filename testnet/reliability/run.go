@@ -17,13 +17,17 @@ import (
 // A group is one `go test` invocation: every run of the selected cases that shares a
 // package, build tags and -race goes into one, so each test binary is built and linked
 // once (a -race link of the testnet binary takes longer than most of its tests). Its
-// timeout is the sum of its runs'.
+// timeout is the sum of its runs', at most maxGroupTimeout.
 type group struct {
 	pkg, tags string
 	race      bool
 	tests     []string
 	timeout   time.Duration
 }
+
+// maxGroupTimeout is the whole run's budget (docs/reliability.md: under 30 min on 2
+// cores): no one invocation may take longer.
+const maxGroupTimeout = 30 * time.Minute
 
 func (g group) key() string { return groupKey(g.pkg, g.tags, g.race) }
 
@@ -44,7 +48,7 @@ func groups(cases []Case) []*group {
 				byKey[k] = g
 				out = append(out, g)
 			}
-			g.timeout += r.Timeout
+			g.timeout = min(g.timeout+r.Timeout, maxGroupTimeout)
 			for _, t := range r.Tests {
 				if !contains(g.tests, t) {
 					g.tests = append(g.tests, t)
