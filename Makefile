@@ -5,7 +5,7 @@ LDFLAGS := -X main.version=$(VERSION)
 # CI runs on 2 cores; -race and a timeout that fails loudly instead of hanging CI.
 TESTFLAGS ?= -race -count=1 -timeout 14m
 
-.PHONY: build run test bench fuzz soak lint clean
+.PHONY: build run test bench fuzz soak reliability lint clean
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/meshinfer ./cmd/meshinfer
@@ -39,6 +39,7 @@ FUZZ_TARGETS := \
 	./mesh/probe/:FuzzParseMeminfo ./mesh/probe/:FuzzParseNVIDIASMI ./mesh/probe/:FuzzParseCPUInfo \
 	./mesh/receipts/:FuzzParse ./mesh/receipts/:FuzzParseTask \
 	./mesh/participation/:FuzzDecodeOverrides ./mesh/participation/:FuzzDecodeConsent \
+	./mesh/participation/:FuzzPolicyHysteresis \
 	./inference/:FuzzRequestJSON ./inference/:FuzzDigest ./inference/:FuzzParseDigest \
 	./inference/upstream/:FuzzSSE ./internal/frame/:FuzzReader ./node/console/:FuzzStatusQuery \
 	./transport/infer/:FuzzRequestFrame ./transport/infer/:FuzzResponseFrame \
@@ -60,6 +61,13 @@ fuzz:
 # Long-running tests (T3 in docs/reliability.md), behind a build tag so CI never runs them.
 soak:
 	$(GO) test -race -count=1 -tags soak -timeout 30m -run Soak ./...
+
+# Every case of the reliability catalogue this machine can run, one table (docs/reliability.md,
+# "make reliability"), each fuzz target fuzzed 60 s after its seeds. RELFLAGS: e.g.
+# -o table.md, -case '^F1$$', -fuzztime 60s.
+RELFLAGS ?= -fuzztime 60s
+reliability:
+	$(GO) run ./testnet/reliability $(RELFLAGS)
 
 lint:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1)

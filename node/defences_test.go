@@ -93,6 +93,8 @@ func TestConnectionCapPerIP(t *testing.T) {
 			if err := other.Connect(ctx, target); err != nil {
 				t.Fatalf("a peer on 127.0.0.3: %v", err)
 			}
+			t.Logf("figure L3: %d peers of 127.0.0.2 connected, the next %s; a peer of 127.0.0.3 connected",
+				limitConnsPerIPv4, map[bool]string{true: "refused", false: "connected (exempt)"}[tc.limit])
 		})
 	}
 }
@@ -330,6 +332,7 @@ func TestGossipSubGraylistsAForger(t *testing.T) {
 		t.Fatalf("the honest node: score %.1f, in the mesh %v; want above 0 and in", hs.Score, in)
 	}
 	t.Logf("honest node: score %.1f (first deliveries %.1f)", hs.Score, hs.Topics[w.topic].FirstMessageDeliveries)
+	t.Logf("figure F10: the forger graylisted at the %dth rejected vector (score %.0f), its next 10 messages dropped unvalidated; the honest neighbour %.1f, in the mesh", rejected, s.Score, hs.Score)
 }
 
 // localIPv4 is a non-loopback IPv4 address of this machine, or "" when it has none.
@@ -407,7 +410,7 @@ func TestSybilsOnOneIPScoreBelowPublish(t *testing.T) {
 	if victim.Host().Network().Connectedness(honest.ID()) != network.Connected {
 		t.Fatal("the peer on its own address was disconnected")
 	}
-	t.Logf("%d Sybils on %s connected (%d refused by the per-IP cap), each scoring %.0f; the peer on 127.0.0.3 scores 0", len(sybils), ip, refused, want)
+	t.Logf("figure F11: %d Sybils on %s connected (%d refused by the per-IP cap), each scoring %.0f; the peer on 127.0.0.3 scores 0", len(sybils), ip, refused, want)
 }
 
 // Bootstrap peers' IP addresses are allowlisted in the resource manager for their own peer

@@ -31,4 +31,5 @@ func TestDrainRefusesNewTasksAndAnnounces(t *testing.T) {
 	if err := n.Drain(ctx); err != nil { // again: no second announcement needed, still nil
 		t.Fatalf("second drain: %v", err)
 	}
+	t.Logf("figure F18: draining: a new task refused with %s, the node announced not accepting", inference.CodeShuttingDown)
 }

@@ -214,6 +214,7 @@ func TestResourceManagerBoundsPeerStreams(t *testing.T) {
 		t.Fatalf("refused after %d streams (%v): want some, and at most %d", held, refusal, limitPeerStreamsIn)
 	}
 	t.Logf("refused after %d streams (%d KiB accounted): %v", held, held*yamuxWindow>>10, refusal)
+	t.Logf("figure L2: one peer's never-read streams refused after %d (limit %d), %d KiB accounted in its scope", held, limitPeerStreamsIn, held*yamuxWindow>>10)
 }
 
 // With AnnounceAddrs the host tells exactly those addresses, not its listen address, and a

@@ -91,6 +91,7 @@ func TestCoordinatorMetersReceiptsAndLiarAsZero(t *testing.T) {
 		}
 		lies += coordinatorRound(t, tn, idx, c.key(idx), int64(7000+100*round))
 	}
+	t.Logf("figure F6: the coordinator metered the liar's %d caught tasks as 0", lies)
 }
 
 // coordinatorRound sends requests through coordinator idx until it has excluded the liar

@@ -115,6 +115,7 @@ func TestLocalOnlyPathDependencies(t *testing.T) {
 	}) {
 		t.Errorf("control %s shows no libp2p dependency (found %v): the check sees nothing", control, deps)
 	}
+	t.Logf("figure F14: the local-only path (%d packages) links no network stack; the control does", len(path))
 }
 
 // depsUnder returns, for each of pkgs, its transitive dependencies that are or lie under one

@@ -126,6 +126,8 @@ func TestStreamResumesAfterPeerFrozen(t *testing.T) {
 	if st.Routing.Resumptions < 1 || st.RoutingAffinity.TargetReputation.CoolingTargets < 1 {
 		t.Fatalf("routing %+v, %+v: want a resumption and the frozen peer cooling down", st.Routing, st.RoutingAffinity)
 	}
+	t.Logf("figure F1: in process, frozen: stream reset %v after the freeze, client stall %v (inter-token timeout %v), identical",
+		detected.Round(time.Millisecond), stall.Round(time.Millisecond), interToken)
 }
 
 // With no other peer to go on, a stream frozen mid-stream ends with a timeout error event
@@ -147,4 +149,5 @@ func TestFrozenPeerWithoutAlternativeTimesOut(t *testing.T) {
 	if took < interToken || took > interToken+slack {
 		t.Fatalf("timeout %v after the last token, want the inter-token timeout %v (+ at most %v)", took, interToken, slack)
 	}
+	t.Logf("figure F1: in process, frozen, no alternative: %s %v after the last token (inter-token timeout %v)", r.errCode, took.Round(time.Millisecond), interToken)
 }

@@ -116,7 +116,8 @@ func TestPartitionAndHeal(t *testing.T) {
 	// staleAfter past the last announcement that crossed, which was before the partition;
 	// the extra half second is polling and the registry's clock reads.
 	within(t, staleAfter+500*time.Millisecond, "node 3 and the others stale to each other", seen(true))
-	t.Logf("partition: stale after %v (bound %v)", time.Since(t0).Round(time.Millisecond), staleAfter)
+	stale := time.Since(t0).Round(time.Millisecond)
+	t.Logf("partition: stale after %v (bound %v)", stale, staleAfter)
 
 	// Same side: synth-tiny from nodes 0 and 2 is served by node 1.
 	for k := range 10 {
@@ -157,7 +158,8 @@ func TestPartitionAndHeal(t *testing.T) {
 		t.Fatal(err)
 	}
 	within(t, 2*hb+500*time.Millisecond, "node 3 and the others fresh to each other", seen(false))
-	t.Logf("heal: fresh after %v (bound %v)", time.Since(t1).Round(time.Millisecond), 2*hb)
+	fresh := time.Since(t1).Round(time.Millisecond)
+	t.Logf("heal: fresh after %v (bound %v)", fresh, 2*hb)
 	served := false
 	for k := 0; !served && time.Since(t1) < 10*time.Second; k++ {
 		r := stream(t, tn.Node(0).APIAddr(), routedBody("synth-tiny", 4, int64(200+k), nil), nil, nil)
@@ -169,7 +171,8 @@ func TestPartitionAndHeal(t *testing.T) {
 	if !served {
 		t.Fatal("node 3 served no request within 10 s of the heal")
 	}
-	t.Logf("heal: node 3 served after %v", time.Since(t1).Round(time.Millisecond))
+	servedAfter := time.Since(t1).Round(time.Millisecond)
+	t.Logf("heal: node 3 served after %v", servedAfter)
 	for _, i := range others {
 		for _, p := range tn.Node(i).Peers() {
 			if p.PeerID == cut.ID().String() && (p.Excluded || p.Score < reputation.ExcludeBelow) {
@@ -182,6 +185,8 @@ func TestPartitionAndHeal(t *testing.T) {
 			t.Errorf("node 3 scores %s %.1f after the partition (%s)", p.PeerID, p.Score, p.ScoreReason)
 		}
 	}
+	t.Logf("figure F2: stale %v after the cut (heartbeat %v); after the heal fresh %v, node 3 serving %v; no score below 40",
+		stale, hb, fresh, servedAfter)
 }
 
 // peerView is what seen needs of a node.
@@ -235,6 +240,8 @@ func TestLinkDelay(t *testing.T) {
 		}
 	}
 	t.Logf("the delayed peer served %d of %d requests", slowServed, n)
+	t.Logf("figure F3: RTT to a peer %v further each way %v (direct peer %v); it served %d of %d requests",
+		delay, rtt(slow.ID()).Round(time.Millisecond), rtt(fast.ID()).Round(time.Millisecond), slowServed, n)
 }
 
 // The proxy tells a node by its loopback source address.

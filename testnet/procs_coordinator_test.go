@@ -145,8 +145,8 @@ func f13Round(t *testing.T, ps *Procs, key string, restart bool) {
 			t.Fatalf("restart after a drain: %v", err)
 		}
 	}
-	t.Logf("F13 (restart %v): %d tasks, %d streaming at the kill; restart took %v; %d completed, %d coordinator_lost (latest %v after the kill); %d runs metered completed, each once",
-		restart, tasks, inFlight, restarted.Round(time.Millisecond), completed, lost, late.Round(time.Millisecond), metered)
+	t.Logf("figure F13: coordinator process %s: %d tasks, %d streaming at the kill; restart took %v; %d completed, %d coordinator_lost (latest %v after the kill); %d runs metered completed, each once",
+		map[bool]string{true: "restarted", false: "gone"}[restart], tasks, inFlight, restarted.Round(time.Millisecond), completed, lost, late.Round(time.Millisecond), metered)
 }
 
 // completedRuns counts the completed meter events of each gateway run in the usage log of

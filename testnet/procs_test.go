@@ -229,6 +229,8 @@ func TestProcsStreamResumesAfterSIGKILL(t *testing.T) {
 			if !strings.Contains(fmt.Sprint(killed.Err()), "killed") {
 				t.Fatalf("killed node ended with %v, want signal: killed", killed.Err())
 			}
+			t.Logf("figure F1: SIGKILL, router connected over %v: longest stall %v, done %v after the kill, identical, %d attempts",
+				transports[killed.ID], f.stall.Round(time.Millisecond), time.Since(f.at).Round(time.Millisecond), f.final.Attempts)
 		})
 	}
 }
@@ -382,6 +384,7 @@ func TestProcsDrainOnSIGTERM(t *testing.T) {
 	if err := drained.Err(); err != nil {
 		t.Fatalf("drained node exited with %v, want status 0", err)
 	}
+	t.Logf("figure F18: SIGTERM at token 1: the stream finished on the draining peer (%d tokens, 1 attempt, identical), exit 0", len(r.tokens))
 }
 
 // frozenDetectBudget is the longest inter-token timeout for which TestProcsFrozenPeerIsDetected
@@ -410,6 +413,8 @@ func TestProcsFrozenPeerIsDetected(t *testing.T) {
 	if limit := bound + 5*time.Second; f.stall > limit {
 		t.Fatalf("the client stalled %v after the freeze, want under the inter-token timeout %v + 5s", f.stall, bound)
 	}
+	t.Logf("figure F1: SIGSTOP: client stall %v (inter-token timeout %v), identical, %d attempts",
+		f.stall.Round(time.Millisecond), bound, f.final.Attempts)
 }
 
 // `meshinfer testnet --procs` leaves no child behind: on Ctrl-C (SIGINT) it stops and reaps
@@ -461,12 +466,14 @@ func TestProcsCommandLeavesNoChild(t *testing.T) {
 			if err := cmd.Process.Signal(sig); err != nil {
 				t.Fatal(err)
 			}
+			signalled := time.Now()
 			if sig == syscall.SIGINT {
 				go io.Copy(io.Discard, out) // ends at the command's exit
 				if err := cmd.Wait(); err != nil {
 					t.Fatalf("testnet --procs on Ctrl-C: %v", err)
 				}
 				assertGone(t, pids) // reaped by the command before it exited
+				t.Logf("figure F18: testnet --procs on Ctrl-C: exit 0 %v after, both children reaped before it", time.Since(signalled).Round(time.Millisecond))
 				return
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -474,6 +481,7 @@ func TestProcsCommandLeavesNoChild(t *testing.T) {
 			if err := WaitFor(ctx, 10*time.Millisecond, func() bool { return !alive(pids[0]) && !alive(pids[1]) }); err != nil {
 				t.Fatalf("children %v of a SIGKILLed testnet still run after 10s", pids)
 			}
+			t.Logf("figure F18: testnet --procs SIGKILLed: both children gone %v after", time.Since(signalled).Round(time.Millisecond))
 		})
 	}
 }

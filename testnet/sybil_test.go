@@ -158,4 +158,5 @@ func TestSybilVectorsThroughCapsSync(t *testing.T) {
 	if got != 2 {
 		t.Fatalf("the victim's sync answer holds %d vectors, want 2 (its own and the honest peer's)", got)
 	}
+	t.Logf("figure F11: made-up identities handed over by sync: the victim's sync answer holds %d vectors (its own and the honest peer's), none of the Sybils'", got)
 }

@@ -73,6 +73,9 @@ func TestLiarIsExcludedAfterOneVerifiedTask(t *testing.T) {
 	for run := range 3 {
 		t.Run(fmt.Sprintf("run %d", run), func(t *testing.T) { liarExcluded(t, int64(1000*run), verifyEverything) })
 	}
+	if !t.Failed() {
+		t.Logf("figure F6: the liar excluded after one verified task in 3 of 3 runs")
+	}
 }
 
 // liarExcluded runs the bound on a fresh testnet: node 0 routes and serves nothing, nodes 1-3
@@ -402,6 +405,7 @@ func TestHonestPeersPassEveryVerification(t *testing.T) {
 			t.Fatalf("honest node %d scored %v (excluded %v)", i, score, ex)
 		}
 	}
+	t.Logf("figure F6: %d verified tasks of honest peers, %d passed, 0 failed; no honest peer below neutral", requests, v.Passed)
 }
 
 // A liar's stream is a well-formed answer with false content: as many tokens, the same
@@ -475,6 +479,7 @@ func TestSlowPeerGetsLessWork(t *testing.T) {
 	if 2*slow >= q1+q2 {
 		t.Fatalf("slow peer served %d, the quick ones %d and %d", slow, q1, q2)
 	}
+	t.Logf("figure F3: of %d requests the slow peer served %d, the quick ones %d and %d", requests, slow, q1, q2)
 }
 
 // A flaky peer (node 3) drops all its connections every FlakyPeriod; streams cut that way

@@ -55,6 +55,7 @@ func TestRefusals(t *testing.T) {
 		{"truncated body", []byte{0x05, 'a', 'b'}, io.ErrUnexpectedEOF},
 		{"truncated length", []byte{0x80}, io.ErrUnexpectedEOF},
 	}
+	var most int64 // bytes read to refuse an over-length frame
 	for _, tc := range cases {
 		cr := &countingReader{r: bytes.NewReader(tc.in)}
 		_, err := NewReader(cr, 1024).Next()
@@ -66,7 +67,11 @@ func TestRefusals(t *testing.T) {
 		if tc.want == ErrTooLarge && cr.n > 1024+16 {
 			t.Errorf("%s: read %d bytes to refuse", tc.name, cr.n)
 		}
+		if tc.want == ErrTooLarge {
+			most = max(most, int64(cr.n))
+		}
 	}
+	t.Logf("figure F9: %d malformed frames refused with their error; an over-length frame after reading at most %d bytes (maximum 1024)", len(cases), most)
 }
 
 func FuzzReader(f *testing.F) {

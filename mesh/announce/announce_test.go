@@ -284,6 +284,7 @@ func TestValidatorRejectsForgeriesWithoutStateChange(t *testing.T) {
 		t.Fatalf("genuine vector: got %+v, want accepted", got)
 	}
 	waitFor(t, "registry entry", func() bool { return r.reg.Len() == 1 })
+	t.Logf("figure F7: every forged vector rejected with no registry entry; the genuine one accepted")
 }
 
 func TestValidatorIgnoresReplays(t *testing.T) {
@@ -313,6 +314,7 @@ func TestValidatorIgnoresReplays(t *testing.T) {
 			t.Errorf("%s: registry seq %d, want 20", tc.name, e.Vector.Seq)
 		}
 	}
+	t.Logf("figure F8: every replay ignored, the registry still at seq 20")
 }
 
 func TestTwoAnnouncersSeeEachOther(t *testing.T) {
@@ -450,6 +452,7 @@ func TestSyncFromForgerChangesNothing(t *testing.T) {
 	if n, err := r.victim.syncFrom(context.Background(), r.attacker.ID()); err != nil || n != 1 {
 		t.Fatalf("genuine sync = %d, %v; want 1, nil", n, err)
 	}
+	t.Logf("figure F7: a forger's sync answer changed nothing in the registry")
 }
 
 // TestSyncCannotBringBackAForgottenPeer: a vector still valid (10 min) of a peer the
@@ -472,6 +475,7 @@ func TestSyncCannotBringBackAForgottenPeer(t *testing.T) {
 	if n, err := r.victim.syncFrom(context.Background(), r.attacker.ID()); err != nil || n != 0 || r.reg.Len() != 0 {
 		t.Fatalf("second sync = %d, %v, %d held; want the forgotten peer's vector refused", n, err, r.reg.Len())
 	}
+	t.Logf("figure F8: a forgotten peer's still-valid vector refused when a sync answer hands it over again")
 }
 
 // seqRig is a validator recording into a reputation store, and msg builds the author's
@@ -549,6 +553,7 @@ func TestLateMessageAfterPartitionIsNoRollback(t *testing.T) {
 	if reason, _, _ := rep.LastChange(author.String()); reason != reputation.ProtocolViolation.String() {
 		t.Fatalf("re-signed old vector: reason %q, want protocol_violation", reason)
 	}
+	t.Logf("figure F2: a message held across a partition arriving after a newer vector: ignored, no penalty; a re-signed old vector still a protocol violation")
 }
 
 // TestMissedHeartbeatsLowerTheScore: each heartbeat a contacted peer misses is recorded

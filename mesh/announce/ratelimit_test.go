@@ -87,6 +87,7 @@ func TestRateLimitPerAuthor(t *testing.T) {
 		// by check itself.
 		t.Fatalf("counts %+v, want 14 rate-limited", c)
 	}
+	t.Logf("figure F10: per author a burst of %d, then one per heartbeat/3; none refilled when the clock goes back", rateBurst)
 }
 
 // TestAnnouncementFloodIsRateLimited is F10's second attacker on real hosts: an identity
@@ -123,4 +124,5 @@ func TestAnnouncementFloodIsRateLimited(t *testing.T) {
 	if reason, _, changed := r.rep.LastChange(r.attacker.ID().String()); changed {
 		t.Fatalf("the rate-limited author was penalized (%s)", reason)
 	}
+	t.Logf("figure F10: of %d signed announcements of one identity (clock held) %d accepted, %d ignored as rate-limited, no penalty", flood, flood-int(limited), limited)
 }

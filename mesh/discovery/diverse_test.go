@@ -192,6 +192,9 @@ func TestDiverseOutboundSurviveInboundFlood(t *testing.T) {
 				}
 			}
 			t.Logf("after the flood and the trim: honest peers connected %v, inbound connections %d", kept, inbound)
+			if tc.slots > 0 {
+				t.Logf("figure F12: after 12 inbound attackers and a trim to 1: %d protected outbound connections to honest peers kept, %d inbound left", len(kept), inbound)
+			}
 			if tc.slots > 0 && (len(kept) < 3 || inbound > 1) {
 				t.Fatalf("protected: %d honest peers kept, %d inbound connections left; want at least the 3 protected, at most 1 inbound", len(kept), inbound)
 			}

@@ -138,6 +138,7 @@ func TestNewRefusesNonLoopback(t *testing.T) {
 			}
 		})
 	}
+	t.Logf("figure F17: the console refuses every non-loopback bind address")
 }
 
 func TestNewAcceptsLoopback(t *testing.T) {
@@ -415,4 +416,5 @@ func TestConsoleRefusesForeignHost(t *testing.T) {
 	if code, _, _ := get(t, http.MethodGet, "http://"+s.Addr()+"/api/status"); code != http.StatusOK {
 		t.Fatalf("Host %s: status %d, want 200", s.Addr(), code)
 	}
+	t.Logf("figure F17: a request with a foreign Host refused; the console's own address served")
 }

@@ -85,6 +85,7 @@ func TestSlowHeaderIsCut(t *testing.T) {
 	if took := time.Since(start); took < deadline {
 		t.Fatalf("cut after %v, before the %v deadline", took, deadline)
 	}
+	t.Logf("figure F4: console header trickled a byte at a time cut after %v (deadline %v)", time.Since(start).Round(time.Millisecond), deadline)
 }
 
 // A client holding connsPerIP connections has its next one closed on arrival; another
@@ -103,4 +104,5 @@ func TestConnsPerIPCap(t *testing.T) {
 	if code, err := statusFrom("127.0.0.2", s.Addr()); err != nil || code != http.StatusOK {
 		t.Fatalf("another client: %d, %v", code, err)
 	}
+	t.Logf("figure F4: console connection %d from 127.0.0.1 closed on arrival, 127.0.0.2 served", connsPerIP+1)
 }

@@ -447,6 +447,7 @@ func TestWSCloseCodes(t *testing.T) {
 			if got := rc.closeStatus(); got != tt.want {
 				t.Fatalf("closed with %v, want %v", got, tt.want)
 			}
+			t.Logf("figure F9: WebSocket, %s: closed with %v", tt.name, tt.want)
 		})
 	}
 }

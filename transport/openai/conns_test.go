@@ -96,6 +96,7 @@ func TestAPISlowAndGreedyClients(t *testing.T) {
 	if _, err := apiFrom("127.0.0.1", s.Addr()); err == nil {
 		t.Fatal("a request over the cap was served")
 	}
+	t.Logf("figure F4: API: a trickled header cut at its %v deadline while 127.0.0.2 was served; connection %d from one address refused", deadline, narrow.ConnsPerIP+1)
 }
 
 // The defaults are in force: a header past MaxHeaderBytes gets 431 from New's server.

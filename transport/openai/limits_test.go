@@ -83,6 +83,7 @@ func TestBodyLimit(t *testing.T) {
 // TestBodyLimitReads counts what the handler reads of an over-limit body of unknown length:
 // at most the limit plus 16 bytes (docs/reliability.md L6).
 func TestBodyLimitReads(t *testing.T) {
+	var most int64                              // bytes read beyond the limit
 	for _, limit := range []int64{0, 1 << 10} { // 0: the default, 256 KiB
 		eff := limit
 		if eff == 0 {
@@ -100,6 +101,7 @@ func TestBodyLimitReads(t *testing.T) {
 			if cr.n > eff+16 {
 				t.Errorf("limit %d, body %d: read %d bytes, want at most %d", eff, size, cr.n, eff+16)
 			}
+			most = max(most, cr.n-eff)
 			decodeError(t, w.Code, w.Header(), w.Body.Bytes())
 		}
 		// An announced length over the limit is refused before reading anything.
@@ -112,6 +114,7 @@ func TestBodyLimitReads(t *testing.T) {
 			t.Errorf("limit %d, Content-Length %d: status %d after reading %d bytes, want 413 after 0", eff, eff+1, w.Code, cr.n)
 		}
 	}
+	t.Logf("figure L6: over-limit bodies of unknown length refused (413) after reading at most the limit + %d bytes", most)
 }
 
 // TestMaxSizeBodiesConcurrent is docs/reliability.md L6 over a real connection: 32 concurrent
@@ -152,4 +155,5 @@ func TestMaxSizeBodiesConcurrent(t *testing.T) {
 	for e := range errs {
 		t.Error(e)
 	}
+	t.Logf("figure L6: %d concurrent bodies at the %d KiB limit all finished (200, a finish reason); %d one byte over all 413", n, limit>>10, n)
 }

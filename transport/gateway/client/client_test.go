@@ -60,6 +60,7 @@ func TestChatFallsBackToREST(t *testing.T) {
 		}
 		col.check(res, want, ref, client.TransportREST)
 	}
+	t.Logf("figure F16: without the WebSocket endpoint every request served over REST, identical to the reference")
 }
 
 // A missing, unknown or revoked key is refused with 401, over WebSocket and over REST, and
@@ -151,6 +152,7 @@ func TestKeepaliveThreeMissedPongs(t *testing.T) {
 	if o.res.Resubmits != 1 || co.d.calls.Load() != 1 {
 		t.Fatalf("%d resubmits, %d runs; want 1 and 1", o.res.Resubmits, co.d.calls.Load())
 	}
+	t.Logf("figure F16: pongs stopped: the connection declared dead after 3 missed pongs, the request resubmitted once and completed once")
 }
 
 // Over many seeded runs, a connection cut at a random token and the resubmission that
@@ -188,6 +190,7 @@ func TestResubmissionGivesExactlyOneCompletion(t *testing.T) {
 		t.Fatalf("usage %+v and %d runs after %d requests of %d tokens: each must be metered once",
 			u, co.d.calls.Load(), runs, ref.Usage.CompletionTokens)
 	}
+	t.Logf("figure F16: %d runs cut at a random token: %d completions, each identical and metered once (0 duplicates)", runs, u.Completed)
 }
 
 // peer_lost or unavailable before any token is retried once, over either transport; a

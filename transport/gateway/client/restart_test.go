@@ -207,6 +207,7 @@ func TestCoordinatorRestartEachCallEndsOnce(t *testing.T) {
 			if wantDone := map[bool]int{true: calls, false: 0}[restart]; completed != wantDone {
 				t.Fatalf("%d requests metered completed, want %d", completed, wantDone)
 			}
+			t.Logf("figure F13: in process, coordinator %s: %d calls in flight at the crash, each ended once; %d metered completed, none twice", name, calls, completed)
 		})
 	}
 }

@@ -132,6 +132,8 @@ func TestSoakLoad256Clients(t *testing.T) {
 	t.Logf("setup %v (coordinator + %d peers joined), load %v, %d clients × %d requests", setup.Round(time.Millisecond), npeers, loadDur.Round(time.Millisecond), clients, perClient)
 	t.Logf("completed %d, overloaded %d, other refusals %v, metered requests %d completed %d", ok, overloaded, refused, total.Requests, total.Completed)
 	t.Logf("completed latency p50 %.0f µs p99 %.0f µs; overloaded answered p50 %.0f µs p99 %.0f µs", quantile(okDur, .5), quantile(okDur, .99), quantile(olDur, .5), quantile(olDur, .99))
+	t.Logf("figure L1: %d × %d requests: %d completed, each metered once; %d overloaded (p99 %.0f ms), other typed refusals %v; completed p99 %.0f ms; peak heap %.0f MiB",
+		clients, perClient, ok, overloaded, quantile(olDur, .99)/1e3, refused, quantile(okDur, .99)/1e3, float64(peak)/(1<<20))
 	if olP50, okP50 := quantile(olDur, .5), quantile(okDur, .5); overloaded > 0 && olP50 >= okP50 {
 		t.Errorf("refusals took %.0f µs at the median, completions %.0f µs: refusals should be faster", olP50, okP50)
 	}

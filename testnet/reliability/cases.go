@@ -1,0 +1,246 @@
+package main
+
+import "time"
+
+// Case is one case of the reliability catalogue.
+type Case struct {
+	ID   string // L1-L6, F1-F19, Z1-Z12, as RELIABILITY.md numbers them
+	Name string // one line
+	// Measured says what the tests measure; Goal the figure they must reach: RELIABILITY.md's
+	// as written, or, marked "short:", the replacement the tests assert (docs/reliability.md
+	// says why and what is missing).
+	Measured, Goal string
+	Runs           []Run
+	// Missing says what is not built: for a case without Runs, everything its goal needs.
+	Missing string
+}
+
+// Run is one `go test` of a case: a package, its top-level tests (-run '^(A|B)$'), build
+// tags, -race, and a timeout that fails loudly instead of hanging.
+type Run struct {
+	Pkg     string
+	Tests   []string
+	Tags    string
+	Race    bool
+	Timeout time.Duration
+}
+
+// Timeouts: unit tests and fuzz seeds take seconds; the testnet's take up to a minute each
+// under -race on 2 cores.
+const (
+	short = 2 * time.Minute
+	long  = 10 * time.Minute
+)
+
+func race(pkg string, timeout time.Duration, tests ...string) Run {
+	return Run{Pkg: pkg, Tests: tests, Race: true, Timeout: timeout}
+}
+
+func plain(pkg string, timeout time.Duration, tests ...string) Run {
+	return Run{Pkg: pkg, Tests: tests, Timeout: timeout}
+}
+
+// seeds runs fuzz targets on their seed corpus (and, with -fuzztime, fuzzes each).
+func seeds(pkg string, targets ...string) Run {
+	return Run{Pkg: pkg, Tests: targets, Timeout: short}
+}
+
+// Cases is the table of all 37 cases, in RELIABILITY.md's order.
+func Cases() []Case {
+	return []Case{
+		{
+			ID: "L1", Name: "256 WebSocket clients",
+			Measured: "256 clients × 4 requests through a coordinator to 4 peers (no -race)",
+			Goal:     "short: every admitted request completes once and is metered once; the excess gets overloaded, faster than completions at the median; goroutines back after close (no p99 TTFT, RSS or rcmgr polling yet)",
+			Runs:     []Run{{Pkg: "./transport/gateway/client/", Tests: []string{"TestSoakLoad256Clients"}, Tags: "soak", Timeout: long}},
+		},
+		{
+			ID: "L2", Name: "stream storm",
+			Measured: "one peer opening streams it never reads",
+			Goal:     "short: refused before it holds 256 streams (limitPeerStreamsIn), every window accounted in its scope (no honest traffic, p99 or heap measured)",
+			Runs:     []Run{race("./node/", short, "TestResourceManagerBoundsPeerStreams")},
+		},
+		{
+			ID: "L3", Name: "connection storm",
+			Measured: "peers on 127.0.0.2 with the loopback exemption overridden",
+			Goal:     "short: ≤ 8 connections per IPv4 address, another address served; bootstrap peers allowlisted (no 300-key storm, no first-try figure over 20 runs)",
+			Runs:     []Run{race("./node/", short, "TestConnectionCapPerIP", "TestBootstrapPeersAllowlisted")},
+		},
+		{
+			ID: "L4", Name: "soak",
+			Goal:    "20 req/s for 10 min (T1: 2 min) with 5 % peer faults: heap slope ≤ 0.5 MiB/min, goroutines ±2 %, FDs ±10, success ≥ 99 %",
+			Missing: "no soak test with injected faults; TestSoakLoad256Clients (L1) is a burst, not 10 min",
+		},
+		{
+			ID: "L5", Name: "announcement fan-out",
+			Goal:    "50 nodes announcing every 10 s for 10 virtual min: ≥ 99.9 % delivered, p99 ≤ 3 heartbeats, ≤ 6 duplicates per message",
+			Missing: "no 50-node simnet under synctest; the testnet's convergence tests have 5 nodes in real time",
+		},
+		{
+			ID: "L6", Name: "max-size inputs",
+			Measured: "32 bodies at the 256 KiB limit and 32 one byte over, at once; bytes read of an over-limit body",
+			Goal:     "short: limit-size all finish; over-limit refused (HTTP 413) after reading ≤ limit + 16 bytes (heap growth not measured)",
+			Runs:     []Run{race("./transport/openai/", short, "TestMaxSizeBodiesConcurrent", "TestBodyLimitReads", "TestBodyLimit")},
+		},
+		{
+			ID: "F1", Name: "peer killed or frozen mid-stream",
+			Measured: "in process (kill, freeze, no alternative) and real processes (SIGKILL over TCP and QUIC, SIGSTOP)",
+			Goal:     "short (one run per variant, not 100 seeded): output identical to the reference; frozen stream reset ≤ inter-token timeout + 0.5 s; no alternative: typed error ≤ timeout + 1 s, never a hang",
+			Runs: []Run{race("./testnet/", long, "TestStreamResumesAfterPeerKilled", "TestNoAlternativeLeftGivesPeerLost",
+				"TestStreamResumesAfterPeerFrozen", "TestFrozenPeerWithoutAlternativeTimesOut",
+				"TestProcsStreamResumesAfterSIGKILL", "TestProcsFrozenPeerIsDetected")},
+		},
+		{
+			ID: "F2", Name: "partition and heal",
+			Measured: "1 of 4 nodes cut off past the forget period (heartbeat 1 s), then healed",
+			Goal:     "short ({1 | 3}, not {3 | 3}): stale ≤ 2 heartbeats + 1 s; fresh ≤ 2 heartbeats after the heal; serving again ≤ 10 s; no score below 40",
+			Runs: []Run{race("./testnet/", long, "TestPartitionAndHeal"),
+				race("./mesh/announce/", short, "TestLateMessageAfterPartitionIsNoRollback")},
+		},
+		{
+			ID: "F3", Name: "slow peer",
+			Measured: "a slow backend among quick ones; a peer behind 50 ms of link delay each way",
+			Goal:     "short: the slow peer gets less work than the quick ones on average; the delayed peer's RTT ≥ 100 ms reaches the router (no 500-request share or stale-boost figure)",
+			Runs:     []Run{race("./testnet/", long, "TestSlowPeerGetsLessWork", "TestLinkDelay", "TestLinkProxyFaults")},
+		},
+		{
+			ID: "F4", Name: "slowloris",
+			Measured: "64 connections trickling a header (synctest); connections over the per-address cap; a stalled WebSocket message",
+			Goal:     "short: cut within the header deadline + 1 s; connection count back to before; honest requests undelayed in virtual time; over-cap refused (honest p99 ±20 % on real loopback is make bench's BenchmarkHonestUnderSlowloris)",
+			Runs: []Run{race("./transport/", short, "TestSlowlorisHeaderCut", "TestConnsPerIPOnLoopback"),
+				race("./node/console/", short, "TestConnsPerIPCap", "TestSlowHeaderIsCut"),
+				race("./transport/openai/", short, "TestAPISlowAndGreedyClients"),
+				race("./transport/gateway/", short, "TestWSStalledMessageIsCut")},
+		},
+		{
+			ID: "F5", Name: "clock skew",
+			Measured: "signers' clocks −10…+10 min; the local clock stepping back",
+			Goal:     "short: skew ≤ 5 min accepted, beyond refused as clock_skew (Ignore, no penalty); cooldowns never shortened by a clock step (no ±1 h jump figure)",
+			Runs: []Run{race("./mesh/caps/", short, "TestVerifyClockSkewF5", "TestVerifyTimeWindow"),
+				race("./reputation/", short, "TestCooldownNeverShortensWhenClockStepsBack")},
+		},
+		{
+			ID: "F6", Name: "lying peer",
+			Measured: "a liar among honest peers; hundreds of honest verified tasks; a liar's metering",
+			Goal:     "short: liar excluded after one verified task; honest peers never penalized; liar's failed tasks metered 0 (not 200 seeded runs per liar kind)",
+			Runs: []Run{race("./testnet/", long, "TestLiarIsExcludedAfterOneVerifiedTask", "TestLiarClaimingNondeterminismIsCaught",
+				"TestHonestPeersPassEveryVerification", "TestCoordinatorMetersReceiptsAndLiarAsZero"),
+				plain("./node/dispatch/", long, "TestHonestPeersPassThousandsOfVerifications")},
+		},
+		{
+			ID: "F7", Name: "spoofed capability vectors",
+			Measured: "the forgery matrix against Verify and the GossipSub validator",
+			Goal:     "100 % refused; 0 registry changes",
+			Runs: []Run{race("./mesh/caps/", short, "TestVerifyForgeryMatrix"),
+				race("./mesh/announce/", short, "TestValidatorRejectsForgeriesWithoutStateChange", "TestSyncFromForgerChangesNothing")},
+		},
+		{
+			ID: "F8", Name: "replayed announcements",
+			Measured: "older seq, after the seen-cache, expired records, a forgotten peer's vector",
+			Goal:     "ignored, state unchanged (100 %)",
+			Runs: []Run{race("./mesh/announce/", short, "TestValidatorIgnoresReplays", "TestSyncCannotBringBackAForgottenPeer"),
+				race("./mesh/registry/", short, "TestPutKeepsOnlyNewerSeq")},
+		},
+		{
+			ID: "F9", Name: "oversized or malformed frames",
+			Measured: "over-length and non-minimal varints, oversized request frames, WebSocket protocol breaks, over-limit bodies",
+			Goal:     "short: no panic; bytes read ≤ max + 16; reset or close with its code; honest requests still served (close within 100 ms not timed)",
+			Runs: []Run{race("./internal/frame/", short, "TestRefusals"),
+				race("./transport/infer/", short, "TestServerRefusesOversizedRequest", "TestProtocolViolationsGivePeerLost"),
+				race("./transport/gateway/", short, "TestWSCloseCodes")},
+		},
+		{
+			ID: "F10", Name: "announcement flood",
+			Measured: "a neighbour forwarding forged vectors; one identity's 50 signed announcements",
+			Goal:     "short: forger below the graylist threshold (-400) at the 7th rejected vector; 4 accepted then one per heartbeat/3, no penalty (not 1,000/s for 30 s)",
+			Runs: []Run{race("./node/", short, "TestGossipSubGraylistsAForger"),
+				race("./mesh/announce/", short, "TestAnnouncementFloodIsRateLimited", "TestRateLimitPerAuthor")},
+		},
+		{
+			ID: "F11", Name: "Sybil colocation",
+			Measured: "12 identities on the machine's non-loopback address; made-up identities through sync",
+			Goal:     "short: 8 connect, each below the publish threshold (-100); sync-fed Sybils never routed (no routed-share figure)",
+			Runs: []Run{race("./node/", short, "TestSybilsOnOneIPScoreBelowPublish"),
+				race("./testnet/", long, "TestSybilVectorsThroughCapsSync")},
+		},
+		{
+			ID: "F12", Name: "eclipse",
+			Measured: "12 inbound attackers, the connection manager trimming to 1",
+			Goal:     "short: the diverse protected outbound connections survive; DHT diversity filter (no D_out or served-by-honest figure)",
+			Runs:     []Run{race("./mesh/discovery/", short, "TestDiverseOutboundSurviveInboundFlood", "TestChooseDiverse", "TestDHTDiversityFilterExemptsLocalGroups")},
+		},
+		{
+			ID: "F13", Name: "coordinator crash",
+			Measured: "20 tasks in flight through a coordinator process, SIGKILL, restart; in process, restarted and gone",
+			Goal:     "short: each task completes once or gets coordinator_lost within 5 s; no task metered twice (no status coordinator: restarting)",
+			Runs: []Run{race("./testnet/", long, "TestProcsCoordinatorRestart"),
+				race("./transport/gateway/client/", short, "TestCoordinatorRestartEachCallEndsOnce")},
+		},
+		{
+			ID: "F14", Name: "privacy gate",
+			Measured: "thousands of local-only requests with counting host, executor and announcer; the import graph",
+			Goal:     "short (about 2,000 requests, not 10,000): 0 connections, publishes, peer or cloud requests; 0 import violations",
+			Runs: []Run{race("./node/", short, "TestLocalOnlyNeverTouchesTheNetwork"),
+				race("./testnet/", short, "TestLocalOnlyPathDependencies"),
+				race("./transport/openai/", short, "TestLocalOnlyNeverReachesDispatcher")},
+		},
+		{
+			ID: "F15", Name: "battery and thermal hysteresis",
+			Measured: "synthetic sensor traces (virtual time); a testnet node's battery draining",
+			Goal:     "short (3,000 traces, not 10,000): ≤ 1 resume per backoff window; never accepting while a policy is breached; the in-flight stream completes; peers see the pause within a heartbeat",
+			Runs: []Run{race("./mesh/participation/", short, "TestGovernorTraces"),
+				race("./testnet/", long, "TestBatteryDrainPausesAndResumes")},
+		},
+		{
+			ID: "F16", Name: "WebSocket keepalive and REST fallback",
+			Measured: "pongs stopped; connections cut at random tokens; a coordinator without WebSocket",
+			Goal:     "short (20 cut runs, not 200): dead after exactly 3 missed pongs; exactly one completion per request; REST serves when WebSocket cannot",
+			Runs:     []Run{race("./transport/gateway/client/", short, "TestKeepaliveThreeMissedPongs", "TestResubmissionGivesExactlyOneCompletion", "TestChatFallsBackToREST")},
+		},
+		{
+			ID: "F17", Name: "status endpoint",
+			Measured: "console bind addresses and Host headers",
+			Goal:     "short: binds loopback only; a foreign Host refused; the node refuses a public console without its flag (no p99 under load)",
+			Runs: []Run{race("./node/console/", short, "TestNewRefusesNonLoopback", "TestNewAcceptsLoopback", "TestConsoleRefusesForeignHost"),
+				race("./cmd/meshinfer/", short, "TestNodeRefusesPublicConsoleBeforeBlocking")},
+		},
+		{
+			ID: "F18", Name: "graceful shutdown",
+			Measured: "SIGTERM to a serving peer process; drain and Close with requests in flight",
+			Goal:     "short (one task in flight, not 50): in-flight finishes or gets shutting_down; the process exits 0",
+			Runs: []Run{race("./testnet/", long, "TestProcsDrainOnSIGTERM", "TestProcsCommandLeavesNoChild"),
+				race("./node/", short, "TestDrainRefusesNewTasksAndAnnounces"),
+				race("./transport/openai/", short, "TestCloseInFlight")},
+		},
+		{
+			ID: "F19", Name: "churn",
+			Goal:    "a peer joins or leaves every 2 s for 2 min: ≥ 99 % success, none stuck, reputation within its cap, left peers forgotten",
+			Missing: "no churn loop; TestKilledNodeGoesStaleThenForgotten (one node leaving) and reputation's TestScoresSurviveAbsenceAndForget cover pieces",
+		},
+		{ID: "Z1", Name: "FuzzCapabilityVectorDecode", Measured: "capability vector bytes", Goal: "no panic; decode→encode→decode stable; fields in bounds or an error",
+			Runs: []Run{seeds("./mesh/caps/", "FuzzDecode")}},
+		{ID: "Z2", Name: "FuzzAnnouncementVerify", Measured: "signed vector + mutation", Goal: "verifies only the original bytes",
+			Runs: []Run{seeds("./mesh/caps/", "FuzzVerifySignature")}},
+		{ID: "Z3", Name: "FuzzFrameReader", Measured: "declared length and bytes", Goal: "allocation ≤ max frame; over-length and non-minimal varints refused",
+			Runs: []Run{seeds("./internal/frame/", "FuzzReader")}},
+		{ID: "Z4", Name: "FuzzInferenceRequestJSON", Measured: "request bodies", Goal: "no panic; limits enforced",
+			Runs: []Run{seeds("./inference/", "FuzzRequestJSON"), seeds("./transport/openai/", "FuzzChatCompletionBody")}},
+		{ID: "Z5", Name: "FuzzWSMessage", Measured: "WebSocket frames into the gateway handler", Goal: "no panic; close codes from the allowed set; well-formed frames only",
+			Runs: []Run{seeds("./transport/gateway/", "FuzzWSFrames", "FuzzDecodeClientMessage")}},
+		{ID: "Z6", Name: "FuzzTaskEnvelope", Goal: "bad ciphertext → error, never a partial plaintext",
+			Missing: "tasks are not encrypted end to end (libp2p's channel encryption only), so there is no envelope to fuzz"},
+		{ID: "Z7", Name: "FuzzResultCanonicalize", Measured: "result digests", Goal: "equal digests exactly when ids and texts are equal; one canonical string form",
+			Runs: []Run{seeds("./inference/", "FuzzDigest", "FuzzParseDigest")}},
+		{ID: "Z8", Name: "FuzzReputationOps", Measured: "reputation operation sequences", Goal: "scores finite in [0, 100]; store within its cap",
+			Runs: []Run{seeds("./reputation/", "FuzzStoreOps")}},
+		{ID: "Z9", Name: "FuzzRouterSelect", Goal: "never picks excluded or cooling peers when an eligible one exists; exploration share ε ± 2 %",
+			Missing: "no fuzz target; mesh/route's TestDecide table and TestExplorationShare cover pieces"},
+		{ID: "Z10", Name: "FuzzPolicyHysteresis", Measured: "sensor traces decoded from the input: readings, gaps, profiles, consent",
+			Goal: "never accepting in a beat that breaches the policy (battery floor, thermal, silent sensors); at most one resume per backoff window (300 s by default), none before the healthy beats",
+			Runs: []Run{plain("./mesh/participation/", short, "FuzzPolicyHysteresis", "TestHysteresisSeedsPauseAndResume")}},
+		{ID: "Z11", Name: "FuzzVerifierQuorum", Goal: "honest majority never penalized; cross-class disagreement inconclusive, never a penalty",
+			Missing: "no fuzz target; inference's TestJudge covers the verdict table"},
+		{ID: "Z12", Name: "FuzzStatusQuery", Measured: "request lines, Host and headers into the console", Goal: "no panic; never echoes request bodies; statuses from a closed set",
+			Runs: []Run{seeds("./node/console/", "FuzzStatusQuery")}},
+	}
+}
