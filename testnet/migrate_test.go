@@ -110,11 +110,11 @@ func drainMidStream(t *testing.T, tn *Testnet, gate *tokenGate, body string, hea
 	return r, drained
 }
 
-// handoverMesh starts a router (node 0, serving nothing) and two peers serving synth-small,
+// handoverMesh starts a router (node 0, serving nothing) and two peers serving model,
 // with simulated batteries, every link from the router capped at kbPerSec KB/s (so that
 // the bandwidth probes and transfers are paced by the link, as on a network, and measured),
 // and, with cloud, the testnet's stand-in cloud.
-func handoverMesh(t *testing.T, gate *tokenGate, heartbeat time.Duration, kbPerSec int, cloud bool) *Testnet {
+func handoverMesh(t *testing.T, gate *tokenGate, heartbeat time.Duration, model string, kbPerSec int, cloud bool) *Testnet {
 	t.Helper()
 	tn := start(t, Options{Nodes: 3, NoConsole: true, Heartbeat: heartbeat, Sensors: true, Links: true,
 		Cloud: cloud, CloudLatency: time.Millisecond,
@@ -122,7 +122,7 @@ func handoverMesh(t *testing.T, gate *tokenGate, heartbeat time.Duration, kbPerS
 			if i == 0 {
 				return nil
 			}
-			return []string{"synth-small"}
+			return []string{model}
 		},
 		Configure: func(i int, cfg *node.Config) {
 			gate.configure(i, cfg)
@@ -147,9 +147,11 @@ func handoverMesh(t *testing.T, gate *tokenGate, heartbeat time.Duration, kbPerS
 func TestBatteryDrainHandsOverLive(t *testing.T) {
 	const heartbeat = 500 * time.Millisecond
 	gate := newTokenGate()
-	tn := handoverMesh(t, gate, heartbeat, 10_000, false) // 80 Mbit/s
+	// synth-tiny's cache is 1 KiB a position: moving it beats the gate's replay estimate
+	// (500 positions/s) above 0.5 MB/s, and the links are capped at 10 MB/s.
+	tn := handoverMesh(t, gate, heartbeat, "synth-tiny", 10_000, false)
 	router := tn.Node(0)
-	r, drained := drainMidStream(t, tn, gate, routedBody("synth-small", 40, 5, nil), heartbeat)
+	r, drained := drainMidStream(t, tn, gate, routedBody("synth-tiny", 40, 5, nil), heartbeat)
 	if moved := tn.Node(drained).Status().Inference.Moved; moved != 1 {
 		t.Fatalf("the drained node counts %d generations moved, want 1", moved)
 	}
@@ -176,18 +178,22 @@ func TestBatteryDrainHandsOverLive(t *testing.T) {
 // Over a slow link (8 Mbit/s from the router to either peer, measured) moving a leaving
 // peer's cache would take longer than rebuilding it: the gate, deciding at the handover
 // with the source up, stops the source and, with privacy any and the cloud measured
-// faster than a peer whose copy of the model is cold, restarts in the cloud; with privacy
+// faster than a peer whose copy of the model is cold (2 s to load, as the router assumes),
+// restarts in the cloud; with privacy
 // mesh, replays on the other peer. Neither moves the cache; both streams are identical to
 // an uninterrupted run.
 func TestSlowLinkGatePicksCloudOrReplay(t *testing.T) {
 	const heartbeat = 500 * time.Millisecond
 	gate := newTokenGate()
-	tn := handoverMesh(t, gate, heartbeat, 1_000, true)
+	// synth-small's cache is 8 KiB a position: moving it beats the gate's replay estimate
+	// (500 positions/s) only above 4 MB/s, and the links are capped at 1 MB/s.
+	tn := handoverMesh(t, gate, heartbeat, "synth-small", 1_000, true)
 	router := tn.Node(0)
-	// The router measures the cloud: latency first, it beats peers whose model is still
-	// cold.
+	// The router measures the cloud (its time to first token and rate, whatever the model):
+	// with requests for synth-tiny, which only the cloud serves, so that they go there on
+	// a slow machine as on a fast one.
 	for i := range 3 {
-		r := stream(t, router.APIAddr(), routedBody("synth-small", 8, int64(i), map[string]string{"privacy": "any", "priority": "latency"}), nil, nil)
+		r := stream(t, router.APIAddr(), routedBody("synth-tiny", 8, int64(i), map[string]string{"privacy": "any"}), nil, nil)
 		if r.errCode != "" || r.final.Tier != "cloud" {
 			t.Fatalf("warm-up request %d: %+v, want the cloud", i, r)
 		}
