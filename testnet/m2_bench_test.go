@@ -1,0 +1,282 @@
+package testnet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/p2p/protocol/ping"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/inference/synth"
+	"github.com/meshinfer/meshinfer/mesh/route"
+	"github.com/meshinfer/meshinfer/transport/infer"
+)
+
+// BenchmarkM2GateAccuracy measures issue 17's M2: over randomized cases, is the viability
+// gate's choice the option that measured fastest? Four libp2p hosts on loopback: a
+// requester H, the leaving peer A, the replacement B and a "cloud" C (another synth server,
+// measured as the executor measures its cloud: time to first token and rate). Each case
+// draws a bandwidth (1 to 1,000 Mbit/s, log-uniform), a prompt (about 64 to 900 tokens of
+// synth-small, whose window is 1,024) and a completion (4 tokens before the cut, 8 to 64
+// after); the budget is loose (the OpenAI API sets no deadline). From the same cut, after
+// A's fourth token, each option is run and timed to the completion's last token:
+//
+//   - live_transfer: A is asked to hand over (Server.HandOver); H relays its rows to B
+//     through a user-space shaper at the case's bandwidth (the only bulk bytes of a move)
+//     and B resumes. A leaving node does not stay forever: past moveGrace (the drain's 10 s)
+//     A is cut and B replays, as the executor would;
+//   - replay: A is cut, B prefills the prompt and the 4 tokens (Request.Replay);
+//   - restart_peer: A is cut, B generates the completion again;
+//   - restart_cloud: A is cut, C generates it again.
+//
+// The gate (route.Gate) is given what the executor would know: the positions, the tokens,
+// the KV bytes (positions × synth-small's 8 KiB), the bandwidth measured from the first
+// rows relayed, B's round trip (ping) and measured decode rate, the cloud's measured time
+// to first token and rate, and no prefill rate (the executor measures none: the default,
+// 500 tokens/s). Metrics: "fastest" the share of cases where the gate's choice measured
+// fastest; "within-10%" where it measured within 10 % of the fastest; "slower-than-cloud"
+// the share where the choice measured over 10 % slower than the cloud restart. Cases: 40,
+// or $M2_CASES (the catalogue's 200 take about half an hour on 2 cores); each is logged.
+func BenchmarkM2GateAccuracy(b *testing.B) {
+	cases := 40
+	if n, err := strconv.Atoi(os.Getenv("M2_CASES")); err == nil && n > 0 {
+		cases = n
+	}
+	const model = "synth-small"
+	hh, ha, hb, hc := m2Host(b), m2Host(b), m2Host(b), m2Host(b)
+	servers := map[host.Host]*infer.Server{}
+	for _, h := range []host.Host{ha, hb, hc} {
+		if err := hh.Connect(context.Background(), peer.AddrInfo{ID: h.ID(), Addrs: h.Addrs()}); err != nil {
+			b.Fatal(err)
+		}
+		be, err := synth.New(model)
+		if err != nil {
+			b.Fatal(err)
+		}
+		s := infer.NewServer(h, be)
+		b.Cleanup(func() { s.Close() })
+		servers[h] = s
+	}
+	c := infer.NewClient(hh, infer.WithTimeouts(5*time.Minute, time.Minute))
+	ctx := context.Background()
+
+	// What the executor measures: B's round trip and decode rate, the cloud's TTFT and rate.
+	var rtt time.Duration
+	if r := <-ping.Ping(ctx, hh, hb.ID()); r.Error == nil {
+		rtt = r.RTT
+	}
+	timed := func(h host.Host) (ttft time.Duration, rate float64) {
+		var first, last time.Time
+		n := 0
+		start := time.Now()
+		if _, err := c.Generate(ctx, h.ID(), m2Request(16, 40), func(inference.Token) error {
+			if n == 0 {
+				first = time.Now()
+			}
+			n, last = n+1, time.Now()
+			return nil
+		}); err != nil || n < 2 {
+			b.Fatalf("warm-up on %s: %v, %d tokens", h.ID(), err, n)
+		}
+		return first.Sub(start), float64(n-1) / last.Sub(first).Seconds()
+	}
+	timed(ha) // loads the model on A
+	_, decodeB := timed(hb)
+	cloudTTFT, cloudRate := timed(hc)
+	b.Logf("measured: RTT to B %v, B decodes %.0f tokens/s, the cloud %v to first token and %.0f tokens/s", rtt, decodeB, cloudTTFT, cloudRate)
+
+	rng := rand.New(rand.NewPCG(17, 23))
+	options := []route.MoveOption{route.MoveLiveTransfer, route.MoveReplay, route.MoveRestartPeer, route.MoveRestartCloud}
+	var fastest, within, slower int
+	for b.Loop() {
+		fastest, within, slower = 0, 0, 0
+		for k := range cases {
+			bw := math.Pow(10, rng.Float64()*3) * 1e6 / 8 // bytes/s, 1 to 1,000 Mbit/s
+			words := 16 + rng.IntN(215)
+			rest := 8 + rng.IntN(57)
+			req := m2Request(words, 4+rest)
+			took := map[route.MoveOption]time.Duration{}
+			var sample m2Cut
+			for _, o := range options {
+				cut := m2Run(b, c, servers, ha, hb, hc, req, o, bw)
+				took[o] = cut.took
+				if o == route.MoveLiveTransfer {
+					sample = cut
+				}
+			}
+			in := route.GateInput{
+				PromptTokens: sample.prompt, Generated: 4, Remaining: rest, Deterministic: true,
+				SourceUp: true, KVBytes: int64(sample.prompt+3) * 8 << 10, Bandwidth: sample.measured,
+				Replacement: true, RTT: rtt, DecodeRate: decodeB,
+				Cloud: true, CloudTTFT: cloudTTFT, CloudRate: cloudRate,
+			}
+			dec := route.Gate(in)
+			best := slices.MinFunc(options, func(x, y route.MoveOption) int { return int(took[x] - took[y]) })
+			if dec.Choice == best {
+				fastest++
+			}
+			if float64(took[dec.Choice]) <= 1.1*float64(took[best]) {
+				within++
+			}
+			if float64(took[dec.Choice]) > 1.1*float64(took[route.MoveRestartCloud]) {
+				slower++
+			}
+			b.Logf("case %d: %.1f Mbit/s (measured %.1f), %d prompt tokens, %d to go: gate %s; measured live %v replay %v restart_peer %v cloud %v",
+				k, bw*8/1e6, sample.measured*8/1e6, sample.prompt, rest, dec.Choice,
+				took[route.MoveLiveTransfer].Round(time.Millisecond), took[route.MoveReplay].Round(time.Millisecond),
+				took[route.MoveRestartPeer].Round(time.Millisecond), took[route.MoveRestartCloud].Round(time.Millisecond))
+		}
+	}
+	b.ReportMetric(float64(fastest)/float64(cases), "fastest")
+	b.ReportMetric(float64(within)/float64(cases), "within-10%")
+	b.ReportMetric(float64(slower)/float64(cases), "slower-than-cloud")
+}
+
+// moveGrace is how long a leaving node keeps generating while its cache moves: the drain's
+// bound (node.DefaultDrainTimeout).
+const moveGrace = 10 * time.Second
+
+// m2Cut is one option's run from the cut: the time to the completion's last token, and
+// for a live transfer the prompt's tokens and the bandwidth measured on the relay.
+type m2Cut struct {
+	took     time.Duration
+	prompt   int
+	measured float64
+}
+
+// m2Run runs req on A until its fourth token, cuts there the way option o needs, and goes
+// on the way o says; it returns the time from the cut to the last token.
+func m2Run(b *testing.B, c *infer.Client, servers map[host.Host]*infer.Server, ha, hb, hc host.Host,
+	req *inference.Request, o route.MoveOption, bw float64) m2Cut {
+	b.Helper()
+	ctx := context.Background()
+	actx, cancelA := context.WithCancel(ctx)
+	defer cancelA()
+	var (
+		cutAt time.Time
+		ids   []int
+		out   m2Cut
+		mu    sync.Mutex
+		res   inference.Resumption
+		sent  int64
+		t0    time.Time
+	)
+	emit := func(tok inference.Token) error {
+		if tok.Index < len(ids) {
+			return nil
+		}
+		ids = append(ids, tok.ID)
+		if tok.Index == 3 {
+			cutAt = time.Now()
+			if o == route.MoveLiveTransfer {
+				servers[ha].HandOver()
+				grace := time.AfterFunc(moveGrace, cancelA) // a leaving node's time is bounded
+				defer grace.Stop()
+			} else {
+				cancelA()
+			}
+		}
+		return nil
+	}
+	r := *req
+	if o == route.MoveLiveTransfer {
+		resumeReq := *req
+		r.Move = &inference.Move{Send: func(rows inference.KVRows) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if res == nil {
+				var err error
+				if res, err = c.Resume(ctx, hb.ID(), &resumeReq); err != nil {
+					return err
+				}
+				t0 = time.Now()
+			}
+			// The shaper: the rows take their time at the case's bandwidth.
+			n := int64(len(rows.Data) * 4)
+			sent += n
+			if wait := time.Until(t0.Add(time.Duration(float64(sent) / bw * float64(time.Second)))); wait > 0 {
+				time.Sleep(wait)
+			}
+			if el := time.Since(t0); el > 0 && out.measured == 0 && sent >= 64<<10 {
+				out.measured = float64(sent) / el.Seconds()
+			}
+			return res.Load(rows)
+		}}
+	}
+	result, err := c.Generate(actx, ha.ID(), &r, emit)
+	var moved *inference.Moved
+	switch {
+	case o == route.MoveLiveTransfer && errors.As(err, &moved):
+		out.prompt = moved.Positions - moved.Tokens + 1
+		if out.measured == 0 && !t0.IsZero() {
+			out.measured = float64(sent) / max(time.Since(t0), time.Microsecond).Seconds()
+		}
+		_, err = res.Generate(ctx, slices.Clone(ids), emit)
+		res.Close()
+	case err == nil && o == route.MoveLiveTransfer:
+		// A finished the completion before its cache had moved.
+		out.prompt = result.Usage.PromptTokens
+		if res != nil {
+			res.Close()
+		}
+	case errors.Is(err, context.Canceled):
+		if res != nil { // a live transfer past the grace: B replays, as the executor does
+			res.Close()
+		}
+		target, again := hb, *req
+		switch o {
+		case route.MoveReplay, route.MoveLiveTransfer:
+			again.Replay = slices.Clone(ids)
+		case route.MoveRestartCloud:
+			target = hc
+		}
+		var rr inference.Result
+		rr, err = c.Generate(ctx, target.ID(), &again, emit)
+		out.prompt = rr.Usage.PromptTokens
+	}
+	if err != nil || cutAt.IsZero() {
+		b.Fatalf("%s: %v (cut %v)", o, err, !cutAt.IsZero())
+	}
+	out.took = time.Since(cutAt)
+	return out
+}
+
+// m2Request is a seeded synth-small request whose user message is words words long.
+func m2Request(words, maxTokens int) *inference.Request {
+	w := make([]string, words)
+	for i := range w {
+		w[i] = fmt.Sprintf("w%d", i%89)
+	}
+	temp, seed := 0.7, int64(words)
+	return &inference.Request{
+		Model:       "synth-small",
+		Messages:    []inference.Message{{Role: inference.RoleUser, Content: strings.Join(w, " ")}},
+		MaxTokens:   &maxTokens,
+		Temperature: &temp,
+		Seed:        &seed,
+		Stream:      true,
+	}
+}
+
+func m2Host(b *testing.B) host.Host {
+	b.Helper()
+	h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableRelay())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { h.Close() })
+	return h
+}
