@@ -42,11 +42,11 @@ import (
 //   - restart_peer: A is cut, B generates the completion again;
 //   - restart_cloud: A is cut, C generates it again.
 //
-// The gate (route.Gate) is given what the executor would know: the positions, the tokens,
-// the KV bytes (positions × synth-small's 8 KiB), the bandwidth measured from the first
-// rows relayed, B's round trip (ping) and measured decode rate, the cloud's measured time
-// to first token and rate, and no prefill rate (the executor measures none: the default,
-// 500 tokens/s). Metrics: "fastest" the share of cases where the gate's choice measured
+// The gate (route.Gate) is given what the executor would know: the prompt's tokens as
+// routing estimates them, the tokens, the KV bytes (positions × synth-small's 8 KiB), the
+// bandwidth measured from the first rows relayed, B's round trip (ping) and measured decode
+// rate, the cloud's measured time to first token (also per prompt token) and rate, and no
+// prefill rate (the executor measures none: the default, 500 tokens/s). Metrics: "fastest" the share of cases where the gate's choice measured
 // fastest; "within-10%" where it measured within 10 % of the fastest; "slower-than-cloud"
 // the share where the choice measured over 10 % slower than the cloud restart. Cases: 40,
 // or $M2_CASES (the catalogue's 200 take about half an hour on 2 cores); each is logged.
@@ -78,11 +78,12 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 	if r := <-ping.Ping(ctx, hh, hb.ID()); r.Error == nil {
 		rtt = r.RTT
 	}
+	warm := m2Request(16, 40)
 	timed := func(h host.Host) (ttft time.Duration, rate float64) {
 		var first, last time.Time
 		n := 0
 		start := time.Now()
-		if _, err := c.Generate(ctx, h.ID(), m2Request(16, 40), func(inference.Token) error {
+		if _, err := c.Generate(ctx, h.ID(), warm, func(inference.Token) error {
 			if n == 0 {
 				first = time.Now()
 			}
@@ -96,9 +97,10 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 	timed(ha) // loads the model on A
 	_, decodeB := timed(hb)
 	cloudTTFT, cloudRate := timed(hc)
+	cloudPerToken := cloudTTFT.Seconds() / float64(route.PromptTokens(warm)) // as the executor measures it
 	b.Logf("measured: RTT to B %v, B decodes %.0f tokens/s, the cloud %v to first token and %.0f tokens/s", rtt, decodeB, cloudTTFT, cloudRate)
 
-	rng := rand.New(rand.NewPCG(17, 23))
+	rng := rand.New(rand.NewPCG(17, 23)) // the same cases every run
 	options := []route.MoveOption{route.MoveLiveTransfer, route.MoveReplay, route.MoveRestartPeer, route.MoveRestartCloud}
 	var fastest, within, slower int
 	for b.Loop() {
@@ -118,10 +120,10 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 				}
 			}
 			in := route.GateInput{
-				PromptTokens: sample.prompt, Generated: 4, Remaining: rest, Deterministic: true,
+				PromptTokens: route.PromptTokens(req), Generated: 4, Remaining: rest, Deterministic: true,
 				SourceUp: true, KVBytes: int64(sample.prompt+3) * 8 << 10, Bandwidth: sample.measured,
 				Replacement: true, RTT: rtt, DecodeRate: decodeB,
-				Cloud: true, CloudTTFT: cloudTTFT, CloudRate: cloudRate,
+				Cloud: true, CloudTTFT: cloudTTFT, CloudRate: cloudRate, CloudTTFTPerToken: cloudPerToken,
 			}
 			dec := route.Gate(in)
 			best := slices.MinFunc(options, func(x, y route.MoveOption) int { return int(took[x] - took[y]) })

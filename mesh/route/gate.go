@@ -116,6 +116,11 @@ type GateInput struct {
 	// CloudTTFT and CloudRate are the cloud's measured time to first token and rate.
 	CloudTTFT time.Duration
 	CloudRate float64
+	// CloudTTFTPerToken is the cloud's measured time to first token per prompt token
+	// (seconds): a restart there processes the whole prompt again, and a time to first
+	// token measured on short prompts says little of a long one's. The restart's first
+	// token is estimated at the larger of CloudTTFT and this × PromptTokens.
+	CloudTTFTPerToken float64
 
 	// Budget is the time left before the request's deadline; 0 (or less) is none.
 	Budget time.Duration
@@ -170,6 +175,9 @@ func Gate(in GateInput) GateDecision {
 		ttft := in.CloudTTFT
 		if ttft <= 0 {
 			ttft = DefaultCloudTTFT
+		}
+		if in.CloudTTFTPerToken > 0 {
+			ttft = max(ttft, perRate(float64(prompt), 1/in.CloudTTFTPerToken))
 		}
 		d.Options[3] = possible(min(ttft, maxEstimate) + perRate(float64(gen+rest), rateOr(in.CloudRate, DefaultTokensPerSec)))
 	}

@@ -27,6 +27,13 @@ func TestGate(t *testing.T) {
 		{"source killed: replay", with(func(in *GateInput) { in.SourceUp = false }), MoveReplay, ms(20+300) + 5*time.Second},
 		{"bandwidth not measured: no live transfer", with(func(in *GateInput) { in.Bandwidth = 0 }), MoveReplay, ms(20+300) + 5*time.Second},
 		{"slow replacement: cloud", with(func(in *GateInput) { in.DecodeRate = 10 }), MoveRestartCloud, ms(400) + 5*time.Second},
+		// The cloud's first token scales with the prompt it processes again: 200 × 30 ms =
+		// 6 s, not the 400 ms measured on short prompts; 6 s + 5 s loses to the slow
+		// replacement's 10.19 s.
+		{"slow replacement, long prompt for the cloud: migrate", with(func(in *GateInput) { in.DecodeRate = 10; in.CloudTTFTPerToken = 0.03 }),
+			MoveLiveTransfer, ms(20+167.772) + 10*time.Second},
+		{"cloud quick per token: its measured TTFT stands", with(func(in *GateInput) { in.DecodeRate = 10; in.CloudTTFTPerToken = 0.0001 }),
+			MoveRestartCloud, ms(400) + 5*time.Second},
 		{"slow replacement, privacy mesh: migrate anyway", with(func(in *GateInput) { in.DecodeRate = 10; in.Cloud = false }),
 			MoveLiveTransfer, ms(20+167.772) + 10*time.Second},
 		{"tight budget: cloud at once", with(func(in *GateInput) { in.Budget = 10 * time.Second }), MoveRestartCloud, ms(400) + 5*time.Second},

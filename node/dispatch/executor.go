@@ -121,11 +121,14 @@ type Executor struct {
 	localTPS  map[string]float64       // measured tokens/s per local model (EWMA)
 	localCold map[string]time.Duration // measured cold start per local model (EWMA)
 	cloudTTFT time.Duration            // measured cloud time to first token (EWMA)
-	cloudTPS  float64                  // measured cloud tokens/s (EWMA)
-	keys      map[peer.ID]string       // peer ID strings (encoding one costs ~1.5 µs)
-	inflight  map[peer.ID]int          // requests this node has running on each peer
-	scratch   route.Scratch            // Decide's working memory, used under mu
-	closed    bool                     // Close has begun: no more background work starts
+	// cloudTTFTPerToken is the cloud's time to first token per prompt token, seconds
+	// (EWMA): the gate scales a restart's first token by the prompt with it.
+	cloudTTFTPerToken float64
+	cloudTPS          float64            // measured cloud tokens/s (EWMA)
+	keys              map[peer.ID]string // peer ID strings (encoding one costs ~1.5 µs)
+	inflight          map[peer.ID]int    // requests this node has running on each peer
+	scratch           route.Scratch      // Decide's working memory, used under mu
+	closed            bool               // Close has begun: no more background work starts
 
 	// Background work runs under bg: local loads that a speculative request started and no
 	// longer waits for (the cloud won) until done, verifications (verify.go) and meter

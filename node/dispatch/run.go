@@ -170,7 +170,7 @@ func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, er
 	}
 	var (
 		emitErr, mismatch error
-		m                 = r.d.measure()
+		m                 = r.d.measure(&r.req)
 		at                inference.Served // where the tokens come from: set at the first
 	)
 	forward := func(tok inference.Token) error {
@@ -218,7 +218,7 @@ func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, er
 				r.d.observe(t, r.req.Model, false, nil, false, m)
 				r.d.stats.resumptions.Add(1)
 				r.attempts++
-				t, r.last, r.resumed, skip, m = next, next, true, len(r.sent), r.d.measure()
+				t, r.last, r.resumed, skip, m = next, next, true, len(r.sent), r.d.measure(&r.req)
 				res, err = rl.resume(ctx, r.replayIDs(), forward)
 			}
 		}
@@ -336,14 +336,18 @@ func (r *run) coldAt(t route.Target) bool {
 }
 
 // timing measures one attempt on the executor's clock: when it started, its first and
-// latest token, and how many tokens came.
+// latest token, and how many tokens came; prompt is the request's prompt in tokens, as
+// routing estimates it.
 type timing struct {
 	now                func() time.Time
 	start, first, last time.Time
 	tokens             int
+	prompt             int
 }
 
-func (d *Executor) measure() *timing { return &timing{now: d.cfg.Now, start: d.now()} }
+func (d *Executor) measure(req *inference.Request) *timing {
+	return &timing{now: d.cfg.Now, start: d.now(), prompt: route.PromptTokens(req)}
+}
 
 // token notes a token's arrival.
 func (m *timing) token() {

@@ -67,7 +67,7 @@ func (r *run) speculate(ctx context.Context, ld Loader, local, cloud route.Targe
 	r.last = cloud
 	at := r.at(cloud)
 	go func() {
-		m := d.measure()
+		m := d.measure(&r.req)
 		var emitErr error
 		res, err := d.cfg.Cloud.Generate(cctx, &r.req, func(tok inference.Token) error {
 			if claim(cloudWon) != cloudWon {

@@ -549,7 +549,7 @@ func (d *Executor) voters(r *run, used []string, hosts []netip.Prefix, now time.
 // attempt's.
 func (d *Executor) replay(t route.Target, r *run) (inference.Digest, error) {
 	h := inference.NewDigester()
-	m := d.measure()
+	m := d.measure(&r.req)
 	emit := func(tok inference.Token) error {
 		m.token()
 		h.Add(tok)
