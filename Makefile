@@ -39,7 +39,8 @@ FUZZ_TARGETS := \
 	./mesh/probe/:FuzzParseMeminfo ./mesh/probe/:FuzzParseNVIDIASMI ./mesh/probe/:FuzzParseCPUInfo \
 	./mesh/receipts/:FuzzParse ./mesh/receipts/:FuzzParseTask \
 	./mesh/participation/:FuzzDecodeOverrides ./mesh/participation/:FuzzDecodeConsent \
-	./mesh/participation/:FuzzPolicyHysteresis \
+	./mesh/participation/:FuzzPolicyHysteresis ./mesh/route/:FuzzRouterSelect \
+	./node/dispatch/:FuzzVerifierQuorum \
 	./inference/:FuzzRequestJSON ./inference/:FuzzDigest ./inference/:FuzzParseDigest \
 	./inference/upstream/:FuzzSSE ./internal/frame/:FuzzReader ./node/console/:FuzzStatusQuery \
 	./transport/infer/:FuzzRequestFrame ./transport/infer/:FuzzResponseFrame \
