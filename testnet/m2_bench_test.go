@@ -43,7 +43,8 @@ import (
 //   - restart_cloud: A is cut, C generates it again.
 //
 // The gate (route.Gate) is given what the executor would know: the prompt's tokens as
-// routing estimates them, the tokens, the KV bytes (positions × synth-small's 8 KiB), the
+// routing estimates them, the tokens, the KV bytes (those tokens × synth-small's 8 KiB, as
+// the executor counts them from the announced kv_bytes_per_token), the
 // bandwidth measured from the first rows relayed, B's round trip (ping) and measured decode
 // rate, the cloud's measured time to first token (also per prompt token) and rate, and no
 // prefill rate (the executor measures none: the default, 500 tokens/s). Metrics: "fastest" the share of cases where the gate's choice measured
@@ -121,7 +122,7 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 			}
 			in := route.GateInput{
 				PromptTokens: route.PromptTokens(req), Generated: 4, Remaining: rest, Deterministic: true,
-				SourceUp: true, KVBytes: int64(sample.prompt+3) * 8 << 10, Bandwidth: sample.measured,
+				SourceUp: true, KVBytes: int64(route.PromptTokens(req)+4) * 8 << 10, Bandwidth: sample.measured,
 				Replacement: true, RTT: rtt, DecodeRate: decodeB,
 				Cloud: true, CloudTTFT: cloudTTFT, CloudRate: cloudRate, CloudTTFTPerToken: cloudPerToken,
 			}
