@@ -21,7 +21,7 @@ import (
 
 const model = "synth-tiny"
 
-func newHost(t *testing.T) host.Host {
+func newHost(t testing.TB) host.Host {
 	t.Helper()
 	h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableRelay())
 	if err != nil {

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/libp2p/go-libp2p"
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/peer"
 
@@ -33,7 +32,7 @@ import (
 //     switch; goal ≤ 2 + one round trip, which on loopback is nothing);
 //   - replay-growth: replay downtime at 896 ÷ at 224 (grows with the context).
 func BenchmarkM1HandoverDowntime(b *testing.B) {
-	ch, ha, hb := benchHost(b), benchHost(b), benchHost(b)
+	ch, ha, hb := newHost(b), newHost(b), newHost(b)
 	for _, h := range []host.Host{ha, hb} {
 		if err := ch.Connect(context.Background(), peer.AddrInfo{ID: h.ID(), Addrs: h.Addrs()}); err != nil {
 			b.Fatal(err)
@@ -156,13 +155,3 @@ func m1Request(words, maxTokens int) *inference.Request {
 // m1Words is about how many words of m1Request make a prompt of n tokens (the synthetic
 // tokenizer cuts each into about 3.9 tokens, the chat template adds 3).
 func m1Words(n int) int { return (n - 3) * 100 / 388 }
-
-func benchHost(tb testing.TB) host.Host {
-	tb.Helper()
-	h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableRelay())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { h.Close() })
-	return h
-}
