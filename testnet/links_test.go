@@ -65,7 +65,7 @@ func checkProxied(t *testing.T, tn *Testnet) {
 // heartbeats and a grace second: registry.ParamsForHeartbeat), their requests served by the
 // others meanwhile; node 3 serves its own model locally and refuses a model only the others
 // have at once. The partition lasts until both sides have forgotten each other (the
-// registry's forget period, as RELIABILITY.md's 60 s outlasts it at the production
+// registry's forget period, as the catalogue's 60 s outlasts it at the production
 // heartbeat). After the heal every node sees node 3 fresh within two heartbeats, a request
 // reaches it again within 10 s, and no node holds its score below the exclusion line: missed
 // heartbeats cost availability, not a place in the mesh.
@@ -135,7 +135,7 @@ func TestPartitionAndHeal(t *testing.T) {
 		t.Fatalf("a model across the partition from node 3: %+v; want an error within 2.5 s", r)
 	}
 
-	// RELIABILITY.md's partition lasts 60 s, past every registry's forget period: so does
+	// The catalogue's partition lasts 60 s, past every registry's forget period: so does
 	// this one, scaled to the heartbeat. Node 3 and the others forget each other.
 	forgetAfter := registry.ParamsForHeartbeat(hb).ForgetAfter
 	// The registry forgets at its sweep, once a heartbeat.

@@ -4,9 +4,9 @@ import "time"
 
 // Case is one case of the reliability catalogue.
 type Case struct {
-	ID   string // L1-L6, F1-F19, Z1-Z12, as RELIABILITY.md numbers them
+	ID   string // L1-L6, F1-F19, Z1-Z12, as the catalogue numbers them
 	Name string // one line
-	// Measured says what the tests measure; Goal the figure they must reach: RELIABILITY.md's
+	// Measured says what the tests measure; Goal the figure they must reach: the catalogue's
 	// as written, or, marked "short:", the replacement the tests assert (docs/reliability.md
 	// says why and what is missing).
 	Measured, Goal string
@@ -45,7 +45,7 @@ func seeds(pkg string, targets ...string) Run {
 	return Run{Pkg: pkg, Tests: targets, Timeout: short}
 }
 
-// Cases is the table of all 37 cases, in RELIABILITY.md's order.
+// Cases is the table of all 37 cases, in the catalogue's order.
 func Cases() []Case {
 	return []Case{
 		{

@@ -1,10 +1,10 @@
 // Command reliability is `make reliability`: it runs the test of every case of the
-// reliability catalogue (../shared/RELIABILITY.md; docs/reliability.md maps the cases to
+// reliability catalogue (docs/reliability.md, which also maps the cases to
 // the code) that this machine can run, and prints one markdown table: the case, what was
 // measured, the figure, the goal, the verdict and the command that runs that case alone.
 //
 // The table of cases is cases.go, all 37 of them (L1-L6, F1-F19, Z1-Z12): each with its
-// goal as RELIABILITY.md writes it or the replacement a test actually asserts, said as
+// goal as the catalogue writes it or the replacement a test actually asserts, said as
 // such, and how to run it (package, tests, build tags, -race, timeout). A case without a
 // test is listed as "not built", with what is missing; it is never run and never counted
 // as a pass.

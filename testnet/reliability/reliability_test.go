@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-// Every case of RELIABILITY.md is in the table once; a case runs tests or says what is
+// Every case of the catalogue is in the table once; a case runs tests or says what is
 // missing; every test it names exists in its package, so a renamed test fails here and
 // not only as "did not report" in a 20-minute run.
 func TestCasesNameExistingTests(t *testing.T) {
@@ -20,7 +20,7 @@ func TestCasesNameExistingTests(t *testing.T) {
 	seen := map[string]bool{}
 	for _, c := range cases {
 		if !id.MatchString(c.ID) || seen[c.ID] {
-			t.Errorf("case id %q: not in RELIABILITY.md's numbering, or twice", c.ID)
+			t.Errorf("case id %q: not in the catalogue's numbering, or twice", c.ID)
 		}
 		seen[c.ID] = true
 		if c.Goal == "" || (len(c.Runs) == 0) == (c.Missing == "") {
