@@ -147,7 +147,7 @@ func TestBatteryDrainPausesAndResumes(t *testing.T) {
 			t.Fatalf("status %d", resp.StatusCode)
 		}
 	}
-	t.Logf("figure F15: paused below the battery floor, peers saw it not accepting, its stream completed; resumed %v after charging (≥ %d healthy heartbeats)", time.Since(charged).Round(time.Millisecond), p.RecoverBeats)
+	t.Logf("figure F15: paused below the battery floor, peers saw it not accepting, its stream was handed over and completed on another peer, identical; resumed %v after charging (≥ %d healthy heartbeats)", time.Since(charged).Round(time.Millisecond), p.RecoverBeats)
 }
 
 // Every task a node serves for a peer is receipted: the receipts verify, and their totals

@@ -384,7 +384,7 @@ func TestProcsDrainOnSIGTERM(t *testing.T) {
 	if err := drained.Err(); err != nil {
 		t.Fatalf("drained node exited with %v, want status 0", err)
 	}
-	t.Logf("figure F18: SIGTERM at token 1: the stream finished on the draining peer (%d tokens, 1 attempt, identical), exit 0", len(r.tokens))
+	t.Logf("figure F18: SIGTERM at token 1: the draining peer handed the stream over, which finished on the other peer (%d tokens, %d attempts, identical), exit 0", len(r.tokens), r.final.Attempts)
 }
 
 // frozenDetectBudget is the longest inter-token timeout for which TestProcsFrozenPeerIsDetected

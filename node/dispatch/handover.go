@@ -3,7 +3,6 @@ package dispatch
 import (
 	"context"
 	"errors"
-	"sync"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
@@ -49,15 +48,16 @@ type decided struct {
 	next, cloud int
 }
 
-// relay is one attempt's offer to take a handover from its peer.
+// relay is one attempt's offer to take a handover from its peer. It is used on the run's
+// goroutine only: the peer client calls send from within the attempt's Generate, and the
+// run calls taken, resume and close after it returned.
 type relay struct {
 	r       *run
 	ctx     context.Context
 	source  route.Target
 	pending []route.Target // the run's attempts after the source
 
-	mu       sync.Mutex // send runs on the source's reading goroutine; resume and close on the run's
-	declined bool       // the gate did not pick live transfer, or the transfer failed
+	declined bool // the gate did not pick live transfer, or the transfer failed
 	target   route.Target
 	res      inference.Resumption
 }
@@ -83,8 +83,6 @@ func (r *run) offerMove(ctx context.Context, t route.Target, det bool) *relay {
 // It never fails: a transfer that cannot go on is dropped and the stream keeps coming from
 // the source until it stops.
 func (rl *relay) send(rows inference.KVRows) error {
-	rl.mu.Lock()
-	defer rl.mu.Unlock()
 	if rl.declined {
 		return nil
 	}
@@ -100,7 +98,7 @@ func (rl *relay) send(rows inference.KVRows) error {
 	}
 	if err := rl.res.Load(rows); err != nil {
 		log.Debugw("live transfer dropped: the replacement took no more rows", "target", rl.target, "err", err)
-		rl.dropLocked()
+		rl.close()
 	}
 	return nil
 }
@@ -138,18 +136,12 @@ func (rl *relay) open() (ok, stop bool) {
 }
 
 // taken returns the replacement that took the source's cache, if one did.
-func (rl *relay) taken() (route.Target, bool) {
-	rl.mu.Lock()
-	defer rl.mu.Unlock()
-	return rl.target, rl.res != nil
-}
+func (rl *relay) taken() (route.Target, bool) { return rl.target, rl.res != nil }
 
 // resume goes on with the stream on the replacement that took the cache (taken).
 func (rl *relay) resume(ctx context.Context, replay []int, emit func(inference.Token) error) (inference.Result, error) {
-	rl.mu.Lock()
 	res := rl.res
 	rl.res = nil
-	rl.mu.Unlock()
 	if res == nil {
 		return inference.Result{}, inference.Errorf(inference.CodeUnavailable, "no replacement took the generation")
 	}
@@ -157,14 +149,8 @@ func (rl *relay) resume(ctx context.Context, replay []int, emit func(inference.T
 	return res.Generate(ctx, replay, emit)
 }
 
-// close drops a transfer not resumed.
+// close drops a transfer not resumed: no more rows are taken.
 func (rl *relay) close() {
-	rl.mu.Lock()
-	defer rl.mu.Unlock()
-	rl.dropLocked()
-}
-
-func (rl *relay) dropLocked() {
 	if rl.res != nil {
 		rl.res.Close()
 		rl.res = nil

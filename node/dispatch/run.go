@@ -289,10 +289,7 @@ func (r *run) replaying() *inference.Request {
 	if slices.ContainsFunc(r.sent, func(tok inference.Token) bool { return tok.ID < 0 }) {
 		return &req
 	}
-	req.Replay = make([]int, len(r.sent))
-	for i, tok := range r.sent {
-		req.Replay[i] = tok.ID
-	}
+	req.Replay = r.replayIDs()
 	return &req
 }
 
