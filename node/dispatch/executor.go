@@ -301,6 +301,7 @@ func (d *Executor) snapshot(ctx context.Context, now time.Time) (s *route.Snapsh
 		s.Cloud = route.Cloud{
 			Enabled: true, Models: d.cfg.CloudModels, Deterministic: cloudDet,
 			TTFT: d.cloudTTFT, TokensPerSec: d.cloudTPS, USDPerMTok: d.cfg.CloudUSDPerMTok,
+			TTFTPerToken: d.cloudTTFTPerToken,
 		}
 	}
 	return s, full

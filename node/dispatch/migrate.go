@@ -104,14 +104,10 @@ func (r *run) gateInput(ctx context.Context, attempts []route.Target, i int) (in
 		Replacement:   next >= 0,
 		Cloud:         cloud >= 0,
 		CloudTTFT:     r.snap.Cloud.TTFT, CloudRate: r.snap.Cloud.TokensPerSec,
+		CloudTTFTPerToken: r.snap.Cloud.TTFTPerToken,
 	}
 	if next >= 0 {
 		r.measured(attempts[next], &in)
-	}
-	if in.Cloud {
-		r.d.mu.Lock()
-		in.CloudTTFTPerToken = r.d.cloudTTFTPerToken
-		r.d.mu.Unlock()
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		in.Budget = max(dl.Sub(r.d.now()), time.Nanosecond)
