@@ -22,7 +22,8 @@ import (
 const IdempotencyFile = "idempotency.jsonl"
 
 // Bounds of the idempotency records. A record outlives its in-memory twin in the result
-// cache by nothing: same age (cacheTTL) and count (cacheEntries).
+// cache by nothing: same age (cacheTTL) and count (cacheEntries); the file's byte bound is
+// its own (maxRecordsBytes, compacted to half of it).
 const (
 	// maxRecordLine bounds one record in bytes, newline included: the largest completion
 	// (4,096 tokens, transport/openai's max_tokens bound) of tokens of a few bytes each,
@@ -98,14 +99,9 @@ func openRecords(dir string, now time.Time) (*records, []idemRecord, error) {
 }
 
 // compact reads the file, keeps the live records, replaces the file with them and
-// (re)opens the log. Called with mu held, or before s is shared.
+// (re)opens the log. Called with mu held, or before s is shared. On an error the log in use
+// stays in use: a failed compaction costs the file's bound, never the records to come.
 func (s *records) compact(now time.Time) ([]idemRecord, error) {
-	if s.log != nil {
-		if err := s.log.Close(); err != nil {
-			return nil, err
-		}
-		s.log = nil
-	}
 	live, err := readRecords(s.path, now, s.max/2)
 	if err != nil {
 		return nil, err
@@ -119,9 +115,14 @@ func (s *records) compact(now time.Time) ([]idemRecord, error) {
 	if _, err := atomicfile.WriteFile(s.path, buf.Bytes()); err != nil {
 		return nil, err
 	}
-	if s.log, err = jsonlog.Open(s.path, maxRecordLine, atomicfile.OpenPrivate); err != nil {
+	log, err := jsonlog.Open(s.path, maxRecordLine, atomicfile.OpenPrivate)
+	if err != nil {
 		return nil, err
 	}
+	if s.log != nil {
+		s.log.Close() // its lines are in the new file, those still live
+	}
+	s.log = log
 	s.bytes.Store(int64(buf.Len()))
 	return live, nil
 }

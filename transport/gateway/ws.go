@@ -116,11 +116,12 @@ var (
 	// errKeyReused refuses a request whose idempotency key names another request.
 	errKeyReused = inference.Errorf(inference.CodeInvalidRequest,
 		"idempotency_key already names another request of this session: use a fresh key per request")
-	// errBilledNotKept answers the resubmission of a request that completed, and was
-	// metered, before the coordinator restarted, when its result was not kept (too large
-	// for its record, or the crash came between the meter's line and the record's).
+	// errBilledNotKept answers the resubmission of a request that completed and was
+	// metered, when its result is no longer kept: too large for its record, evicted from
+	// the result cache by newer ones, or lost in a crash between the meter's line and the
+	// record's.
 	errBilledNotKept = inference.Errorf(inference.CodeCoordinatorLost,
-		"this request completed and was billed before the coordinator restarted, and its output was not kept: "+
+		"this request completed and was billed earlier, and its output is no longer kept: "+
 			"it is not run again under this idempotency_key")
 	// errAbandoned ends a request whose connection died and that no client resubmitted
 	// within DetachGrace. Nobody receives it; the meter records it.
