@@ -257,7 +257,7 @@ type answer struct {
 	p   peer.ID
 	req *inference.Request
 	r   *frame.Reader
-	m   *bandwidth.Meter // beneath r: times each kv frame
+	m   *bandwidth.Meter // beneath r: times each kv frame; nil when none is timed
 	// retry makes a stream found ended before any frame read come back as errStale (a
 	// pooled stream the peer had closed).
 	retry bool
@@ -273,12 +273,15 @@ type answer struct {
 // newAnswer reads req's answer from st, which peer p serves. Only a handover's reader (req.Move
 // set) takes kv frames, and frames as large.
 func (c *Client) newAnswer(st Stream, p peer.ID, req *inference.Request) *answer {
-	limit := maxFrame
-	if req.Move != nil {
-		limit = MaxKVFrame
+	if req.Move == nil {
+		return &answer{c: c, st: st, p: p, req: req, r: frame.NewReader(st, maxFrame)}
 	}
-	m := bandwidth.NewMeter(st)
-	return &answer{c: c, st: st, p: p, req: req, r: frame.NewReader(m, limit), m: m}
+	a := &answer{c: c, st: st, p: p, req: req, r: frame.NewReader(st, MaxKVFrame)}
+	if c.transfers != nil { // only kv frames are timed: a token stream pays no meter
+		a.m = bandwidth.NewMeter(st)
+		a.r = frame.NewReader(a.m, MaxKVFrame)
+	}
+	return a
 }
 
 // read reads the answer to its terminal frame, passing each token to emit: the result with
@@ -295,7 +298,9 @@ func (a *answer) read(ctx context.Context, emit func(inference.Token) error) (in
 			wait = a.c.interToken
 		}
 		a.st.SetReadDeadline(time.Now().Add(wait))
-		a.m.Take() // the frame alone
+		if a.m != nil {
+			a.m.Take() // the frame alone
+		}
 		fb, err := a.r.Next()
 		if err != nil {
 			a.st.Reset()
@@ -334,7 +339,8 @@ func (a *answer) read(ctx context.Context, emit func(inference.Token) error) (in
 		case fb[0] == frameMoved:
 			var moved *inference.Moved
 			if moved, err = a.moved(fb); err == nil {
-				a.ended = true
+				// In order, but not pooled: its peer is leaving.
+				a.st.Close()
 				return inference.Result{}, moved
 			}
 		default:
@@ -386,7 +392,7 @@ func (a *answer) kv(fb []byte) (inference.KVRows, error) {
 	case a.kvBytes+int64(len(fb)) > MaxMoveBytes:
 		return rows, fmt.Errorf("%w: more than %d bytes of KV rows", errProtocol, MaxMoveBytes)
 	}
-	if a.c.transfers != nil && len(fb) >= bandwidth.MinBytes {
+	if a.m != nil && len(fb) >= bandwidth.MinBytes {
 		a.c.transfers(a.p, a.m.Take())
 	}
 	a.positions, a.kvBytes = a.positions+rows.N, a.kvBytes+int64(len(fb))
