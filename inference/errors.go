@@ -43,9 +43,9 @@ const (
 	// CodeShuttingDown: the node is stopping and accepts no more work.
 	CodeShuttingDown Code = "shutting_down"
 	// CodeCoordinatorLost: a thin client's coordinator went away with the request in flight
-	// (its connection dropped and no connection came back within the client's bound), or a
-	// restarted coordinator knows the request completed and was billed before it went
-	// away but no longer holds its output. Only the gateway's client and endpoint produce it;
+	// (its connection dropped and no connection came back within the client's bound), or
+	// the coordinator knows a resubmitted request completed and was billed but no longer
+	// holds its output (after a restart, or once its result left the cache). Only the gateway's client and endpoint produce it;
 	// a peer never sends it. Resubmitting the same idempotency key gets the same answer; a
 	// fresh key runs (and bills) the request again.
 	CodeCoordinatorLost Code = "coordinator_lost"
