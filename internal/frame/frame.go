@@ -118,6 +118,17 @@ func Append(dst, body []byte) []byte {
 	return append(dst, body...)
 }
 
+// UvarintLen is the length of x as an unsigned varint: what binary.AppendUvarint appends.
+// Writers of frames they build in place (a length prefix, then the body) size the prefix
+// with it.
+func UvarintLen(x uint64) int {
+	n := 1
+	for ; x >= 0x80; x >>= 7 {
+		n++
+	}
+	return n
+}
+
 // Write writes body as one frame to w.
 func Write(w io.Writer, body []byte) error {
 	_, err := w.Write(Append(make([]byte, 0, binary.MaxVarintLen64+len(body)), body))

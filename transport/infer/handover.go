@@ -202,10 +202,10 @@ func (c *Client) Resume(ctx context.Context, p peer.ID, req *inference.Request) 
 // resumption is the requester's side of a Resume: the stream to the replacement, its rows
 // sent, then its answer.
 type resumption struct {
-	a      *answer // the stream, and its answer once the go frame is sent
-	shape  inference.ModelShape
-	loaded int    // positions sent
-	kvBody []byte // reused for each kv frame's body
+	a       *answer // the stream, and its answer once the go frame is sent
+	shape   inference.ModelShape
+	loaded  int    // positions sent
+	kvFrame []byte // reused for each kv frame
 
 	mu      sync.Mutex
 	started bool // Generate was called
@@ -236,10 +236,10 @@ func (r *resumption) Load(rows inference.KVRows) error {
 	if err := checkKV(rows); err != nil {
 		return inference.Errorf(inference.CodeInvalidRequest, "%v", err)
 	}
-	r.kvBody = appendKV(r.kvBody[:0], rows)
+	r.kvFrame = appendKVFrame(r.kvFrame[:0], rows)
 	st := r.a.st
 	st.SetWriteDeadline(time.Now().Add(WriteTimeout))
-	if err := frame.Write(st, r.kvBody); err != nil {
+	if _, err := st.Write(r.kvFrame); err != nil {
 		st.Reset()
 		return r.a.c.lost(context.Background(), r.a.p, "send KV rows", err)
 	}

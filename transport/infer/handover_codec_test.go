@@ -1,6 +1,7 @@
 package infer
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"math"
@@ -38,6 +39,9 @@ func TestKVFrame(t *testing.T) {
 		got, err := decodeKV(body)
 		if err != nil || !reflect.DeepEqual(got, r) {
 			t.Fatalf("rows at %d of %d: decoded %+v, %v", r.Pos, r.N, got.Pos, err)
+		}
+		if whole := appendKVFrame([]byte("x"), r); !bytes.Equal(whole, frame.Append([]byte("x"), body)) {
+			t.Fatalf("rows at %d of %d: the frame built in place differs from frame.Append of the body", r.Pos, r.N)
 		}
 	}
 	// The largest run fits MaxKVFrame, with its header.

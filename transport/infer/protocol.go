@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"time"
 	"unicode/utf8"
 
@@ -289,6 +290,15 @@ func appendKV(dst []byte, r inference.KVRows) []byte {
 		dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(v))
 	}
 	return dst
+}
+
+// appendKVFrame appends r's whole kv frame, length prefix included, to dst: frame.Append of
+// appendKV's body, written without building the body apart (a frame is up to 1 MiB).
+func appendKVFrame(dst []byte, r inference.KVRows) []byte {
+	body := 1 + frame.UvarintLen(uint64(r.Pos)) + frame.UvarintLen(uint64(r.N)) + 4*len(r.Data)
+	dst = slices.Grow(dst, binary.MaxVarintLen64+body)
+	dst = binary.AppendUvarint(dst, uint64(body))
+	return appendKV(dst, r)
 }
 
 // maxKVPositions bounds a kv frame's pos and pos+n: far beyond any context window, and

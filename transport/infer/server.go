@@ -557,7 +557,6 @@ type answerWriter struct {
 	st           Stream
 	stream       bool   // the request's stream: each token frame is written at once
 	pending      []byte // frames not written yet
-	kvBody       []byte // reused for each kv frame's body
 	lastWrite    time.Time
 	sent, queued int                 // tokens written to the client; tokens in pending
 	positions    int                 // KV positions written to the client
@@ -586,8 +585,7 @@ func (w *answerWriter) kv(r inference.KVRows) error {
 	if r.Pos != w.positions {
 		return inference.Errorf(inference.CodeUnavailable, "handover: KV rows at %d, want %d", r.Pos, w.positions)
 	}
-	w.kvBody = appendKV(w.kvBody[:0], r)
-	w.pending = frame.Append(w.pending, w.kvBody)
+	w.pending = appendKVFrame(w.pending, r)
 	if err := w.flush(); err != nil {
 		return err
 	}

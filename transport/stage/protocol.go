@@ -326,7 +326,7 @@ func mustHex(s string) []byte {
 // n positions of hidden states h (n × width values). It is frame.Append of the body,
 // written without building the body apart.
 func appendHiddenFrame(dst []byte, step uint64, n int, h []float32) []byte {
-	body := 1 + uvarintLen(step) + uvarintLen(uint64(n)) + 4*len(h)
+	body := 1 + frame.UvarintLen(step) + frame.UvarintLen(uint64(n)) + 4*len(h)
 	dst = slices.Grow(dst, binary.MaxVarintLen64+body)
 	dst = binary.AppendUvarint(dst, uint64(body))
 	dst = append(dst, frameHidden)
@@ -336,14 +336,6 @@ func appendHiddenFrame(dst []byte, step uint64, n int, h []float32) []byte {
 		dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(v))
 	}
 	return dst
-}
-
-func uvarintLen(x uint64) int {
-	n := 1
-	for ; x >= 0x80; x >>= 7 {
-		n++
-	}
-	return n
 }
 
 // uvarint reads a minimally encoded uvarint from b and returns the rest.
@@ -359,9 +351,9 @@ func uvarint(b []byte) (uint64, []byte, bool) {
 // positions of hidden states h (n × width values), and times, the layers' time in this
 // step of each stage so far (at most MaxStages, each in [0, MaxStageTime]), in nanoseconds.
 func appendTimedFrame(dst []byte, step uint64, n int, times []time.Duration, h []float32) []byte {
-	body := 1 + uvarintLen(step) + uvarintLen(uint64(n)) + uvarintLen(uint64(len(times))) + 4*len(h)
+	body := 1 + frame.UvarintLen(step) + frame.UvarintLen(uint64(n)) + frame.UvarintLen(uint64(len(times))) + 4*len(h)
 	for _, d := range times {
-		body += uvarintLen(uint64(d))
+		body += frame.UvarintLen(uint64(d))
 	}
 	dst = slices.Grow(dst, binary.MaxVarintLen64+body)
 	dst = binary.AppendUvarint(dst, uint64(body))
