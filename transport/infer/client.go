@@ -262,12 +262,13 @@ type answer struct {
 	// pooled stream the peer had closed).
 	retry bool
 
-	answered  bool  // a frame was read
-	tokens    int   // token frames read
-	text      int   // bytes of their text
-	positions int   // KV positions read (handover)
-	kvBytes   int64 // bytes of the kv frames read
-	ended     bool  // the terminal frame was read: the stream is in order
+	answered  bool      // a frame was read
+	tokens    int       // token frames read
+	text      int       // bytes of their text
+	positions int       // KV positions read (handover)
+	kvBytes   int64     // bytes of the kv frames read
+	kvData    []float32 // the last kv frame's values, reused for the next
+	ended     bool      // the terminal frame was read: the stream is in order
 }
 
 // newAnswer reads req's answer from st, which peer p serves. Only a handover's reader (req.Move
@@ -383,7 +384,8 @@ func (a *answer) kv(fb []byte) (inference.KVRows, error) {
 	if a.req.Move == nil {
 		return inference.KVRows{}, fmt.Errorf("%w: a kv frame, no handover asked", errProtocol)
 	}
-	rows, err := decodeKV(fb)
+	rows, err := decodeKV(fb, a.kvData)
+	a.kvData = rows.Data
 	switch {
 	case err != nil:
 		return rows, err

@@ -390,7 +390,7 @@ func FuzzKVFrame(f *testing.F) {
 	f.Add([]byte{frameKV, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01, 1, 0, 0, 0, 0})
 	f.Add([]byte{frameKV})
 	f.Fuzz(func(t *testing.T, body []byte) {
-		r, err := decodeKV(body)
+		r, err := decodeKV(body, nil)
 		if err != nil {
 			if !errors.Is(err, errProtocol) {
 				t.Fatalf("%q: untyped error %v", body, err)
@@ -405,7 +405,7 @@ func FuzzKVFrame(f *testing.F) {
 		if len(again) > len(body) {
 			t.Fatalf("%q re-encodes longer: %q", body, again)
 		}
-		back, err := decodeKV(again)
+		back, err := decodeKV(again, nil)
 		if err != nil || back.Pos != r.Pos || back.N != r.N || !bytes.Equal(again[len(again)-4*len(r.Data):], body[len(body)-4*len(r.Data):]) ||
 			len(back.Data) != len(r.Data) {
 			t.Fatalf("%q: round trip gave rows at %d of %d, %v", body, back.Pos, back.N, err)

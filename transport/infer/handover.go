@@ -91,6 +91,7 @@ func (s *Server) transfer(from peer.ID, st Stream, req *inference.Request, resum
 	// the rows after a refusal are read on (and dropped) rather than left to fill the
 	// stream's window, where its writes would block.
 	var refused error
+	var kvData []float32 // the last kv frame's values, reused for the next
 	for {
 		in.m.Take() // the frame alone
 		body, err := r.Next()
@@ -110,10 +111,11 @@ func (s *Server) transfer(from peer.ID, st Stream, req *inference.Request, resum
 		}
 		switch body[0] {
 		case frameKV:
-			rows, err := decodeKV(body)
+			rows, err := decodeKV(body, kvData)
 			if err != nil {
 				return violated(err)
 			}
+			kvData = rows.Data
 			if s.transfers != nil && len(body) >= bandwidth.MinBytes {
 				s.transfers(from, in.m.Take())
 			}

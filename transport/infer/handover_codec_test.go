@@ -36,7 +36,7 @@ func TestKVFrame(t *testing.T) {
 	odd := inference.KVRows{Pos: 7, N: 1, Data: []float32{float32(math.Inf(-1)), -0, math.MaxFloat32, 1e-45}}
 	for _, r := range []inference.KVRows{kvRows(tinyShape, 0, 1), kvRows(tinyShape, 300, 12), odd} {
 		body := appendKV(nil, r)
-		got, err := decodeKV(body)
+		got, err := decodeKV(body, nil)
 		if err != nil || !reflect.DeepEqual(got, r) {
 			t.Fatalf("rows at %d of %d: decoded %+v, %v", r.Pos, r.N, got.Pos, err)
 		}
@@ -69,7 +69,7 @@ func TestKVFrame(t *testing.T) {
 		{"another frame type", appendKV(nil, odd)[1:]},
 	}
 	for _, tt := range tests {
-		if r, err := decodeKV(tt.body); !errors.Is(err, errProtocol) {
+		if r, err := decodeKV(tt.body, nil); !errors.Is(err, errProtocol) {
 			t.Errorf("%s: decoded %d positions at %d, %v; want a protocol error", tt.name, r.N, r.Pos, err)
 		}
 	}

@@ -320,9 +320,10 @@ func checkKV(r inference.KVRows) error {
 	return nil
 }
 
-// decodeKV decodes a kv frame. Anything but a well-formed run of rows (checkKV) is a
-// protocol error.
-func decodeKV(body []byte) (inference.KVRows, error) {
+// decodeKV decodes a kv frame, its values into dst's array when it has room (the rows are
+// used only until the next frame: Move.Send and Resumption.Load keep none). Anything but a
+// well-formed run of rows (checkKV) is a protocol error.
+func decodeKV(body []byte, dst []float32) (inference.KVRows, error) {
 	if len(body) == 0 || body[0] != frameKV {
 		return inference.KVRows{}, fmt.Errorf("%w: not a kv frame", errProtocol)
 	}
@@ -340,7 +341,7 @@ func decodeKV(body []byte) (inference.KVRows, error) {
 	if len(rest)%4 != 0 {
 		return inference.KVRows{}, fmt.Errorf("%w: kv values of %d bytes, not whole float32", errProtocol, len(rest))
 	}
-	r := inference.KVRows{Pos: int(pos), N: int(count), Data: make([]float32, len(rest)/4)}
+	r := inference.KVRows{Pos: int(pos), N: int(count), Data: slices.Grow(dst[:0], len(rest)/4)[:len(rest)/4]}
 	for i := range r.Data {
 		r.Data[i] = math.Float32frombits(binary.LittleEndian.Uint32(rest[4*i:]))
 	}
