@@ -4,7 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshinfer/meshinfer/mesh/participation"
 	"github.com/meshinfer/meshinfer/node"
 )
 
@@ -90,10 +89,7 @@ func drainMidStream(t *testing.T, tn *Testnet, gate *tokenGate, body string, hea
 			t.Errorf("token %d from %q, not a peer", n, route)
 			return
 		}
-		s := tn.Sensors(drained)
-		st := s.State()
-		st.BatteryLevel = participation.DefaultBatteryFloor - 5
-		if err := s.Set(st); err != nil {
+		if err := drainBattery(tn, drained); err != nil {
 			t.Error(err)
 		}
 		nd := tn.Node(drained)
@@ -204,10 +200,7 @@ func TestSlowLinkGatePicksCloudOrReplay(t *testing.T) {
 	} {
 		if k > 0 { // the drained peer charges and comes back, so that both peers serve again
 			for i := 1; i < 3; i++ {
-				s := tn.Sensors(i)
-				st := s.State()
-				st.BatteryLevel, st.Charging = participation.DefaultBatteryFloor+20, true
-				if err := s.Set(st); err != nil {
+				if err := chargeBattery(tn, i); err != nil {
 					t.Fatal(err)
 				}
 			}

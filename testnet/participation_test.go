@@ -14,6 +14,22 @@ import (
 	"github.com/meshinfer/meshinfer/node"
 )
 
+// drainBattery puts node i's simulated battery below the participation floor, on battery.
+func drainBattery(tn *Testnet, i int) error {
+	s := tn.Sensors(i)
+	st := s.State()
+	st.BatteryLevel = participation.DefaultBatteryFloor - 5
+	return s.Set(st)
+}
+
+// chargeBattery puts node i's simulated battery above the floor, charging.
+func chargeBattery(tn *Testnet, i int) error {
+	s := tn.Sensors(i)
+	st := s.State()
+	st.BatteryLevel, st.Charging = participation.DefaultBatteryFloor+20, true
+	return s.Set(st)
+}
+
 // peerAccepting reports whether observer holds a fresh vector of n that says it accepts work.
 func peerAccepting(observer, n *node.Node) (accepting, known bool) {
 	e, ok := observer.Registry().Get(n.ID(), time.Now())
@@ -70,10 +86,7 @@ func TestBatteryDrainPausesAndResumes(t *testing.T) {
 			t.Errorf("first token from %q, not a peer", route)
 			return
 		}
-		s := tn.Sensors(drained)
-		st := s.State()
-		st.BatteryLevel = participation.DefaultBatteryFloor - 5
-		if err := s.Set(st); err != nil {
+		if err := drainBattery(tn, drained); err != nil {
 			t.Error(err)
 			return
 		}
@@ -124,11 +137,8 @@ func TestBatteryDrainPausesAndResumes(t *testing.T) {
 
 	// Charging and back above the floor: it resumes after RecoverBeats healthy heartbeats
 	// (and not before), then takes work again.
-	s := tn.Sensors(drained)
-	st := s.State()
-	st.BatteryLevel, st.Charging = participation.DefaultBatteryFloor+20, true
 	charged := time.Now()
-	if err := s.Set(st); err != nil {
+	if err := chargeBattery(tn, drained); err != nil {
 		t.Fatal(err)
 	}
 	p := participation.DefaultParams(heartbeat)
