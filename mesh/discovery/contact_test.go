@@ -14,7 +14,6 @@ import (
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
-	routedhost "github.com/libp2p/go-libp2p/p2p/host/routed"
 )
 
 // dhtNode is a host with a DHT server and the DHT's one-request messenger (what node passes
@@ -92,10 +91,13 @@ func TestContactDialsOnlyThePeer(t *testing.T) {
 		t.Fatal("second contact, already connected:", err)
 	}
 
-	// The control: a fresh node in a's place, walking the DHT for c, dials d on the way.
+	// The control: a fresh node in a's place, walking the DHT towards c, dials d on the way.
+	// GetClosestPeers, not FindPeer: a FindPeer walk stops once c answers, so whether it has
+	// dialled d by then is a race; this walk ends only when it has queried every one of the
+	// closest peers it heard of, d among them.
 	w := newDHTNode(t)
 	connect(t, w, b)
-	if err := routedhost.Wrap(w.h, w.dht).Connect(ctx, peer.AddrInfo{ID: c.h.ID()}); err != nil {
+	if _, err := w.dht.GetClosestPeers(ctx, string(c.h.ID())); err != nil {
 		t.Fatal("the walk:", err)
 	}
 	if w.h.Network().Connectedness(d.h.ID()) != network.Connected {
