@@ -18,6 +18,8 @@ import (
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/p2p/protocol/ping"
+	ma "github.com/multiformats/go-multiaddr"
+	manet "github.com/multiformats/go-multiaddr/net"
 
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/inference/synth"
@@ -26,41 +28,53 @@ import (
 )
 
 // BenchmarkM2GateAccuracy measures issue 17's M2: over randomized cases, is the viability
-// gate's choice the option that measured fastest? Four libp2p hosts on loopback: a
-// requester H, the leaving peer A, the replacement B and a "cloud" C (another synth server,
+// gate's choice the option that measured fastest? Four libp2p hosts on loopback addresses
+// of their own: a requester H, the leaving peer A, the replacement B and a "cloud" C
+// (another synth server, a WAN hop away: m2CloudDelay each way through the link proxy,
 // measured as the executor measures its cloud: time to first token and rate). Each case
 // draws a bandwidth (1 to 1,000 Mbit/s, log-uniform), a prompt (about 64 to 900 tokens of
 // synth-small, whose window is 1,024) and a completion (4 tokens before the cut, 8 to 64
 // after); the budget is loose (the OpenAI API sets no deadline). From the same cut, after
-// A's fourth token, each option is run and timed to the completion's last token:
+// A's fourth token, each thing the executor can do is run and timed to the completion's
+// last token:
 //
 //   - live_transfer: A is asked to hand over (Server.HandOver); H relays its rows to B
 //     through a user-space shaper at the case's bandwidth (the only bulk bytes of a move)
 //     and B resumes. A leaving node does not stay forever: past moveGrace (the drain's 10 s)
 //     A is cut and B replays, as the executor would;
-//   - replay: A is cut, B prefills the prompt and the 4 tokens (Request.Replay);
-//   - restart_peer: A is cut, B generates the completion again;
-//   - restart_cloud: A is cut, C generates it again.
+//   - replay: A is cut, B prefills the prompt and the 4 tokens (Request.Replay). The
+//     gate's restart_peer leads here too: the executor sends the same request for both,
+//     and a synth peer replays it;
+//   - restart_cloud: A is cut, C generates the completion again.
 //
-// The gate (route.Gate) is given what the executor would know: the prompt's tokens as
-// routing estimates them, the tokens, the KV bytes (those tokens × synth-small's 8 KiB, as
-// the executor counts them from the announced kv_bytes_per_token), the
-// bandwidth measured from the first rows relayed, B's round trip (ping) and measured decode
-// rate, the cloud's measured time to first token (also per prompt token) and rate, and no
-// prefill rate (the executor measures none: the default, 500 tokens/s). Metrics: "fastest" the share of cases where the gate's choice measured
-// fastest; "within-10%" where it measured within 10 % of the fastest; "slower-than-cloud"
-// the share where the choice measured over 10 % slower than the cloud restart. Cases: 40,
-// or $M2_CASES (the catalogue's 200 take about half an hour on 2 cores); each is logged.
+// Each is run once; those within m2Contest of the quickest run twice more and count by
+// their median. The gate (route.Gate) is given what the executor would know: the prompt's
+// tokens as routing estimates them, the tokens, the KV bytes (those tokens × synth-small's
+// 8 KiB, as the executor counts them from the announced kv_bytes_per_token), the bandwidth
+// measured from the first rows relayed, B's round trip (ping) and measured decode rate,
+// the cloud's measured time to first token (also per prompt token) and rate, and no
+// prefill rate (the executor measures none: the default, 500 tokens/s). Metrics:
+// "fastest" the share of cases where what the gate's choice leads to measured fastest;
+// "within-10%" where it measured within 10 % of the fastest; "slower-than-cloud" the share
+// where it measured over 10 % slower than the cloud restart. Cases: 40, or $M2_CASES (the
+// catalogue's 200 take about 40 minutes on 2 cores); each is logged.
 func BenchmarkM2GateAccuracy(b *testing.B) {
 	cases := 40
 	if n, err := strconv.Atoi(os.Getenv("M2_CASES")); err == nil && n > 0 {
 		cases = n
 	}
 	const model = "synth-small"
-	hh, ha, hb, hc := m2Host(b), m2Host(b), m2Host(b), m2Host(b)
+	// H, A, B and C on loopback addresses of their own (127.0.0.1 to .4, as testnet nodes
+	// 0 to 3), so that the link proxy can put the cloud a WAN hop away.
+	hh, ha, hb, hc := m2Host(b, 0), m2Host(b, 1), m2Host(b, 2), m2Host(b, 3)
+	cloudAddrs := m2CloudLink(b, hc)
 	servers := map[host.Host]*infer.Server{}
 	for _, h := range []host.Host{ha, hb, hc} {
-		if err := hh.Connect(context.Background(), peer.AddrInfo{ID: h.ID(), Addrs: h.Addrs()}); err != nil {
+		addrs := h.Addrs()
+		if h == hc {
+			addrs = cloudAddrs
+		}
+		if err := hh.Connect(context.Background(), peer.AddrInfo{ID: h.ID(), Addrs: addrs}); err != nil {
 			b.Fatal(err)
 		}
 		be, err := synth.New(model)
@@ -102,7 +116,16 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 	b.Logf("measured: RTT to B %v, B decodes %.0f tokens/s, the cloud %v to first token and %.0f tokens/s", rtt, decodeB, cloudTTFT, cloudRate)
 
 	rng := rand.New(rand.NewPCG(17, 23)) // the same cases every run
-	options := []route.MoveOption{route.MoveLiveTransfer, route.MoveReplay, route.MoveRestartPeer, route.MoveRestartCloud}
+	// What the executor can do from a cut: hand over live, send B the request with the
+	// tokens sent (a synth peer replays it, whether the gate said replay or restart_peer:
+	// the request is the same, see README "Restart on a peer"), or restart in the cloud.
+	options := []route.MoveOption{route.MoveLiveTransfer, route.MoveReplay, route.MoveRestartCloud}
+	action := func(o route.MoveOption) route.MoveOption {
+		if o == route.MoveRestartPeer {
+			return route.MoveReplay
+		}
+		return o
+	}
 	var fastest, within, slower int
 	for b.Loop() {
 		fastest, within, slower = 0, 0, 0
@@ -111,14 +134,30 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 			words := 16 + rng.IntN(215)
 			rest := 8 + rng.IntN(57)
 			req := m2Request(words, 4+rest)
-			took := map[route.MoveOption]time.Duration{}
+			runs := map[route.MoveOption][]time.Duration{}
 			var sample m2Cut
 			for _, o := range options {
 				cut := m2Run(b, c, servers, ha, hb, hc, req, o, bw)
-				took[o] = cut.took
+				runs[o] = append(runs[o], cut.took)
 				if o == route.MoveLiveTransfer {
 					sample = cut
 				}
+			}
+			// The options within m2Contest of the quickest run twice more, and each is
+			// timed by its median: one run's noise (another process's time slice, a GC)
+			// is a few per cent, as large as the gaps between close options.
+			first := slices.Min([]time.Duration{runs[options[0]][0], runs[options[1]][0], runs[options[2]][0]})
+			for _, o := range options {
+				if float64(runs[o][0]) <= m2Contest*float64(first) {
+					for range 2 {
+						runs[o] = append(runs[o], m2Run(b, c, servers, ha, hb, hc, req, o, bw).took)
+					}
+				}
+			}
+			took := map[route.MoveOption]time.Duration{}
+			for o, ts := range runs {
+				slices.Sort(ts)
+				took[o] = ts[len(ts)/2]
 			}
 			in := route.GateInput{
 				PromptTokens: route.PromptTokens(req), Generated: 4, Remaining: rest, Deterministic: true,
@@ -127,20 +166,20 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 				Cloud: true, CloudTTFT: cloudTTFT, CloudRate: cloudRate, CloudTTFTPerToken: cloudPerToken,
 			}
 			dec := route.Gate(in)
+			chose := action(dec.Choice)
 			best := slices.MinFunc(options, func(x, y route.MoveOption) int { return int(took[x] - took[y]) })
-			if dec.Choice == best {
+			if chose == best {
 				fastest++
 			}
-			if float64(took[dec.Choice]) <= 1.1*float64(took[best]) {
+			if float64(took[chose]) <= 1.1*float64(took[best]) {
 				within++
 			}
-			if float64(took[dec.Choice]) > 1.1*float64(took[route.MoveRestartCloud]) {
+			if float64(took[chose]) > 1.1*float64(took[route.MoveRestartCloud]) {
 				slower++
 			}
-			b.Logf("case %d: %.1f Mbit/s (measured %.1f), %d prompt tokens, %d to go: gate %s; measured live %v replay %v restart_peer %v cloud %v",
+			b.Logf("case %d: %.1f Mbit/s (measured %.1f), %d prompt tokens, %d to go: gate %s; measured live %v replay %v cloud %v",
 				k, bw*8/1e6, sample.measured*8/1e6, sample.prompt, rest, dec.Choice,
-				took[route.MoveLiveTransfer].Round(time.Millisecond), took[route.MoveReplay].Round(time.Millisecond),
-				took[route.MoveRestartPeer].Round(time.Millisecond), took[route.MoveRestartCloud].Round(time.Millisecond))
+				m2Times(runs[route.MoveLiveTransfer]), m2Times(runs[route.MoveReplay]), m2Times(runs[route.MoveRestartCloud]))
 		}
 	}
 	b.ReportMetric(float64(fastest)/float64(cases), "fastest")
@@ -274,12 +313,48 @@ func m2Request(words, maxTokens int) *inference.Request {
 	}
 }
 
-func m2Host(b *testing.B) host.Host {
+// m2Contest is how close to the quickest option's first run (1.15×) an option's own must be
+// to be run three times.
+const m2Contest = 1.15
+
+// m2CloudDelay is the cloud's one-way delay from H: a hosted API is a WAN hop away (50 ms
+// round trip), not beside H on loopback as the mesh's peers are in this benchmark.
+const m2CloudDelay = 25 * time.Millisecond
+
+// m2Host is a libp2p host listening on TCP at 127.0.0.(i+1), testnet's address of node i.
+func m2Host(b *testing.B, i int) host.Host {
 	b.Helper()
-	h, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableRelay())
+	h, err := libp2p.New(libp2p.ListenAddrStrings(fmt.Sprintf("/ip4/127.0.0.%d/tcp/0", i+1)), libp2p.DisableRelay())
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { h.Close() })
 	return h
+}
+
+// m2CloudLink puts a link proxy (links.go) in front of the cloud, node 3, with
+// m2CloudDelay each way between it and H, node 0; it returns the address H dials.
+func m2CloudLink(b *testing.B, hc host.Host) []ma.Multiaddr {
+	b.Helper()
+	state := newLinkState()
+	state.update([][2]int{{0, 3}, {3, 0}}, func(f *LinkFaults) { f.Delay = m2CloudDelay })
+	p, err := newLinkProxy(3, "127.0.0.4", state)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(p.close)
+	listen, err := manet.ToNetAddr(hc.Addrs()[0])
+	if err != nil {
+		b.Fatal(err)
+	}
+	p.setUpstream(listen.String())
+	return []ma.Multiaddr{ma.StringCast(p.multiaddr())}
+}
+
+// m2Times is an option's runs for the log: one, or the median of three and their spread.
+func m2Times(ts []time.Duration) string {
+	if len(ts) == 1 {
+		return ts[0].Round(time.Millisecond).String()
+	}
+	return fmt.Sprintf("%v [%v-%v]", ts[len(ts)/2].Round(time.Millisecond), ts[0].Round(time.Millisecond), ts[len(ts)-1].Round(time.Millisecond))
 }
