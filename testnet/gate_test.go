@@ -23,6 +23,39 @@ type tokenGate struct {
 	// resumed are the positions of KV cache each resumed generation (a live handover's
 	// replacement) was loaded with before it went on, in order.
 	resumed []int
+	// moveHeld, when set, holds the next handover after its first rows (HoldMove):
+	// loaded is where the replacement reports the positions its first rows held, open
+	// what the source's second send waits on.
+	moveHeld *heldMove
+}
+
+// heldMove is a handover held after its first rows (HoldMove).
+type heldMove struct {
+	loaded chan int
+	open   chan struct{}
+}
+
+// HoldMove holds the next live handover after its first rows: the leaving node's second
+// send of rows waits until open is called (or its stream's context ends), and the
+// replacement, once its first rows are loaded, reports how many positions they held on
+// loaded. So a test can cut the source mid-transfer whatever the machine's speed. open is
+// idempotent and registered as a cleanup.
+func (g *tokenGate) HoldMove(t interface{ Cleanup(func()) }) (loaded <-chan int, open func()) {
+	h := &heldMove{loaded: make(chan int, 1), open: make(chan struct{})}
+	g.mu.Lock()
+	g.moveHeld = h
+	g.mu.Unlock()
+	var once sync.Once
+	open = func() { once.Do(func() { close(h.open) }) }
+	t.Cleanup(open)
+	return h.loaded, open
+}
+
+// heldMove returns the held handover, if any.
+func (g *tokenGate) held() *heldMove {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.moveHeld
 }
 
 // Resumed returns the positions of KV cache the gated backends' resumed generations were
@@ -85,6 +118,20 @@ func (b gated) Generate(ctx context.Context, req *inference.Request, emit func(i
 		b.g.replays = append(b.g.replays, n)
 		b.g.mu.Unlock()
 	}
+	if h := b.g.held(); h != nil && req.Move != nil {
+		// The server's Move, whose Start its HandOver calls: its Send is wrapped in place.
+		send, sends := req.Move.Send, 0
+		req.Move.Send = func(rows inference.KVRows) error {
+			if sends++; sends == 2 {
+				select {
+				case <-h.open:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			return send(rows)
+		}
+	}
 	return b.Backend.Generate(ctx, req, func(tok inference.Token) error {
 		if ch := b.g.wait(tok.Index); ch != nil {
 			select {
@@ -121,7 +168,14 @@ func (r *gatedResumption) Load(rows inference.KVRows) error {
 	if err := r.Resumption.Load(rows); err != nil {
 		return err
 	}
+	first := r.loaded == 0
 	r.loaded += rows.N
+	if h := r.g.held(); first && h != nil {
+		select {
+		case h.loaded <- r.loaded:
+		default: // reported once
+		}
+	}
 	return nil
 }
 

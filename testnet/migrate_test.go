@@ -1,6 +1,9 @@
 package testnet
 
 import (
+	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -227,4 +230,83 @@ func TestSlowLinkGatePicksCloudOrReplay(t *testing.T) {
 		}
 		t.Logf("privacy %s: %s at %.1f Mbit/s; options %v", tc.privacy, last.Choice, last.Inputs.BandwidthMbps, last.OptionsMS)
 	}
+}
+
+// A peer that leaves with notice but dies while its cache moves: the replacement goes on
+// from the rows it was sent before the cut, prefilling only the positions it lacks, instead
+// of replaying the prompt and the tokens from scratch. The leaving peer's second send of
+// rows is held until it is killed, so the cut falls mid-transfer whatever the machine's
+// speed (synth-small sends a prompt of over 128 positions in two sends or more).
+func TestCutMidTransferResumesFromRows(t *testing.T) {
+	const heartbeat = 500 * time.Millisecond
+	gate := newTokenGate()
+	// synth-small, 8 KiB a position: moving beats the gate's replay estimate above 4 MB/s,
+	// and the links are capped at 40 MB/s (a probe on a loaded machine measures less).
+	tn := handoverMesh(t, gate, heartbeat, "synth-small", 40_000, false)
+	// 151 prompt tokens: the first send takes 128 positions (1 MiB, MaxKVRowsBytes), so
+	// the cache moves in two sends or more, and the second is held.
+	body := longBody("synth-small", 40, 24, 7)
+	loaded, release := gate.HoldMove(t)
+	killed := make(chan int, 1)
+	go func() {
+		defer release()
+		var n int
+		select {
+		case n = <-loaded:
+		case <-t.Context().Done():
+			return
+		}
+		for i := 1; i < tn.Len(); i++ {
+			nd := tn.Node(i)
+			if nd.Status().Participation.Admission != "paused" {
+				continue
+			}
+			if moved := nd.Status().Inference.Moved; moved != 0 {
+				t.Errorf("the source finished its move (%d) before the second send: the test cut nothing", moved)
+			}
+			if err := tn.Kill(i); err != nil {
+				t.Error(err)
+			}
+			killed <- n
+			return
+		}
+		t.Error("no paused peer to kill")
+	}()
+	r, drained := drainMidStream(t, tn, gate, body, heartbeat)
+	var first int
+	select {
+	case first = <-killed:
+	default:
+		t.Fatalf("the source was not killed mid-transfer: the replacement loaded no rows; resumed %v, replays %v, at %s; %+v",
+			gate.Resumed(), gate.Replays(), r.final.Route, tn.Node(0).Status().Migration)
+	}
+	other := tn.Node(3 - drained)
+	if r.final.Route != "peer:"+other.ID().String() {
+		t.Fatalf("went on at %s, want the other peer %s", r.final.Route, other.ID())
+	}
+	resumed, replays := gate.Resumed(), gate.Replays()
+	if len(resumed) != 1 || resumed[0] != first || len(replays) != 0 {
+		t.Fatalf("resumed with %v positions of cache (first rows %d), replays %v: want one resumption from the first rows, no replay",
+			resumed, first, replays)
+	}
+	m := tn.Node(0).Status().Migration
+	last := m.Recent[len(m.Recent)-1]
+	if last.Choice != "live_transfer" || last.Outcome != "completed" || last.Route != r.final.Route {
+		t.Fatalf("migration status %+v, want the live_transfer decision completed at %s", m, r.final.Route)
+	}
+	t.Logf("figure M1-cut: source killed mid-transfer; the replacement resumed from the %d positions it had, the stream identical", first)
+}
+
+// longBody is routedBody with a user message of words words (synth's tokenizer makes a few
+// tokens of each), for a KV cache worth moving.
+func longBody(model string, words, maxTokens int, seed int64) string {
+	w := make([]string, words)
+	for i := range w {
+		w[i] = fmt.Sprintf("w%d", i%89)
+	}
+	b, _ := json.Marshal(map[string]any{
+		"model": model, "max_tokens": maxTokens, "seed": seed, "temperature": 0.8, "stream": true,
+		"messages": []map[string]string{{"role": "user", "content": strings.Join(w, " ")}},
+	})
+	return string(b)
 }

@@ -29,7 +29,9 @@ import (
 // that way: the decision is recorded, and applied at the cut (gateCut), not taken again.
 // A transfer that fails halfway (the replacement refuses rows, its stream breaks) is
 // dropped, and the source's "moved" is then a cut like any other: the gate decides again,
-// with the source down.
+// with the source down. A source cut while its cache moves (killed, its stream broken, its
+// drain's bound passed) leaves the replacement the rows it had relayed: the stream goes on
+// there (run.go, try), the replacement prefilling only the positions it lacks.
 
 // PeerResumer is Peers when it can also resume on a peer a generation another began
 // (transport/infer's Client).

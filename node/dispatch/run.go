@@ -210,12 +210,17 @@ func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, er
 	}
 	res, err = r.d.runOn(ctx, t, req, forward, &r.via, &r.stageReceipts)
 	if rl != nil {
-		if isMoved(err) && mismatch == nil && emitErr == nil {
-			// The peer handed the generation over: it served its part, and the stream goes
-			// on from the replacement that took its cache, which sends every token from
-			// index 0 again; forward skips those the client has.
+		if mismatch == nil && emitErr == nil && (isMoved(err) || cutMidTransfer(ctx, err)) {
+			// The peer handed the generation over, or was cut while its cache moved: the
+			// stream goes on from the replacement that took the cache (all of it, or the
+			// rows it was sent before the cut: it prefills the positions it lacks), which
+			// sends every token from index 0 again; forward skips those the client has.
 			if next, ok := rl.taken(); ok {
-				r.d.observe(t, r.req.Model, false, nil, false, m)
+				cut := err // a source cut is recorded as any; a leaving one is never penalized
+				if isMoved(err) {
+					cut = nil
+				}
+				r.d.observe(t, r.req.Model, false, cut, false, m)
 				r.d.stats.resumptions.Add(1)
 				r.attempts++
 				t, r.last, r.resumed, skip, m = next, next, true, len(r.sent), r.d.measure(&r.req)
@@ -243,6 +248,14 @@ func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, er
 		return inference.Result{}, err, true
 	}
 	return inference.Result{}, err, false
+}
+
+// cutMidTransfer reports whether err, an attempt's end during a live transfer, is a cut the
+// stream can go on from on the replacement: the source went (killed, its drain or pause
+// bound passed, its stream broke) rather than the request ending, and the client is still
+// there.
+func cutMidTransfer(ctx context.Context, err error) bool {
+	return err != nil && ctx.Err() == nil && inference.CodeOf(err).Retryable()
 }
 
 // runOn runs req on one target. via is set to the transport a mesh attempt ended up on,
