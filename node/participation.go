@@ -367,6 +367,19 @@ func (b consentBackend) Generate(ctx context.Context, req *inference.Request, em
 	return b.Backend.Generate(ctx, req, emit)
 }
 
+// Resume resumes a generation another node began (a live handover to this node) when the
+// owner allows local runs and the backend can (inference.Resumer).
+func (b consentBackend) Resume(ctx context.Context, req *inference.Request) (inference.Resumption, error) {
+	if !b.g.runLocal() {
+		return nil, errNoLocalConsent
+	}
+	r, ok := b.Backend.(inference.Resumer)
+	if !ok {
+		return nil, inference.Errorf(inference.CodeUnavailable, "this node's backend cannot resume a generation from its KV cache")
+	}
+	return r.Resume(ctx, req)
+}
+
 // consentLoader is a consentBackend whose backend can load a model ahead of a request
 // (dispatch.Loader): the executor speculates only with such a backend.
 type consentLoader struct {

@@ -3,10 +3,12 @@ package testnet
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/meshinfer/meshinfer/mesh/caps"
 	"github.com/meshinfer/meshinfer/node"
 )
 
@@ -309,4 +311,54 @@ func longBody(model string, words, maxTokens int, seed int64) string {
 		"messages": []map[string]string{{"role": "user", "content": strings.Join(w, " ")}},
 	})
 	return string(b)
+}
+
+// The replacement of a live handover can be this node: a router that serves the model
+// itself, cold, sends the request to a peer whose copy is warm; when that peer's battery
+// drains mid-generation, its cache comes to the router, which loads the rows into its own
+// backend and goes on from them, with no replay. The stream is identical to an
+// uninterrupted run.
+func TestHandOverToThisNode(t *testing.T) {
+	const heartbeat = 500 * time.Millisecond
+	gate := newTokenGate()
+	tn := start(t, Options{Nodes: 2, NoConsole: true, Heartbeat: heartbeat, Sensors: true, Links: true,
+		ModelsFor: func(int) []string { return []string{"synth-tiny"} },
+		Configure: func(i int, cfg *node.Config) {
+			gate.configure(i, cfg)
+			cfg.PeerInterTokenTimeout = time.Minute // the test holds the stream while the battery drains
+		}})
+	// synth-tiny's cache is 1 KiB a position: moving it beats a replay above 0.5 MB/s.
+	if err := tn.Between([]int{0}, []int{1}).Bandwidth(10_000); err != nil {
+		t.Fatal(err)
+	}
+	within(t, 15*time.Second, "converge", tn.Converged)
+	router, peer := tn.Node(0), tn.Node(1)
+	// The peer's copy warms up on a request of its own owner; the router's stays cold, so
+	// the router sends its request to the peer first and keeps itself as the next target.
+	if r := stream(t, peer.APIAddr(), routedBody("synth-tiny", 4, 1, map[string]string{"privacy": "local-only"}), nil, nil); r.errCode != "" || !r.done {
+		t.Fatalf("warming the peer: %+v", r)
+	}
+	within(t, 10*time.Second, "the router sees the peer's model warm", func() bool {
+		e, ok := router.Registry().Get(peer.ID(), time.Now())
+		if !ok || e.Stale || e.Vector == nil || !e.Vector.Load.Accepting {
+			return false
+		}
+		m := slices.IndexFunc(e.Vector.Models, func(m caps.Model) bool { return m.Name == "synth-tiny" })
+		return m >= 0 && e.Vector.Models[m].State == caps.ModelWarm
+	})
+	body := routedBody("synth-tiny", 40, 5, map[string]string{"privacy": "mesh", "priority": "latency"})
+	r, drained := drainMidStream(t, tn, gate, body, heartbeat)
+	if drained != 1 || r.final.Tier != "local" {
+		t.Fatalf("drained node %d, went on at %s (%s): want node 1, then this node", drained, r.final.Route, r.final.Tier)
+	}
+	resumed := gate.Resumed()
+	if len(resumed) != 1 || resumed[0] < 4 || len(gate.Replays()) != 0 {
+		t.Fatalf("resumed with %v positions of cache, replays %v: want one resumption from the cache, no replay", resumed, gate.Replays())
+	}
+	m := router.Status().Migration
+	last := m.Recent[len(m.Recent)-1]
+	if last.Choice != "live_transfer" || last.Outcome != "completed" || !last.Inputs.SourceUp || last.Inputs.BandwidthMbps <= 0 {
+		t.Fatalf("migration status %+v, want a completed live_transfer with the source up and its leg measured", m)
+	}
+	t.Logf("live transfer to this node: %d positions at %.0f Mbit/s; options %v", resumed[0], last.Inputs.BandwidthMbps, last.OptionsMS)
 }

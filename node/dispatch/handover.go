@@ -22,9 +22,10 @@ import (
 // source up: the bytes to move (the positions so far × the model's KV bytes per position,
 // from the peer's announcement), the bandwidth of the slower leg (Config.Bandwidth: the rows
 // just received are a sample of the first), the replacement's round trip and rates, the
-// cloud's. Only when it picks live_transfer is the replacement asked to resume (the first
-// deterministic peer after the source among the run's attempts; never this node, nor a
-// pipeline, whose stages hold no whole cache). When it picks another way (the link from
+// cloud's. Only when it picks live_transfer is the replacement asked to resume: the first
+// deterministic target after the source among the run's attempts, a peer or this node
+// (then only the source's leg is timed and the rows load here); never a pipeline, whose
+// stages hold no whole cache. When it picks another way (the link from
 // the source is slow, the cloud is faster), the run stops the source at once and goes on
 // that way: the decision is recorded, and applied at the cut (gateCut), not taken again.
 // A transfer that fails halfway (the replacement refuses rows, its stream breaks) is
@@ -112,8 +113,12 @@ func (rl *relay) open() (ok, stop bool) {
 	r := rl.r
 	attempts := append([]route.Target{rl.source}, rl.pending...)
 	in, next, cloud := r.gateInput(rl.ctx, attempts, 0)
-	if next < 0 || attempts[next].Tier != inference.TierMesh || len(attempts[next].Stages) > 0 {
-		return false, false // no peer to take the cache: the cut decides
+	var resume func() (inference.Resumption, error)
+	if next >= 0 {
+		resume = r.resumer(rl.ctx, attempts[next])
+	}
+	if resume == nil {
+		return false, false // nothing can take the cache: the cut decides
 	}
 	target := attempts[next]
 	in.SourceUp = true
@@ -127,7 +132,7 @@ func (rl *relay) open() (ok, stop bool) {
 		r.decided = &decided{choice: dec.Choice, next: next, cloud: cloud}
 		return false, true
 	}
-	res, err := r.d.cfg.Peers.(PeerResumer).Resume(rl.ctx, target.Peer, r.resumeRequest())
+	res, err := resume()
 	if err != nil {
 		log.Debugw("live transfer refused by the replacement", "target", target, "err", err)
 		return false, false
@@ -135,6 +140,28 @@ func (rl *relay) open() (ok, stop bool) {
 	r.d.migr.add(r, r.d.now(), in, dec)
 	rl.target, rl.res = target, res
 	return true, false
+}
+
+// resumer returns how t resumes the run's generation from a cache, or nil when it cannot:
+// a single peer through Peers (a PeerResumer), or this node when its backend is an
+// inference.Resumer (the built-in models); never a pipeline, whose stages hold no whole
+// cache, nor the cloud.
+func (r *run) resumer(ctx context.Context, t route.Target) func() (inference.Resumption, error) {
+	switch {
+	case t.Tier == inference.TierMesh && len(t.Stages) == 0:
+		pr, ok := r.d.cfg.Peers.(PeerResumer)
+		if !ok {
+			return nil
+		}
+		return func() (inference.Resumption, error) { return pr.Resume(ctx, t.Peer, r.resumeRequest()) }
+	case t.Tier == inference.TierLocal:
+		lr, ok := r.d.cfg.Local.(inference.Resumer)
+		if !ok {
+			return nil
+		}
+		return func() (inference.Resumption, error) { return lr.Resume(ctx, r.resumeRequest()) }
+	}
+	return nil
 }
 
 // taken returns the replacement that took the source's cache, if one did.
@@ -189,13 +216,16 @@ func (r *run) kvPerToken(p peer.ID) int64 {
 }
 
 // legs is the bandwidth of a relayed transfer from src to dst through this node, bytes/s:
-// the slower of src's downlink to here and this node's uplink to dst; 0 when either is
-// unknown (Config.Bandwidth).
+// the slower of src's downlink to here and this node's uplink to dst (no second leg when
+// dst is "": the rows load here); 0 when a leg is unknown (Config.Bandwidth).
 func (d *Executor) legs(ctx context.Context, src, dst peer.ID) float64 {
 	if d.cfg.Bandwidth == nil {
 		return 0
 	}
 	down, _ := d.cfg.Bandwidth(ctx, src)
+	if dst == "" {
+		return max(down, 0)
+	}
 	_, up := d.cfg.Bandwidth(ctx, dst)
 	if down <= 0 || up <= 0 {
 		return 0
