@@ -290,7 +290,14 @@ func (s *Server) protocolError(from peer.ID, st network.Stream, err error) {
 // serveAttach hands a head's return stream to the session that awaits it: the last stage
 // of a chain that head opened, with the session ID the attach names.
 func (s *Server) serveAttach(from peer.ID, st network.Stream, body []byte) {
-	id, err := decodeAttach(body)
+	s.handTo(from, st, body, frameAttach, (*session).handOver, "no session awaits this return stream")
+}
+
+// handTo hands st, a stream of from's whose first frame (body, of type typ) names a
+// session, to that session of from's with take; when none takes it (it ended, or never
+// was), from gets unavailable with msg.
+func (s *Server) handTo(from peer.ID, st network.Stream, body []byte, typ byte, take func(*session, network.Stream) bool, msg string) {
+	id, err := decodeSessionFrame(body, typ)
 	if err != nil {
 		s.protocolError(from, st, err)
 		return
@@ -298,11 +305,10 @@ func (s *Server) serveAttach(from peer.ID, st network.Stream, body []byte) {
 	s.mu.Lock()
 	ss := s.sessions[sessionKey{head: from, id: id}]
 	s.mu.Unlock()
-	if ss != nil && ss.handOver(st) {
+	if ss != nil && take(ss, st) {
 		return // the session owns st now
 	}
-	// No session of this head awaits a return stream here: it ended, or never was.
-	writeFault(st, stageFault{stage: headStage, code: inference.CodeUnavailable, msg: "no session awaits this return stream"})
+	writeFault(st, stageFault{stage: headStage, code: inference.CodeUnavailable, msg: msg})
 	st.Close()
 }
 

@@ -266,19 +266,7 @@ func (s *Server) serveFetch(from peer.ID, st network.Stream, body []byte) {
 // serveLoad hands a head's load stream to the session that awaits it: a replacement hop of
 // a re-linked chain that head opened, with the session ID the load names.
 func (s *Server) serveLoad(from peer.ID, st network.Stream, body []byte) {
-	id, err := decodeSessionFrame(body, frameLoad)
-	if err != nil {
-		s.protocolError(from, st, err)
-		return
-	}
-	s.mu.Lock()
-	ss := s.sessions[sessionKey{head: from, id: id}]
-	s.mu.Unlock()
-	if ss != nil && ss.takeLoad(st) {
-		return // the session owns st now
-	}
-	writeFault(st, stageFault{stage: headStage, code: inference.CodeUnavailable, msg: "no session awaits rows here"})
-	st.Close()
+	s.handTo(from, st, body, frameLoad, (*session).takeLoad, "no session awaits rows here")
 }
 
 // loadRows reads a replacement hop's rows from the head's load stream into its backend
