@@ -53,10 +53,14 @@ func KVValues(s ModelShape, n int) int { return s.Layers * 2 * n * s.Width }
 
 // Check returns an invalid_request *Error unless r is well formed for s: N ≥ 1, Pos ≥ 0, and
 // exactly KVValues(s, N) values.
-func (r KVRows) Check(s ModelShape) error {
-	if r.Pos < 0 || r.N < 1 || r.N > s.Context || len(r.Data) != KVValues(s, r.N) {
+func (r KVRows) Check(s ModelShape) error { return r.CheckLayers(s, s.Layers) }
+
+// CheckLayers is Check for rows of a run of layers of s (a pipeline stage's,
+// StageMover): exactly layers × 2 × N × Width values.
+func (r KVRows) CheckLayers(s ModelShape, layers int) error {
+	if r.Pos < 0 || r.N < 1 || r.N > s.Context || layers < 1 || layers > s.Layers || len(r.Data) != layers*2*r.N*s.Width {
 		return Errorf(CodeInvalidRequest, "KV rows at %d: %d positions of %d values are not %d layers × 2 × width %d",
-			r.Pos, r.N, len(r.Data), s.Layers, s.Width)
+			r.Pos, r.N, len(r.Data), layers, s.Width)
 	}
 	return nil
 }

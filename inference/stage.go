@@ -56,6 +56,26 @@ type StageSession interface {
 	Close() error
 }
 
+// StageMover is a StageSession whose KV cache can move to another session of the same
+// layers: a stage that leaves with notice hands its part of a running generation to a
+// replacement without a replay (transport/stage: the head fetches the leaving stage's rows
+// and loads them into the replacement's sessions). The rows are KVRows over the session's
+// layers only: for each of its layers [lo, hi) in order, keys then values (CheckLayers
+// with hi − lo layers).
+type StageMover interface {
+	StageSession
+	// Positions is the length of the session's KV cache: the positions run or loaded.
+	Positions() int
+	// Rows returns positions [from, from+n) of the cache, its values appended to dst[:0]
+	// (reused when it has room). It fails with invalid_request outside [0, Positions())
+	// or when the session is closed.
+	Rows(dst []float32, from, n int) (KVRows, error)
+	// Load appends rows to the cache: they must start at Positions(), hold exactly the
+	// session's layers (CheckLayers) and fit its maxPositions; otherwise invalid_request,
+	// and nothing changes. Forward then goes on after them.
+	Load(r KVRows) error
+}
+
 // Layers is the function a Head calls to run every layer on n positions of hidden states,
 // in order, through whatever stages hold them; it returns the last layer's output.
 type Layers func(ctx context.Context, hidden []float32, n int) ([]float32, error)

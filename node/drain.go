@@ -19,8 +19,9 @@ import (
 //     itself as not accepting at once, so that routers stop choosing it;
 //  2. ask the generations in flight for peers to move (live transfer, handOver): those whose
 //     requester takes a handover send it their KV cache and stop within a few tokens;
-//     the others run on;
-//  3. wait until the tasks in flight for peers have ended, or the deadline (ctx) passes;
+//     the others run on; the pipeline stages it runs tell their heads, which move them;
+//  3. wait until the tasks in flight for peers and the stage sessions have ended or moved,
+//     or the deadline (ctx) passes;
 //  4. Close (the caller's): the API lets its own in-flight requests end within its
 //     shutdown grace; tasks still running past the drain deadline are cancelled, and their
 //     routers resume them elsewhere.
@@ -50,14 +51,24 @@ func (n *Node) Drain(ctx context.Context) error {
 	n.handOver("draining")
 	tick := time.NewTicker(drainPoll)
 	defer tick.Stop()
-	for n.infer.Stats().InFlight > 0 {
+	for n.infer.Stats().InFlight > 0 || n.stageWork() > 0 {
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("drain: %d tasks for peers still running: %w", n.infer.Stats().InFlight, ctx.Err())
+			return fmt.Errorf("drain: %d tasks and %d stage sessions for peers still running: %w",
+				n.infer.Stats().InFlight, n.stageWork(), ctx.Err())
 		case <-tick.C:
 		}
 	}
 	return nil
+}
+
+// stageWork is the stage sessions this node runs or keeps for heads: a drain waits for
+// them to move (their heads re-link their chains and fetch them) or end.
+func (n *Node) stageWork() int {
+	if n.stageSrv == nil {
+		return 0
+	}
+	return n.stageSrv.Sessions() + n.stageSrv.Kept()
 }
 
 // admit is the peer server's admission: none while draining, else participation's.
@@ -75,6 +86,13 @@ func (n *Node) admit(from peer.ID) error {
 func (n *Node) handOver(why string) {
 	if k := n.infer.HandOver(); k > 0 {
 		log.Infow("handing generations over to other peers", "generations", k, "why", why)
+	}
+	// The pipeline stages it runs tell their heads, which move them (transport/stage,
+	// "Moves"): a head that cannot sees the stage leave at its next step.
+	if n.stageSrv != nil {
+		if k := n.stageSrv.HandOver(); k > 0 {
+			log.Infow("handing pipeline stages over", "sessions", k, "why", why)
+		}
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/meshinfer/meshinfer/inference/synth"
 	"github.com/meshinfer/meshinfer/mesh/receipts"
 	"github.com/meshinfer/meshinfer/node/console"
+	"github.com/meshinfer/meshinfer/node/dispatch"
 	"github.com/meshinfer/meshinfer/transport/stage"
 )
 
@@ -101,18 +102,32 @@ func (a admittedStages) OpenStage(ctx context.Context, model string, lo, hi, max
 // held, countersigned by this node, and the pipeline's entry in /api/status lists them.
 // A stage that sends a bad frame or a receipt that does not hold is recorded in
 // reputation.
-func (n *Node) OpenPipeline(ctx context.Context, model string, stages []inference.StageHop, maxPositions int) (inference.Layers, func() []inference.StageReceipt, error) {
-	hops := make([]stage.Hop, len(stages))
-	for i, s := range stages {
-		id, err := peer.Decode(s.Peer)
-		if err != nil {
-			return nil, nil, inference.Errorf(inference.CodeInvalidRequest, "stage %d: %v", i, err)
-		}
-		hops[i] = stage.Hop{Peer: id, Lo: s.Lo, Hi: s.Hi}
+//
+// With replace, the chain is movable: a stage that leaves with notice hands its layers and
+// their KV cache over to the hops replace gives, and the generation goes on (the
+// pipeline's entry lists the moves).
+func (n *Node) OpenPipeline(ctx context.Context, model string, stages []inference.StageHop, maxPositions int, replace dispatch.ReplaceStage) (inference.Layers, func() []inference.StageReceipt, error) {
+	hops, err := stageHops(stages)
+	if err != nil {
+		return nil, nil, err
 	}
-	p, err := stage.Open(ctx, n.dialer, model, hops, maxPositions, stage.WithPipelineTransfers(n.noteTransfer),
+	opts := []stage.PipelineOption{stage.WithPipelineTransfers(n.noteTransfer),
 		stage.WithReceipts(checkStageReceipt), stage.WithPipelineObserver(n.rep),
-		stage.WithStepTimeouts(0, n.cfg.PeerInterTokenTimeout))
+		stage.WithStepTimeouts(0, n.cfg.PeerInterTokenTimeout)}
+	if replace != nil {
+		opts = append(opts, stage.WithMoves(func(ctx context.Context, lo, hi int, leaving peer.ID, chain []stage.Hop) ([]stage.Hop, error) {
+			now := make([]inference.StageHop, len(chain))
+			for i, h := range chain {
+				now[i] = inference.StageHop{Peer: h.Peer.String(), Lo: h.Lo, Hi: h.Hi}
+			}
+			repl, err := replace(ctx, lo, hi, leaving.String(), now)
+			if err != nil {
+				return nil, err
+			}
+			return stageHops(repl)
+		}))
+	}
+	p, err := stage.Open(ctx, n.dialer, model, hops, maxPositions, opts...)
 	if err != nil {
 		n.pipelines.failed.Add(1)
 		return nil, nil, err
@@ -120,6 +135,19 @@ func (n *Node) OpenPipeline(ctx context.Context, model string, stages []inferenc
 	n.pipelines.headed.Add(1)
 	countersign := func(r string) (string, error) { return receipts.Countersign(n.key, r) }
 	return p.Forward, n.pipelines.log.add(model, stages, n.cfg.Now(), p, countersign), nil
+}
+
+// stageHops is stages as transport/stage's hops.
+func stageHops(stages []inference.StageHop) ([]stage.Hop, error) {
+	hops := make([]stage.Hop, len(stages))
+	for i, s := range stages {
+		id, err := peer.Decode(s.Peer)
+		if err != nil {
+			return nil, inference.Errorf(inference.CodeInvalidRequest, "stage %d: %v", i, err)
+		}
+		hops[i] = stage.Hop{Peer: id, Lo: s.Lo, Hi: s.Hi}
+	}
+	return hops, nil
 }
 
 // pipelineStats counts the pipelines this node headed, and keeps the last ones (pipelines.go).

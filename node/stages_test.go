@@ -39,7 +39,7 @@ func TestPipelineEndsWithCountersignedStageReceipts(t *testing.T) {
 	req := &inference.Request{Model: model, Messages: []inference.Message{{Role: inference.RoleUser, Content: "receipts, please"}},
 		MaxTokens: new(6)}
 	maxPos := req.PromptTokensBound() + req.EffectiveMaxTokens()
-	layers, closeChain, err := head.OpenPipeline(t.Context(), model, hops, maxPos)
+	layers, closeChain, err := head.OpenPipeline(t.Context(), model, hops, maxPos, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -441,3 +441,93 @@ func TestCoordinatorVerifiesAPipelineOnAnotherPlan(t *testing.T) {
 		t.Fatalf("%d receipts refused: a pipeline has none", n)
 	}
 }
+
+// heldSession moves as the session it wraps does (inference.StageMover): the stages of a
+// held chain can hand their sessions over.
+func (s *heldSession) Positions() int { return s.StageSession.(inference.StageMover).Positions() }
+
+func (s *heldSession) Rows(dst []float32, from, n int) (inference.KVRows, error) {
+	return s.StageSession.(inference.StageMover).Rows(dst, from, n)
+}
+
+func (s *heldSession) Load(r inference.KVRows) error {
+	return s.StageSession.(inference.StageMover).Load(r)
+}
+
+// TestPipelineStageDrainsHandsOverLive: a stage's battery drains while a pipeline streams;
+// its node pauses and tells the head, which re-links the chain at its next step with a
+// spare node in the stage's place and the stage's KV rows moved there. The stream goes on
+// in the same attempt, with no replay (no second pipeline), identical to an uninterrupted
+// run, and the head's /api/status shows the live transfer.
+func TestPipelineStageDrainsHandsOverLive(t *testing.T) {
+	const model = "synth-small"
+	reached, firsts := make(chan int, 4), make(chan int, 64)
+	release := make(chan struct{})
+	tn := start(t, Options{Nodes: 5, NoConsole: true, Heartbeat: 500 * time.Millisecond, Sensors: true,
+		ModelsFor: func(i int) []string {
+			if i == 0 {
+				return nil
+			}
+			return []string{model}
+		},
+		Configure: func(i int, cfg *node.Config) {
+			// Two stages of 2 layers out of four candidates that each hold 2: two spares,
+			// either of which can take a stage's layers.
+			cfg.MemoryBudget = []int64{0, 10 << 20, 10 << 20, 10 << 20, 10 << 20}[i]
+			cfg.PeerInterTokenTimeout = time.Minute // the test holds a stage on purpose
+			cfg.WrapStages = func(b inference.StageBackend) inference.StageBackend {
+				return heldStages{StageBackend: b, node: i, step: 5, reached: reached, release: release, firsts: firsts}
+			}
+		},
+	})
+	within(t, 20*time.Second, "converge", tn.Converged)
+	router := tn.Node(0)
+	body := routedBody(model, 16, 7, nil)
+	done := make(chan streamResult, 1)
+	go func() { done <- stream(t, router.APIAddr(), body, nil, nil) }()
+	var victim int
+	select {
+	case victim = <-reached: // a stage is at its 5th step: the prompt and 3 tokens are out
+	case <-time.After(60 * time.Second):
+		t.Fatal("no stage reached its 5th step")
+	}
+	if err := drainBattery(tn, victim); err != nil {
+		t.Fatal(err)
+	}
+	// The victim paused (and told its sessions' heads) once its peers see it so.
+	within(t, 20*time.Second, "the victim pauses", func() bool {
+		accepting, known := peerAccepting(router, tn.Node(victim))
+		return known && !accepting
+	})
+	close(release)
+	r := <-done
+	if r.errCode != "" || !r.done {
+		t.Fatalf("after node %d's battery drained mid-stream: %+v", victim, r)
+	}
+	if want := reference(t, body); r.text() != want {
+		t.Fatalf("the moved pipeline's stream differs\n got %q\nwant %q", r.text(), want)
+	}
+	if r.final.Attempts != 1 {
+		t.Fatalf("%d attempts, want the one pipeline going on; %+v", r.final.Attempts, router.Status().Migration)
+	}
+	// No session started with the prompt and the tokens sent (a replay): the chain's two
+	// sessions began with the prompt, and the replacement, which loaded its rows, with a
+	// decode step of one position.
+	var got []int
+	for len(firsts) > 0 {
+		got = append(got, <-firsts)
+	}
+	slices.Sort(got)
+	if len(got) != 3 || got[0] != 1 || got[1] != got[2] || got[1] < 2 {
+		t.Fatalf("sessions' first steps of %v positions, want the prompt twice and one decode step", got)
+	}
+	m := router.Status().Migration
+	if m.Decisions["live_transfer"] != 1 || len(m.Recent) == 0 {
+		t.Fatalf("migration status %+v, want one live_transfer", m)
+	}
+	last := m.Recent[len(m.Recent)-1]
+	if last.Choice != "live_transfer" || last.Outcome != "completed" || !last.Inputs.SourceUp || last.Inputs.KVBytes <= 0 {
+		t.Fatalf("migration decision %+v, want a completed live_transfer with the source up", last)
+	}
+	t.Logf("stage of node %d moved live: %d bytes at %.0f Mbit/s; options %v", victim, last.Inputs.KVBytes, last.Inputs.BandwidthMbps, last.OptionsMS)
+}

@@ -146,3 +146,51 @@ func (s *session) Close() error {
 	}
 	return nil
 }
+
+var _ inference.StageMover = (*session)(nil)
+
+// Positions is the length of the session's KV cache; 0 once closed.
+func (s *session) Positions() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.st == nil {
+		return 0
+	}
+	return s.st.pos
+}
+
+// Rows returns positions [from, from+n) of the session's KV cache, over its layers only;
+// see inference.StageMover. The keys and values are the very bits Forward wrote, so a
+// session loaded with them computes what this one would have (TestStageMoveIdentical).
+func (s *session) Rows(dst []float32, from, n int) (inference.KVRows, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.st
+	if st == nil || from < 0 || n < 1 || from+n > st.pos {
+		return inference.KVRows{}, inference.Errorf(inference.CodeInvalidRequest,
+			"rows [%d, %d) of the session of %s, which is closed or holds fewer", from, from+n, s.desc)
+	}
+	return inference.KVRows{Pos: from, N: n, Data: st.rows(dst[:0], from, n)}, nil
+}
+
+// Load appends rows of the session's layers to its KV cache; see inference.StageMover.
+func (s *session) Load(r inference.KVRows) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.st
+	if st == nil {
+		return inference.Errorf(inference.CodeInvalidRequest, "the session of %s is closed", s.desc)
+	}
+	if err := r.CheckLayers(st.p.Shape(), len(st.kc)); err != nil {
+		return err
+	}
+	switch {
+	case r.Pos != st.pos:
+		return inference.Errorf(inference.CodeInvalidRequest, "KV rows at position %d, the session of %s holds %d", r.Pos, s.desc, st.pos)
+	case st.pos+r.N > st.capacity:
+		return inference.Errorf(inference.CodeInvalidRequest,
+			"KV rows up to position %d, past the %d the session of %s holds", st.pos+r.N, st.capacity, s.desc)
+	}
+	st.load(r)
+	return nil
+}

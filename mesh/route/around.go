@@ -87,3 +87,26 @@ func appendHops(hops []inference.StageHop, sp StagePlan) []inference.StageHop {
 	}
 	return hops
 }
+
+// PlanReplacement plans the layers [lo, hi) of model that a leaving stage of a running
+// pipeline holds, over the candidates Decide would plan a pipeline on (as PlanAround),
+// leaving out the peers of exclude: the leaving stage's and the chain's other stages'
+// (a peer holds one stage of a chain). It returns the hops in order, and the model's
+// shape as the candidates announce it (the gate's KV bytes come from it). It reads s, s.Rep
+// for scores and cooling, and nothing else; the error says why no replacement exists.
+func PlanReplacement(s *Snapshot, model string, lo, hi int, exclude []string, positions int, now time.Time) ([]inference.StageHop, inference.ModelShape, error) {
+	others := *s
+	others.Peers = slices.DeleteFunc(slices.Clone(s.Peers), func(p Peer) bool { return slices.Contains(exclude, p.Entry.Peer.String()) })
+	shape, cands := stageCandidates(&others, model, now)
+	if len(cands) == 0 {
+		return nil, shape, fmt.Errorf("route: no peer outside the chain can hold a stage of %s", model)
+	}
+	if lo < 0 || lo >= hi || hi > shape.Layers {
+		return nil, shape, fmt.Errorf("route: layers [%d, %d) are not within the %d layers of %s", lo, hi, shape.Layers, model)
+	}
+	sp, err := PlanRange(shape, positions, lo, hi, cands, nil)
+	if err != nil {
+		return nil, shape, err
+	}
+	return appendHops(nil, sp), shape, nil
+}

@@ -155,3 +155,56 @@ func TestPlanAround(t *testing.T) {
 		})
 	}
 }
+
+// TestPlanReplacement: a leaving stage's layers go to peers outside the chain, the
+// fewest that hold them; with none, an error.
+func TestPlanReplacement(t *testing.T) {
+	f := newFleet(t, "x", "a", "b", "c")
+	sized := func(name string, budgetMB int64) Peer {
+		p := f.peer(name, caps.Model{Name: "m", State: caps.ModelWarm, Layers: 8, WeightBytes: 8 << 20})
+		p.Entry.Vector.RAM.BudgetMB, p.RTT = budgetMB, 10*ms
+		return p
+	}
+	names := map[string]string{}
+	for n, id := range f.ids {
+		names[id.String()] = n
+	}
+	tests := []struct {
+		name    string
+		peers   []Peer
+		exclude []string
+		want    []string // "name lo-hi"; nil: an error
+	}{
+		{"one peer outside the chain holds it", []Peer{sized("x", 8), sized("a", 8), sized("b", 8)},
+			[]string{"x", "a"}, []string{"b 2-6"}},
+		{"split over two", []Peer{sized("x", 8), sized("b", 2), sized("c", 2)},
+			[]string{"x"}, []string{"b 2-4", "c 4-6"}},
+		{"the chain's peers hold nothing", []Peer{sized("x", 8), sized("a", 8)}, []string{"x", "a"}, nil},
+		{"too small", []Peer{sized("x", 8), sized("b", 1)}, []string{"x"}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var exclude []string
+			for _, n := range tc.exclude {
+				exclude = append(exclude, f.key(n))
+			}
+			hops, shape, err := PlanReplacement(&Snapshot{Peers: tc.peers, Rep: newStore(t)}, "m", 2, 6, exclude, 8, now)
+			if tc.want == nil {
+				if err == nil {
+					t.Fatalf("planned %v, want an error", hops)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, h := range hops {
+				got = append(got, fmt.Sprintf("%s %d-%d", names[h.Peer], h.Lo, h.Hi))
+			}
+			if shape.Layers != 8 || !slices.Equal(got, tc.want) && !(len(tc.want) == 2 && slices.Equal(got, []string{"c 2-4", "b 4-6"})) {
+				t.Fatalf("planned %v (shape %+v), want %v", got, shape, tc.want)
+			}
+		})
+	}
+}

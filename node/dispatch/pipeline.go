@@ -19,21 +19,27 @@ import (
 // PipelineOpener opens a chain of stages for model, sized for maxPositions positions. The
 // Layers it returns run every layer through the chain; close ends the stages' sessions
 // and returns the stages' receipts that held, countersigned by this node (none when the
-// chain broke or gives none).
+// chain broke or gives none). replace, when not nil, makes the chain movable: a stage that
+// leaves with notice hands its layers over to the hops replace gives (stagemove.go).
 type PipelineOpener interface {
-	OpenPipeline(ctx context.Context, model string, stages []inference.StageHop, maxPositions int) (layers inference.Layers, close func() []inference.StageReceipt, err error)
+	OpenPipeline(ctx context.Context, model string, stages []inference.StageHop, maxPositions int, replace ReplaceStage) (layers inference.Layers, close func() []inference.StageReceipt, err error)
 }
+
+// ReplaceStage gives the hops that take over layers [lo, hi) of a running pipeline from
+// leaving, one of its stages, which is leaving: contiguous, covering [lo, hi), none of
+// them a peer of chain (the stages now). An error keeps the chain as it is.
+type ReplaceStage func(ctx context.Context, lo, hi int, leaving string, chain []inference.StageHop) ([]inference.StageHop, error)
 
 // pipelineRun runs req on the pipeline t. A stage that fails is recorded against its peer
 // in reputation (the pipeline itself has no reputation key), and the error, naming the
 // stage, fails the attempt over like a peer's. A result comes with the stages' receipts
 // that held, countersigned by this node: the chain is closed before it returns (one more
 // pass along it, for the receipts to come back).
-func (d *Executor) pipelineRun(ctx context.Context, t route.Target, req *inference.Request, emit func(inference.Token) error) (inference.Result, []inference.StageReceipt, error) {
+func (d *Executor) pipelineRun(ctx context.Context, t route.Target, req *inference.Request, emit func(inference.Token) error, replace ReplaceStage) (inference.Result, []inference.StageReceipt, error) {
 	if d.cfg.Head == nil || d.cfg.Pipelines == nil {
 		return inference.Result{}, nil, inference.Errorf(inference.CodeUnavailable, "this node cannot head a pipeline")
 	}
-	layers, closeChain, err := d.cfg.Pipelines.OpenPipeline(ctx, req.Model, t.Stages, pipelinePositions(req))
+	layers, closeChain, err := d.cfg.Pipelines.OpenPipeline(ctx, req.Model, t.Stages, pipelinePositions(req), replace)
 	if err != nil {
 		d.blameStage(req.Model, err)
 		return inference.Result{}, nil, err

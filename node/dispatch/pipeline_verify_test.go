@@ -108,7 +108,7 @@ func (n *stageNet) Generate(ctx context.Context, p peer.ID, req *inference.Reque
 // OpenPipeline opens each stage's session on its peer's backend and chains them
 // (PipelineOpener): what transport/stage does over the network. Its close gives a stage
 // receipt per stage, opaque at this level: stageReceiptsOf the chain.
-func (n *stageNet) OpenPipeline(ctx context.Context, model string, stages []inference.StageHop, maxPositions int) (inference.Layers, func() []inference.StageReceipt, error) {
+func (n *stageNet) OpenPipeline(ctx context.Context, model string, stages []inference.StageHop, maxPositions int, _ ReplaceStage) (inference.Layers, func() []inference.StageReceipt, error) {
 	var sessions []inference.StageSession
 	closeAll := func() []inference.StageReceipt {
 		for _, s := range sessions {
@@ -292,7 +292,7 @@ func (w *pipelineWorld) served(t *testing.T, tg route.Target) *run {
 	if _, err := w.d.runOn(context.Background(), tg, &r.req, func(tok inference.Token) error {
 		r.sent = append(r.sent, tok)
 		return nil
-	}, &via, &r.stageReceipts); err != nil {
+	}, &via, &r.stageReceipts, nil); err != nil {
 		t.Fatal(err)
 	}
 	return r

@@ -208,7 +208,7 @@ func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, er
 		moving.Move = &inference.Move{Send: rl.send}
 		req = &moving
 	}
-	res, err = r.d.runOn(ctx, t, req, forward, &r.via, &r.stageReceipts)
+	res, err = r.d.runOn(ctx, t, req, forward, &r.via, &r.stageReceipts, r.replaceStage(t, det))
 	if rl != nil {
 		if mismatch == nil && emitErr == nil && (isMoved(err) || cutMidTransfer(ctx, err)) {
 			// The peer handed the generation over, or was cut while its cache moved: the
@@ -261,7 +261,7 @@ func cutMidTransfer(ctx context.Context, err error) bool {
 // runOn runs req on one target. via is set to the transport a mesh attempt ended up on,
 // and receipts to a pipeline's stage receipts.
 func (d *Executor) runOn(ctx context.Context, t route.Target, req *inference.Request, emit func(inference.Token) error,
-	via *inference.Transport, receipts *[]inference.StageReceipt) (inference.Result, error) {
+	via *inference.Transport, receipts *[]inference.StageReceipt, replace ReplaceStage) (inference.Result, error) {
 	switch t.Tier {
 	case inference.TierLocal:
 		return d.cfg.Local.Generate(ctx, req, emit)
@@ -270,7 +270,7 @@ func (d *Executor) runOn(ctx context.Context, t route.Target, req *inference.Req
 	}
 	if len(t.Stages) > 0 {
 		*via = inference.TransportLibp2p
-		res, rs, err := d.pipelineRun(ctx, t, req, emit)
+		res, rs, err := d.pipelineRun(ctx, t, req, emit, replace)
 		*receipts = rs
 		return res, err
 	}

@@ -557,7 +557,7 @@ func (d *Executor) replay(t route.Target, r *run) (inference.Digest, error) {
 	}
 	var err error
 	if len(t.Stages) > 0 {
-		_, _, err = d.pipelineRun(d.bg, t, &r.req, emit)
+		_, _, err = d.pipelineRun(d.bg, t, &r.req, emit, nil)
 	} else {
 		_, err = d.peerGenerate(d.bg, t.Peer, &r.req, emit, nil)
 	}

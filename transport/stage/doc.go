@@ -45,6 +45,12 @@
 //	                                     n × width float32 little-endian
 //	0x08 receipts forward, receipted     uvarint k, k × (uvarint len,       ≤ 2 + k·(3 + MaxReceipt)
 //	              sessions' end          len bytes)
+//	0x09 leaving  forward, movable       uvarint stage                      ≤ 11 bytes
+//	0x0a keep     forward, movable       nothing more                       = 1 byte
+//	0x0b fetch    head → leaving stage   16-byte session ID                 = 17 bytes
+//	0x0c load     head → replacement     16-byte session ID                 = 17 bytes
+//	0x0d kv       fetch and load         uvarint pos, uvarint n,            ≤ 21 + MaxKVFrame
+//	              streams                n × layers × 2 × width float32
 //
 // The open frame's JSON:
 //
@@ -54,7 +60,11 @@
 //	 "index": the receiving stage's place in the chain (0 first),
 //	 "hops": [{"peer", "lo", "hi", "addrs"}, …],
 //	 "timing": true (optional: the head asks for the stages' times, below),
-//	 "receipts": true (optional: the head asks for the stages' receipts, below)}
+//	 "receipts": true (optional: the head asks for the stages' receipts, below),
+//	 "moves": true (optional: the head can move a stage that leaves, below),
+//	 "adopt", "positions" (a re-linked chain's only, below)}
+//
+// and a hop may carry "load": true (a re-linked chain's replacement, below).
 //
 // hops is the receiving stage's own hop (its layers [lo, hi)) followed by the rest of the
 // chain: 1 to MaxStages − index hops, with contiguous non-empty ranges; addrs (at most
@@ -80,8 +90,8 @@
 // misreport its own and those before it (they are for status, never for routing).
 //
 // A ready frame's flags byte, present only when a flag is set, says what the stage and
-// every stage after it do of what the open asked: 1 timed, 2 receipted, 3 both. A flag
-// that was not asked for, or a zero byte, is a protocol violation.
+// every stage after it do of what the open asked: 1 timed, 2 receipted, 4 movable (any
+// sum of them). A flag that was not asked for, or a zero byte, is a protocol violation.
 //
 // Receipted sessions. A head that wants each stage's signed receipt of its part (as a
 // peer that served it a task sends a task receipt: mesh/receipts) sets "receipts" in its
@@ -153,6 +163,60 @@
 // writes nothing on it after attach). A session also ends when it is idle for the stage's
 // session idle time (DefaultSessionIdle), when its stage closes, or on any failure; its
 // backend session (the KV cache) is closed then, always.
+//
+// # Moves
+//
+// A stage that leaves with notice (its node pauses: battery, heat, withdrawal; or drains
+// on SIGTERM: Server.HandOver) hands its part of a running generation over without a
+// replay. The head re-links the chain around it at a step boundary, every other stage
+// keeps its KV cache, and the leaving stage's rows (its layers only) go to the hops that
+// replace it.
+//
+// Movable sessions. A head that can move stages (WithMoves) sets "moves" in its open; a
+// stage whose backend session can give and take its rows (inference.StageMover, one
+// position's rows within MaxKVFrame) passes it on, and answers ready with flag 4 when it
+// is the last stage or its next hop did: as for times, movable from end to end or not at
+// all.
+//
+// The notice. A leaving stage writes a leaving frame naming itself just before the output
+// of its next step, once per session; every later stage passes a leaving frame of a stage
+// before it on at once (each stage's at most once: a repeat is a protocol violation), and
+// the last stage on the return stream, so the head reads it with that step's output. The
+// leaving stage serves the session on for DefaultHandOverGrace and then ends it with
+// shutting_down, as a stage that leaves without moves does at once: the head then replays
+// the generation elsewhere as for any stage lost.
+//
+// The re-link. At its next Forward, before any step (every stage holds the same P
+// positions), the head asks its Replacer for hops to hold the leaving stage's layers; none
+// leaves the chain as it is. Else it writes a keep frame where an end frame would go: each
+// stage moves its backend session to its kept table (keyed by head and session ID, counted
+// against its limits as a running session, freed after DefaultKeepTimeout unless taken),
+// passes the keep on and closes its streams; the last stage's keep on the return stream,
+// within CloseTimeout, tells the head the chain kept. The head opens the re-linked chain
+// with a new session ID: the same hops with the leaving one replaced, "adopt" the old
+// session ID and "positions" P. A hop with "load" opens a fresh session; every other hop
+// adopts the session it kept under (its head, adopt) with the same model, layers, P and
+// max_positions, its KV cache and counts going on (none kept: unavailable). Only the head
+// that opened a session can adopt it: the open's head names the table's key, and stage 0
+// checks it is the peer that opened it (later stages trust their previous hop, as for any
+// open). A re-linked chain must be movable throughout, and asks for no receipts.
+//
+// The rows. The head then dials the leaving stage with a fetch frame naming the old session:
+// it answers the kept session's rows as kv frames from position 0 in order, each at most
+// MaxKVFrame of values, then an end frame, and frees the session (outcome moved). The head
+// dials each replacement with a load frame naming the new session and relays each kv frame
+// to it, cut to its layers (a replacement of layers [a, b) of the leaving [lo, hi) gets
+// the values of layers a − lo to b − lo: each layer's keys and values are contiguous),
+// then an end frame. A replacement reads its load after it is linked and before its first
+// step, loads the rows into its backend session (which checks their shape against the
+// model: inference.KVRows.CheckLayers), requires exactly P positions, and answers ready,
+// or an error frame naming the head. The head checks every kv frame as the replacement
+// does (position, count, exact size) and refuses a move whose rows would pass MaxMoveBytes.
+// Then the step runs on the re-linked chain, with step numbers from 0 again. The move is
+// bounded throughout: the keep by CloseTimeout, the set-up by OpenTimeout, the rows by
+// DefaultStepTimeout; any failure once the chain kept breaks the pipeline with a retryable
+// error naming the leaving stage (its kept sessions are freed as they expire, or with the
+// broken chain that adopted them), and the caller replays.
 //
 // # Rules, bounds and deadlines
 //

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -27,6 +28,8 @@ func FuzzStageFrame(f *testing.F) {
 		hops: []Hop{{Peer: p2, Lo: 2, Hi: 5}, {Peer: p1, Lo: 5, Hi: 9}}, addrs: [][]ma.Multiaddr{{addr}, nil}}
 	timedOpen := *o
 	timedOpen.timing = true
+	relinked := *o
+	relinked.moves, relinked.adopting, relinked.adopt, relinked.positions, relinked.loads = true, true, [sessionIDLen]byte{4}, 5, []bool{true, false}
 	for _, seed := range [][]byte{
 		appendHiddenFrame(nil, 0, 2, []float32{1, -2, 3.5, 0, 1e-40, 7, 8, -0}),
 		appendHiddenFrame(nil, 300, 1, []float32{1, 2, 3, 4}),
@@ -42,12 +45,19 @@ func FuzzStageFrame(f *testing.F) {
 		frame.Append(nil, encodeOpen(o)),
 		frame.Append(nil, encodeOpen(&timedOpen)),
 		frame.Append(nil, []byte{frameEnd}),
+		frame.Append(nil, encodeOpen(&relinked)),
+		frame.Append(nil, encodeLeaving(1)),
+		frame.Append(nil, []byte{frameKeep}),
+		frame.Append(nil, encodeSessionFrame(frameFetch, o.session)),
+		frame.Append(nil, encodeSessionFrame(frameLoad, o.session)),
+		appendKVFrame(nil, inference.KVRows{Pos: 0, N: 2, Data: make([]float32, kvLayers*2*2*width)}),
+		appendKVFrame(nil, inference.KVRows{Pos: 3, N: 1, Data: []float32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}}),
 		{0x80, 0x00}, {0x05, 0x02, 0x80, 0x00, 0x01}, {},
 	} {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		bound := max(stepFrameMax(width, batch), MaxOpenFrame)
+		bound := max(stepFrameMax(width, batch), MaxOpenFrame, kvFrameMax)
 		r := frame.NewReader(bytes.NewReader(data), bound)
 		for {
 			body, err := r.Next()
@@ -76,6 +86,7 @@ func FuzzStageFrame(f *testing.F) {
 			}
 			checkError(t, body)
 			checkOpen(t, body)
+			checkMoveFrames(t, body, width)
 		}
 	})
 }
@@ -177,10 +188,42 @@ func checkOpen(t *testing.T, body []byte) {
 	}
 }
 
+// kvLayers is the layer count FuzzStageFrame reads kv frames with.
+const kvLayers = 2
+
+// checkMoveFrames: the frames of moves decode only within their bounds (a leaving frame's
+// stage in its range; a kv frame's position the expected one, its positions within
+// kvPerFrame and exactly their values) and encode back byte for byte.
+func checkMoveFrames(t *testing.T, body []byte, width int) {
+	if i, err := decodeLeaving(body, 0, 3); err == nil && (i < 0 || i >= 3 || !bytes.Equal(encodeLeaving(i), body)) {
+		t.Fatalf("leaving %x read as stage %d", body, i)
+	}
+	for _, typ := range []byte{frameFetch, frameLoad} {
+		if id, err := decodeSessionFrame(body, typ); err == nil && !bytes.Equal(encodeSessionFrame(typ, id), body) {
+			t.Fatalf("session frame %x re-encodes differently", body)
+		}
+	}
+	for _, pos := range []int{0, 3} {
+		r, err := decodeKV(body, width, kvLayers, pos, nil)
+		if err != nil {
+			continue
+		}
+		if r.Pos != pos || r.N < 1 || r.N > kvPerFrame(width, kvLayers) || len(r.Data) != kvLayers*2*r.N*width {
+			t.Fatalf("kv frame %x read as %d positions at %d with %d values", body, r.N, r.Pos, len(r.Data))
+		}
+		if re := appendKVFrame(nil, r); !bytes.Equal(re, frame.Append(nil, body)) {
+			t.Fatalf("kv frame %x re-encodes to %x", body, re)
+		}
+	}
+}
+
 // nilEmpty is o with empty address lists as nil, which JSON does not tell apart.
 func nilEmpty(o *open) *open {
 	c := *o
 	c.addrs = nil
+	if !slices.Contains(c.loads, true) {
+		c.loads = nil // all false: the same as none
+	}
 	for _, a := range o.addrs {
 		if len(a) == 0 {
 			a = nil

@@ -32,6 +32,7 @@ type pipelineConfig struct {
 	observer      Observer
 	transfers     func(peer.ID, bandwidth.Transfer)
 	check         func(Part, string) error
+	moves         Replacer
 }
 
 // WithStepTimeouts bounds each step at the head, from sending its hidden states to stage 0
@@ -95,6 +96,7 @@ type Part struct {
 // stage 0 and returns what the last stage sends back. It is one generation's: its stages
 // hold that generation's KV cache. Forward calls run one at a time.
 type Pipeline struct {
+	h             host.Host
 	stages        []Hop
 	head          peer.ID
 	model         string
@@ -106,7 +108,11 @@ type Pipeline struct {
 	decodeTimeout time.Duration // bounds a step of one
 	observer      Observer
 	transfers     func(peer.ID, bandwidth.Transfer)
+	askBatch      int      // the batch bound the open asked for
+	moves         Replacer // WithMoves; nil: no stage is moved
 
+	// The chain's streams: replaced under mu when a move re-links the chain (the
+	// Forward that holds busy), read under mu by fail and Close.
 	up      network.Stream   // to stage 0: hidden frames out, error frames back
 	ret     network.Stream   // from the last stage: its output, or an error frame
 	retM    *bandwidth.Meter // under retR: times each step's output
@@ -120,12 +126,19 @@ type Pipeline struct {
 	// the receipts flag), checked by check.
 	receipted bool
 	check     func(Part, string) error
+	// movable: every stage passes leaving notices on and can keep and move its session
+	// (stage 0 answered the open with the moves flag). relinking tells the watcher that
+	// the chain's end it reads is a keep end, not a failure.
+	movable   bool
+	relinking atomic.Bool
 
 	busy atomic.Bool // a Forward is running
 	// Owned by the Forward that holds busy.
 	step      uint64
 	positions int
 	buf       []byte
+	leaving   int    // the first stage that said it is leaving, -1 none
+	seen      uint64 // the stages whose leaving notices came, a bit per index
 
 	mu     sync.Mutex
 	err    error // why no step can run: the pipeline broke, or was closed; nil while usable
@@ -134,6 +147,7 @@ type Pipeline struct {
 	// receipts are the stages' receipts that held, set by an orderly Close of a receipted
 	// session.
 	receipts []string
+	moved    []Move // the stages moved, in order
 }
 
 // Stats is what a pipeline's steps took, as its head measured them and its stages reported
@@ -181,7 +195,7 @@ func Open(ctx context.Context, h host.Host, model string, stages []Hop, maxPosit
 		batch = maxPositions
 	}
 	o := &open{head: h.ID(), model: model, maxPositions: maxPositions, maxBatch: batch, hops: stages, timing: true,
-		receipts: cfg.check != nil}
+		receipts: cfg.check != nil, moves: cfg.moves != nil}
 	rand.Read(o.session[:])
 	for _, hop := range stages {
 		o.addrs = append(o.addrs, dialable(h.Peerstore().Addrs(hop.Peer)))
@@ -191,6 +205,7 @@ func Open(ctx context.Context, h host.Host, model string, stages []Hop, maxPosit
 		return nil, err
 	}
 	p := &Pipeline{
+		h: h, askBatch: batch, moves: cfg.moves, leaving: -1,
 		stages: append([]Hop(nil), stages...), head: h.ID(), model: model, session: o.session,
 		maxPos: maxPositions, stepTimeout: cfg.stepTimeout, decodeTimeout: cfg.decodeTimeout,
 		observer: cfg.observer, check: cfg.check, transfers: cfg.transfers, watched: make(chan struct{}),
@@ -200,22 +215,42 @@ func Open(ctx context.Context, h host.Host, model string, stages []Hop, maxPosit
 	upR, err := p.open(octx, h, o, body, batch)
 	if err != nil {
 		// A chain set up in part frees itself: each stage sees its previous hop's reset.
-		if p.up != nil {
-			p.up.Reset()
-		}
-		if p.ret != nil {
-			p.ret.Reset()
-		}
+		p.resetStreams()
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("open pipeline: %w", ctx.Err())
 		}
 		return nil, err
 	}
-	go func() { // returns when up's read fails: the pipeline's failure or Close resets or closes it
-		defer close(p.watched)
+	p.startWatch(upR, p.watched)
+	return p, nil
+}
+
+// startWatch starts the watcher of the chain's stream to stage 0, which closes watched
+// when it returns: when up's read fails, the pipeline's failure, a re-link or Close having
+// reset or closed it.
+func (p *Pipeline) startWatch(upR *frame.Reader, watched chan struct{}) {
+	go func() {
+		defer close(watched)
 		p.watch(upR)
 	}()
-	return p, nil
+}
+
+// streams returns the chain's streams now.
+func (p *Pipeline) streams() (up, ret network.Stream) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.up, p.ret
+}
+
+// resetStreams resets the chain's streams, those that are open.
+func (p *Pipeline) resetStreams() {
+	up, ret := p.streams()
+	if up != nil {
+		up.Reset()
+	}
+	if ret != nil {
+		ret.Reset()
+	}
 }
 
 // dialable is addrs cut to what an open frame carries.
@@ -261,7 +296,9 @@ func (p *Pipeline) open(ctx context.Context, h host.Host, o *open, body []byte, 
 	if err != nil {
 		return nil, p.unreachable(ctx, 0, err)
 	}
+	p.mu.Lock()
 	p.up = up
+	p.mu.Unlock()
 	stopUp := context.AfterFunc(ctx, func() { up.Reset() }) // until the chain is set up
 	defer stopUp()
 	if err := up.Scope().SetService(ServiceName); err != nil {
@@ -277,16 +314,15 @@ func (p *Pipeline) open(ctx context.Context, h host.Host, o *open, body []byte, 
 		return nil, err
 	}
 	p.width, p.batch = width, maxBatch(width, o.maxPositions, batch)
-	p.timed, p.receipted = flags&flagTimed != 0, flags&flagReceipts != 0
-	if p.timed {
-		p.stats.Forward = make([]time.Duration, len(p.stages))
-	}
+	p.timed, p.receipted, p.movable = flags&flagTimed != 0, flags&flagReceipts != 0, flags&flagMoves != 0
 
 	ret, err := h.NewStream(ctx, p.stages[last].Peer, ID)
 	if err != nil {
 		return nil, p.unreachable(ctx, last, err)
 	}
+	p.mu.Lock()
 	p.ret = ret
+	p.mu.Unlock()
 	stopRet := context.AfterFunc(ctx, func() { ret.Reset() })
 	defer stopRet()
 	if err := ret.Scope().SetService(ServiceName); err != nil {
@@ -317,6 +353,11 @@ func (p *Pipeline) open(ctx context.Context, h host.Host, o *open, body []byte, 
 	}
 	up.SetDeadline(time.Time{})
 	ret.SetDeadline(time.Time{})
+	if p.timed {
+		p.mu.Lock()
+		p.stats.Forward = timesAfter(p.stats.Forward, len(p.stages), o)
+		p.mu.Unlock()
+	}
 	return upR, nil
 }
 
@@ -409,6 +450,13 @@ func (p *Pipeline) Forward(ctx context.Context, hidden []float32, n int) ([]floa
 	// are reset, which ends the wait below and every stage's session.
 	stop := context.AfterFunc(ctx, func() { p.fail(fmt.Errorf("step: %w", context.Cause(ctx))) })
 	defer stop()
+	if p.leaving >= 0 {
+		// A step boundary, every stage holding the same positions: the time to move the
+		// stage that is leaving (pipeline_move.go).
+		if err := p.relink(ctx); err != nil {
+			return nil, err
+		}
+	}
 	out := make([]float32, 0, n*p.width)
 	for done := 0; done < n; {
 		m := min(n-done, p.batch)
@@ -433,13 +481,29 @@ func (p *Pipeline) roundTrip(h []float32, m int) ([]float32, error) {
 	deadline := sent.Add(timeout)
 	p.buf = appendHiddenFrame(p.buf[:0], p.step, m, h)
 	p.retM.Take() // the step's output alone
-	p.up.SetWriteDeadline(deadline)
+	up, ret := p.streams()
+	up.SetWriteDeadline(deadline)
 	// A failed write means the chain broke: why comes on the return stream (forward from
 	// the stages after the break) or to the watcher of up. Read on for it, within the
 	// step's deadline.
-	p.up.Write(p.buf)
-	p.ret.SetReadDeadline(deadline)
+	up.Write(p.buf)
+	ret.SetReadDeadline(deadline)
 	body, err := p.retR.Next()
+	for err == nil && p.movable && len(body) > 0 && body[0] == frameLeaving {
+		// A stage is leaving: the next Forward moves it (relink). Each stage says so once.
+		i, derr := decodeLeaving(body, 0, len(p.stages))
+		if derr == nil && p.seen&(1<<i) != 0 {
+			derr = fmt.Errorf("%w: stage %d's leaving notice twice", errProtocol, i)
+		}
+		if derr != nil {
+			return nil, p.fail(p.lost(last, "read output", derr))
+		}
+		p.seen |= 1 << i
+		if p.leaving < 0 {
+			p.leaving = i
+		}
+		body, err = p.retR.Next()
+	}
 	if err != nil {
 		if e := p.broken(); e != nil {
 			return nil, e // the watcher, Close or the caller's cancellation came first
@@ -500,7 +564,7 @@ func (p *Pipeline) roundTrip(h []float32, m int) ([]float32, error) {
 // pipeline, unless it is ending already.
 func (p *Pipeline) watch(r *frame.Reader) {
 	body, err := r.Next()
-	if p.broken() != nil {
+	if p.broken() != nil || p.relinking.Load() {
 		return
 	}
 	switch {
@@ -532,26 +596,29 @@ func (p *Pipeline) Close() error {
 		p.closed = true
 	}
 	p.mu.Unlock()
+	up, ret := p.streams()
 	switch {
 	case !first:
 	case p.busy.Load():
-		// A step is half run: no orderly end. (A Forward that starts after this sees the
-		// error set above and sends nothing.)
-		p.up.Reset()
-		p.ret.Reset()
+		// A step is half run, or a re-link: no orderly end. (A Forward that starts after
+		// this sees the error set above and sends nothing; a re-link, its streams reset.)
+		p.resetStreams()
 	default:
-		p.up.SetWriteDeadline(time.Now().Add(errorWriteTimeout))
-		err := frame.Write(p.up, []byte{frameEnd})
+		up.SetWriteDeadline(time.Now().Add(errorWriteTimeout))
+		err := frame.Write(up, []byte{frameEnd})
 		if err != nil {
-			p.up.Reset()
+			up.Reset()
 		}
-		p.up.Close()
+		up.Close()
 		if err == nil && p.receipted {
 			p.collect()
 		}
-		p.ret.Close()
+		ret.Close()
 	}
-	<-p.watched
+	p.mu.Lock()
+	watched := p.watched
+	p.mu.Unlock()
+	<-watched
 	return nil
 }
 
@@ -571,7 +638,8 @@ func (p *Pipeline) Receipts() []string {
 // against its stage; a frame that breaks the protocol, against the last stage.
 func (p *Pipeline) collect() {
 	last := len(p.stages) - 1
-	p.ret.SetReadDeadline(time.Now().Add(CloseTimeout))
+	_, ret := p.streams()
+	ret.SetReadDeadline(time.Now().Add(CloseTimeout))
 	body, err := p.retR.Next()
 	switch {
 	case err == nil && len(body) > 0 && body[0] == frameError:
@@ -632,8 +700,7 @@ func (p *Pipeline) fail(err error) error {
 	err = p.err
 	p.mu.Unlock()
 	if first {
-		p.up.Reset()
-		p.ret.Reset()
+		p.resetStreams()
 	}
 	return err
 }

@@ -113,6 +113,11 @@ const (
 	frameTimed  byte = 0x07 // forward, timed sessions: a hidden frame with the stages' times
 	// forward, receipted sessions: the end, with the receipts of the stages so far
 	frameReceipts byte = 0x08
+	frameLeaving  byte = 0x09 // forward, movable sessions: uvarint stage, which is leaving
+	frameKeep     byte = 0x0a // forward, movable sessions: the end, every stage keeping its session
+	frameFetch    byte = 0x0b // head → leaving stage: the kept session's ID, whose rows it wants
+	frameLoad     byte = 0x0c // head → replacement stage: the session ID, whose rows follow
+	frameKV       byte = 0x0d // fetch and load streams: uvarint pos, uvarint n, KV values
 )
 
 // Flags of a ready frame, after its width: what the stage and every stage after it do for
@@ -120,6 +125,7 @@ const (
 const (
 	flagTimed    byte = 1 << 0 // they report their layers' times in each step
 	flagReceipts byte = 1 << 1 // they send their receipts at the end
+	flagMoves    byte = 1 << 2 // they pass leaving notices on, and can keep and move their sessions
 )
 
 // headStage is the stage index that names the head in an error frame.
@@ -209,6 +215,14 @@ type openMsg struct {
 	// Receipts asks the stages for their signed receipts at the end (a receipted session),
 	// ignored like Timing by a stage that does not know it.
 	Receipts bool `json:"receipts,omitempty"`
+	// Moves says the head takes leaving notices and can re-link the chain around a stage
+	// that leaves (a movable session), ignored like Timing by a stage that does not know it.
+	Moves bool `json:"moves,omitempty"`
+	// Adopt, in the open of a re-linked chain, is the session ID of the chain it replaces:
+	// each hop without Load takes over the session it kept of that chain; Positions is how
+	// many positions every stage holds then.
+	Adopt     string `json:"adopt,omitempty"`
+	Positions int    `json:"positions,omitempty"`
 }
 
 type wireHop struct {
@@ -216,6 +230,9 @@ type wireHop struct {
 	Lo    int      `json:"lo"`
 	Hi    int      `json:"hi"`
 	Addrs []string `json:"addrs,omitempty"`
+	// Load, in a re-linked chain's open, marks a replacement hop: it opens a fresh session
+	// and loads its rows from the head's load stream.
+	Load bool `json:"load,omitempty"`
 }
 
 // open is a decoded open frame.
@@ -230,22 +247,38 @@ type open struct {
 	addrs        [][]ma.Multiaddr // per hop
 	timing       bool             // the head asks for the stages' times
 	receipts     bool             // the head asks for the stages' receipts
+	moves        bool             // the head takes leaving notices and keep ends
+	// adopt is the session a re-linked chain replaces (adopting: set); positions is what
+	// every stage holds then, and loads says which hops load their rows instead of adopting.
+	adopt     [sessionIDLen]byte
+	adopting  bool
+	positions int
+	loads     []bool // per hop
 }
 
 // stages is the chain's length.
 func (o *open) stages() int { return o.index + len(o.hops) }
 
 // asked is the ready flags the open asks for: what a ready answering it may carry.
-func (o *open) asked() byte { return flagsOf(o.timing, o.receipts) }
+func (o *open) asked() byte {
+	f := flagsOf(o.timing, o.receipts)
+	if o.moves {
+		f |= flagMoves
+	}
+	return f
+}
 
 func encodeOpen(o *open) []byte {
 	m := openMsg{
 		Session: hex.EncodeToString(o.session[:]), Head: o.head.String(), Model: o.model,
 		MaxPositions: o.maxPositions, MaxBatch: o.maxBatch, Index: o.index, Timing: o.timing,
-		Receipts: o.receipts,
+		Receipts: o.receipts, Moves: o.moves,
+	}
+	if o.adopting {
+		m.Adopt, m.Positions = hex.EncodeToString(o.adopt[:]), o.positions
 	}
 	for i, h := range o.hops {
-		wh := wireHop{Peer: h.Peer.String(), Lo: h.Lo, Hi: h.Hi}
+		wh := wireHop{Peer: h.Peer.String(), Lo: h.Lo, Hi: h.Hi, Load: i < len(o.loads) && o.loads[i]}
 		if i < len(o.addrs) {
 			for _, a := range o.addrs[i] {
 				wh.Addrs = append(wh.Addrs, a.String())
@@ -271,7 +304,7 @@ func decodeOpen(body []byte) (*open, error) {
 		return nil, fmt.Errorf("%w: open frame: %v", errProtocol, err)
 	}
 	o := &open{model: m.Model, maxPositions: m.MaxPositions, maxBatch: m.MaxBatch, index: m.Index, timing: m.Timing,
-		receipts: m.Receipts}
+		receipts: m.Receipts, moves: m.Moves}
 	if len(m.Session) != 2*sessionIDLen || hex.EncodeToString(mustHex(m.Session)) != m.Session {
 		return nil, fmt.Errorf("%w: session ID %q", errProtocol, m.Session)
 	}
@@ -287,6 +320,16 @@ func decodeOpen(body []byte) (*open, error) {
 		return nil, fmt.Errorf("%w: max_positions %d, max_batch %d", errProtocol, m.MaxPositions, m.MaxBatch)
 	case m.Index < 0 || len(m.Hops) < 1 || m.Index+len(m.Hops) > MaxStages:
 		return nil, fmt.Errorf("%w: stage %d of a chain with %d more", errProtocol, m.Index, len(m.Hops))
+	}
+	if m.Adopt != "" || m.Positions != 0 {
+		// A re-linked chain: the session it replaces, and the positions, which the
+		// sessions hold already and which the steps go on after.
+		if len(m.Adopt) != 2*sessionIDLen || hex.EncodeToString(mustHex(m.Adopt)) != m.Adopt ||
+			m.Positions < 1 || m.Positions >= m.MaxPositions || m.Adopt == m.Session || !m.Moves {
+			return nil, fmt.Errorf("%w: adopt %q at %d positions", errProtocol, m.Adopt, m.Positions)
+		}
+		copy(o.adopt[:], mustHex(m.Adopt))
+		o.adopting, o.positions = true, m.Positions
 	}
 	for i, wh := range m.Hops {
 		p, err := peer.Decode(wh.Peer)
@@ -307,8 +350,12 @@ func decodeOpen(body []byte) (*open, error) {
 			}
 			addrs = append(addrs, a)
 		}
+		if wh.Load && !o.adopting {
+			return nil, fmt.Errorf("%w: hop %d loads rows in a chain that adopts none", errProtocol, i)
+		}
 		o.hops = append(o.hops, Hop{Peer: p, Lo: wh.Lo, Hi: wh.Hi})
 		o.addrs = append(o.addrs, addrs)
+		o.loads = append(o.loads, wh.Load)
 	}
 	return o, nil
 }

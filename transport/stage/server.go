@@ -138,9 +138,13 @@ type Server struct {
 
 	refused, protoErrs atomic.Uint64
 
+	grace       time.Duration // WithHandOverGrace
+	keepTimeout time.Duration // WithKeepTimeout
+
 	mu       sync.Mutex
 	closed   bool
 	sessions map[sessionKey]*session
+	kept     map[sessionKey]*kept // sessions a keep end closed, counted in the limits too
 	perPeer  map[peer.ID]int
 	kvUsed   int64
 }
@@ -153,6 +157,7 @@ func NewServer(h host.Host, backend inference.StageBackend, opts ...ServerOption
 		h: h, backend: backend, maxTotal: DefaultMaxSessions, maxPeer: DefaultMaxSessionsPerPeer,
 		forwardTimeout: DefaultStepTimeout, idle: DefaultSessionIdle, ctx: ctx, cancel: cancel,
 		sessions: make(map[sessionKey]*session), perPeer: make(map[peer.ID]int), now: time.Now,
+		kept: make(map[sessionKey]*kept), grace: DefaultHandOverGrace, keepTimeout: DefaultKeepTimeout,
 	}
 	for _, o := range opts {
 		o(s)
@@ -170,9 +175,15 @@ func (s *Server) Close() error {
 		return nil
 	}
 	s.closed = true
+	held := s.kept
+	s.kept = make(map[sessionKey]*kept)
 	s.mu.Unlock()
 	s.h.RemoveStreamHandler(ID)
 	s.cancel()
+	for _, k := range held {
+		k.timer.Stop() // an expiry that fired finds the table empty
+		s.freeKept(k, OutcomeExpired)
+	}
 	s.wg.Wait()
 	return nil
 }
@@ -259,6 +270,10 @@ func (s *Server) handle(st network.Stream) {
 		s.serveOpen(from, st, body)
 	case body[0] == frameAttach:
 		s.serveAttach(from, st, body)
+	case body[0] == frameLoad:
+		s.serveLoad(from, st, body)
+	case body[0] == frameFetch:
+		s.serveFetch(from, st, body)
 	default:
 		s.protocolError(from, st, fmt.Errorf("%w: first frame of type %#x", errProtocol, body[0]))
 	}
@@ -275,7 +290,14 @@ func (s *Server) protocolError(from peer.ID, st network.Stream, err error) {
 // serveAttach hands a head's return stream to the session that awaits it: the last stage
 // of a chain that head opened, with the session ID the attach names.
 func (s *Server) serveAttach(from peer.ID, st network.Stream, body []byte) {
-	id, err := decodeAttach(body)
+	s.handTo(from, st, body, frameAttach, (*session).handOver, "no session awaits this return stream")
+}
+
+// handTo hands st, a stream of from's whose first frame (body, of type typ) names a
+// session, to that session of from's with take; when none takes it (it ended, or never
+// was), from gets unavailable with msg.
+func (s *Server) handTo(from peer.ID, st network.Stream, body []byte, typ byte, take func(*session, network.Stream) bool, msg string) {
+	id, err := decodeSessionFrame(body, typ)
 	if err != nil {
 		s.protocolError(from, st, err)
 		return
@@ -283,11 +305,10 @@ func (s *Server) serveAttach(from peer.ID, st network.Stream, body []byte) {
 	s.mu.Lock()
 	ss := s.sessions[sessionKey{head: from, id: id}]
 	s.mu.Unlock()
-	if ss != nil && ss.handOver(st) {
+	if ss != nil && take(ss, st) {
 		return // the session owns st now
 	}
-	// No session of this head awaits a return stream here: it ended, or never was.
-	writeFault(st, stageFault{stage: headStage, code: inference.CodeUnavailable, msg: "no session awaits this return stream"})
+	writeFault(st, stageFault{stage: headStage, code: inference.CodeUnavailable, msg: msg})
 	st.Close()
 }
 
@@ -345,6 +366,9 @@ func (s *Server) admit(from peer.ID, up network.Stream, o *open) (*session, erro
 	}
 	ss := newSession(s.ctx, from, o, shape)
 	ss.admitted = s.now()
+	if o.adopting && !ss.loading {
+		return ss, s.adopt(ss, up)
+	}
 	if err := s.reserve(ss); err != nil {
 		return nil, err
 	}
@@ -368,6 +392,10 @@ func (s *Server) admit(from peer.ID, up network.Stream, o *open) (*session, erro
 		return nil, err
 	}
 	ss.backend = bs
+	if ss.loading && !s.movable(ss) {
+		s.release(ss, up, nil)
+		return nil, inference.Errorf(inference.CodeUnavailable, "this stage cannot load a moved session's rows")
+	}
 	return ss, nil
 }
 
@@ -404,10 +432,16 @@ func (s *Server) unreserve(ss *session) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.sessions, ss.key)
-	if s.perPeer[ss.from]--; s.perPeer[ss.from] <= 0 {
-		delete(s.perPeer, ss.from)
+	s.uncount(ss.from, ss.kv)
+}
+
+// uncount gives back a session's place in the limits: from's and its KV cache's. s.mu is
+// held.
+func (s *Server) uncount(from peer.ID, kv int64) {
+	if s.perPeer[from]--; s.perPeer[from] <= 0 {
+		delete(s.perPeer, from)
 	}
-	s.kvUsed -= ss.kv
+	s.kvUsed -= kv
 }
 
 // release frees an ended session: a return stream handed over too late, its backend
@@ -415,18 +449,30 @@ func (s *Server) unreserve(ss *session) {
 func (s *Server) release(ss *session, up network.Stream, f *failure) {
 	ss.mu.Lock()
 	ss.ended = true
+	if ss.grace != nil {
+		ss.grace.Stop()
+	}
 	ss.mu.Unlock()
-	select {
-	case st := <-ss.ret:
-		st.Reset()
-	default:
+	for _, ch := range []chan network.Stream{ss.ret, ss.load} {
+		select {
+		case st := <-ch:
+			st.Reset()
+		default:
+		}
+	}
+	if ss.keptAway {
+		// The kept table holds the backend session and its place in the limits now; its
+		// end is reported when it is freed, or by the session that adopts it.
+		up.Scope().ReleaseMemory(ss.upMax)
+		ss.cancel()
+		return
 	}
 	if err := ss.backend.Close(); err != nil {
 		log.Warnw("closing a stage session", "model", ss.open.model, "err", err)
 	}
 	up.Scope().ReleaseMemory(ss.upMax)
 	s.unreserve(ss)
-	if s.onEnd != nil {
+	if s.onEnd != nil && f != nil {
 		s.onEnd(s.sessionEnd(ss, f))
 	}
 }

@@ -66,10 +66,25 @@ type session struct {
 	// session, once (buffered: the hand-over never blocks).
 	ret chan network.Stream
 
+	// Moves (move.go). moves: the session is movable (the open asked, this stage's
+	// backend can move its sessions, and every stage after it can too). loading: this hop
+	// is a re-linked chain's replacement, whose rows come on the head's load stream (load,
+	// handed over once like ret). noticed: this stage's leaving notice went out; seen: the
+	// stages before it whose notices it passed on (bit per index). keptAway: a keep end
+	// moved the backend session to the kept table.
+	moves, loading, noticed, keptAway bool
+	seen                              uint64
+	load                              chan network.Stream
+
 	mu       sync.Mutex
 	ended    bool     // no hand-over after this
 	returned bool     // a return stream was handed over
+	loadIn   bool     // a load stream was handed over
 	failed   *failure // the first reason the session ended
+	// leaveBy is when a leaving stage (Server.HandOver) ends the session, zero when it
+	// stays; grace ends it then.
+	leaveBy time.Time
+	grace   *time.Timer
 }
 
 func newSession(parent context.Context, from peer.ID, o *open, shape inference.ModelShape) *session {
@@ -86,6 +101,7 @@ func newSession(parent context.Context, from peer.ID, o *open, shape inference.M
 		open: o, width: shape.Width, batch: batch, frameMax: frameMax, upMax: upMax,
 		kv:  shape.KVBytesPerToken * int64(self.Hi-self.Lo) * int64(o.maxPositions) / int64(max(shape.Layers, 1)),
 		ctx: ctx, cancel: cancel, ret: make(chan network.Stream, 1),
+		loading: o.adopting && o.loads[0], load: make(chan network.Stream, 1),
 	}
 }
 
@@ -126,6 +142,41 @@ func (ss *session) handOver(st network.Stream) bool {
 	return true
 }
 
+// takeLoad gives the session the head's load stream, if it loads its rows and still awaits
+// them.
+func (ss *session) takeLoad(st network.Stream) bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.ended || !ss.loading || ss.loadIn {
+		return false
+	}
+	ss.loadIn = true
+	ss.load <- st
+	return true
+}
+
+// leave marks the session as its stage's leaving: its next step's output carries the
+// notice (a movable session), and it ends with shutting_down after grace, unless it ended
+// before. A second call changes nothing.
+func (ss *session) leave(grace time.Duration) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.ended || !ss.leaveBy.IsZero() {
+		return
+	}
+	ss.leaveBy = time.Now().Add(grace)
+	ss.grace = time.AfterFunc(grace, func() {
+		ss.fail(failure{fault: stageFault{stage: ss.index, code: inference.CodeShuttingDown, msg: "stage left"}})
+	})
+}
+
+// leaving reports whether the stage is leaving, and until when it serves the session.
+func (ss *session) leaving() (time.Time, bool) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.leaveBy, !ss.leaveBy.IsZero()
+}
+
 // side is where a session's failure came from.
 type side int
 
@@ -141,6 +192,7 @@ type failure struct {
 	fault stageFault
 	from  side
 	abort bool // that side broke its stream or the protocol: reset it rather than close it
+	keep  bool // an orderly end by a keep frame: the backend session is kept for adoption
 }
 
 // fail records f as the session's end, if it has none yet, and cancels the session.
@@ -184,12 +236,26 @@ func (s *Server) run(ss *session, up network.Stream) *failure {
 		up.SetReadDeadline(past)
 		down.SetWriteDeadline(past)
 	})
-	s.steps(ss, up, down)
+	if ss.loading {
+		// The rows come before the first step; the watcher, running, ends the wait when
+		// the chain breaks meanwhile (the head gone: the last stage passes it back).
+		if f := s.loadRows(ss); f != nil {
+			ss.fail(*f)
+		}
+	}
+	if ss.ctx.Err() == nil {
+		s.steps(ss, up, down)
+	}
 	ss.cancel()
 	if !stop() {
 		<-interrupted // the deadlines are set before end clears them for its error frames
 	}
 	f = s.finalFailure(ss)
+	if f.keep {
+		// Kept before the keep goes on: the head re-links once the last stage passed it,
+		// and its adopting open must find the session here.
+		s.keepSession(ss)
+	}
 	s.end(ss, f, up, down)
 	<-watched
 	return f
@@ -212,6 +278,9 @@ func (s *Server) link(ss *session, up network.Stream) (network.Stream, *frame.Re
 	var down network.Stream
 	var downR *frame.Reader
 	flags := ss.open.asked() // what it was asked: the last stage does all of it
+	if !s.movable(ss) {
+		flags &^= flagMoves
+	}
 	if !ss.last() {
 		var f *failure
 		var next byte
@@ -220,7 +289,12 @@ func (s *Server) link(ss *session, up network.Stream) (network.Stream, *frame.Re
 		}
 		flags &= next // of that, what every stage after it does too
 	}
-	ss.timed, ss.receipted = flags&flagTimed != 0, flags&flagReceipts != 0
+	ss.timed, ss.receipted, ss.moves = flags&flagTimed != 0, flags&flagReceipts != 0, flags&flagMoves != 0
+	if ss.open.adopting && !ss.moves {
+		// A re-linked chain is movable from end to end: a stage that cannot move is no part
+		// of one (its kept session, if any, expires).
+		return down, nil, &failure{fault: stageFault{stage: ss.index, code: inference.CodeUnavailable, msg: "a re-linked chain's stage cannot move its session"}}
+	}
 	up.SetWriteDeadline(time.Now().Add(OpenTimeout))
 	if err := frame.Write(up, encodeReady(ss.width, flags)); err != nil {
 		return down, nil, s.broken(ss, sideUp, err)
@@ -275,6 +349,9 @@ func (s *Server) dialNext(ss *session) (network.Stream, *frame.Reader, byte, *fa
 	defer stop()
 	next1 := *ss.open
 	next1.index, next1.hops, next1.addrs = ss.index+1, ss.open.hops[1:], ss.open.addrs[1:]
+	if len(ss.open.loads) > 1 {
+		next1.loads = ss.open.loads[1:]
+	}
 	down.SetWriteDeadline(time.Now().Add(OpenTimeout))
 	if err := frame.Write(down, encodeOpen(&next1)); err != nil {
 		return down, nil, 0, s.setUpFailure(ctx, ss, err)
@@ -361,6 +438,17 @@ func (s *Server) steps(ss *session, up, down network.Stream) {
 		}
 		m.Take() // the step's frame alone
 		body, err := r.Next()
+		for err == nil && ss.moves && len(body) > 0 && body[0] == frameLeaving {
+			// A stage before this one is leaving: its notice goes on towards the head,
+			// between two steps.
+			if f := s.passLeaving(ss, body, down); f != nil {
+				ss.fail(*f)
+				return
+			}
+			up.SetReadDeadline(time.Now().Add(s.idle))
+			m.Take()
+			body, err = r.Next()
+		}
 		if ss.ctx.Err() != nil {
 			return
 		}
@@ -375,6 +463,9 @@ func (s *Server) steps(ss *session, up, down network.Stream) {
 			return
 		case err != nil:
 			ss.fail(*s.broken(ss, sideUp, err))
+			return
+		case len(body) == 1 && body[0] == frameKeep && ss.moves:
+			ss.fail(failure{from: sideUp, keep: true}) // the head re-links the chain
 			return
 		case len(body) == 1 && body[0] == frameEnd && !ss.receiptsIn():
 			ss.fail(failure{from: sideUp}) // the head closed the session: an orderly end
@@ -447,10 +538,23 @@ func (s *Server) steps(ss *session, up, down network.Stream) {
 		ss.mu.Lock()
 		ss.steps, ss.positions, ss.forward = ss.steps+1, ss.positions+n, ss.forward+took
 		ss.mu.Unlock()
+		out = out[:0]
+		if _, leaving := ss.leaving(); leaving && !ss.noticed {
+			if !ss.moves {
+				// The head cannot move the session: it ends now, as it would have without
+				// the notice, and the head replays the generation elsewhere.
+				ss.fail(failure{fault: stageFault{stage: ss.index, code: inference.CodeShuttingDown, msg: "stage left"}})
+				return
+			}
+			// The notice goes before the step's output, on the way to the head, which
+			// re-links the chain at its next step.
+			out = frame.Append(out, encodeLeaving(ss.index))
+			ss.noticed = true
+		}
 		if ss.timed {
-			out = appendTimedFrame(out[:0], step, n, append(times, took), res)
+			out = appendTimedFrame(out, step, n, append(times, took), res)
 		} else {
-			out = appendHiddenFrame(out[:0], step, n, res)
+			out = appendHiddenFrame(out, step, n, res)
 		}
 		down.SetWriteDeadline(time.Now().Add(s.forwardTimeout))
 		if ss.ctx.Err() != nil {
@@ -524,7 +628,10 @@ func (s *Server) end(ss *session, f *failure, up, down network.Stream) {
 		case f.fault.code == "":
 			// Only the next hop gets here: the previous one sent the end.
 			end := []byte{frameEnd}
-			if ss.receipted {
+			switch {
+			case f.keep:
+				end = []byte{frameKeep}
+			case ss.receipted:
 				end = encodeReceipts(append(ss.closing, s.receipt(ss, f)))
 			}
 			l.st.SetWriteDeadline(time.Now().Add(errorWriteTimeout))
