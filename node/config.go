@@ -15,6 +15,7 @@ import (
 	"github.com/meshinfer/meshinfer/mesh/participation"
 	"github.com/meshinfer/meshinfer/node/console"
 	"github.com/meshinfer/meshinfer/node/dispatch"
+	"github.com/meshinfer/meshinfer/reputation"
 	"github.com/meshinfer/meshinfer/transport"
 	"github.com/meshinfer/meshinfer/transport/gateway"
 	"github.com/meshinfer/meshinfer/transport/openai"
@@ -258,6 +259,10 @@ type Config struct {
 	// WrapStages, when set, wraps the layer ranges this node runs as a pipeline stage (tests:
 	// a stage that stops at a given step).
 	WrapStages func(inference.StageBackend) inference.StageBackend
+	// Reputation, when set, replaces reputation.DefaultParams() as the parameters of the
+	// node's reputation store, validated by reputation.New (tests: a Retain of seconds, so
+	// that peers that left are seen forgotten; a smaller cap). Nil in production.
+	Reputation *reputation.Params
 	// ProbeRoot is the filesystem root the capability probe reads /proc and /sys under.
 	// Default: "/".
 	ProbeRoot string
