@@ -199,6 +199,11 @@ type Config struct {
 	// (30 s) and infer.DefaultInterTokenTimeout (5 s); a peer frozen mid-stream is found
 	// within the latter and the stream resumed elsewhere. Testnets shorten them.
 	PeerFirstTokenTimeout, PeerInterTokenTimeout time.Duration
+	// PeerOpenTimeout bounds opening a stream for a request to a peer this node has none
+	// open to: the dial, and the DHT walk for its addresses (infer.WithOpenTimeout). Zero:
+	// infer.DefaultOpenTimeout (10 s); past it the peer is unavailable and the request
+	// tries another. Testnets shorten it: a peer on loopback answers within milliseconds.
+	PeerOpenTimeout time.Duration
 	// WebRTCSettingEngine configures pion (tests: a virtual network, candidate filters);
 	// nil means webrtc.DefaultSettingEngine().
 	WebRTCSettingEngine *pionwebrtc.SettingEngine

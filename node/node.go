@@ -362,6 +362,7 @@ func (n *Node) start() error {
 		clientOpts := []infer.ClientOption{
 			infer.WithClientObserver(n.rep),
 			infer.WithTimeouts(cfg.PeerFirstTokenTimeout, cfg.PeerInterTokenTimeout),
+			infer.WithOpenTimeout(cfg.PeerOpenTimeout),
 			// A leaving peer's KV rows are timed as they arrive: the gate's sample of the
 			// bandwidth from it, which a paused peer would not answer a probe for.
 			infer.WithClientTransfers(n.noteTransfer),
