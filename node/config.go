@@ -15,6 +15,7 @@ import (
 	"github.com/meshinfer/meshinfer/mesh/participation"
 	"github.com/meshinfer/meshinfer/node/console"
 	"github.com/meshinfer/meshinfer/node/dispatch"
+	"github.com/meshinfer/meshinfer/reputation"
 	"github.com/meshinfer/meshinfer/transport"
 	"github.com/meshinfer/meshinfer/transport/gateway"
 	"github.com/meshinfer/meshinfer/transport/openai"
@@ -198,6 +199,11 @@ type Config struct {
 	// (30 s) and infer.DefaultInterTokenTimeout (5 s); a peer frozen mid-stream is found
 	// within the latter and the stream resumed elsewhere. Testnets shorten them.
 	PeerFirstTokenTimeout, PeerInterTokenTimeout time.Duration
+	// PeerOpenTimeout bounds opening a stream for a request to a peer this node has none
+	// open to: the dial, and the DHT walk for its addresses (infer.WithOpenTimeout). Zero:
+	// infer.DefaultOpenTimeout (10 s); past it the peer is unavailable and the request
+	// tries another. Testnets shorten it: a peer on loopback answers within milliseconds.
+	PeerOpenTimeout time.Duration
 	// WebRTCSettingEngine configures pion (tests: a virtual network, candidate filters);
 	// nil means webrtc.DefaultSettingEngine().
 	WebRTCSettingEngine *pionwebrtc.SettingEngine
@@ -258,6 +264,10 @@ type Config struct {
 	// WrapStages, when set, wraps the layer ranges this node runs as a pipeline stage (tests:
 	// a stage that stops at a given step).
 	WrapStages func(inference.StageBackend) inference.StageBackend
+	// Reputation, when set, replaces reputation.DefaultParams() as the parameters of the
+	// node's reputation store, validated by reputation.New (tests: a Retain of seconds, so
+	// that peers that left are seen forgotten; a smaller cap). Nil in production.
+	Reputation *reputation.Params
 	// ProbeRoot is the filesystem root the capability probe reads /proc and /sys under.
 	// Default: "/".
 	ProbeRoot string

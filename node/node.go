@@ -217,9 +217,20 @@ func (n *Node) start() error {
 	}
 	n.mem.init(cfg.MemoryBudget, first.RAM.FreeMB<<20, n.part.memoryShare())
 
-	if n.rep, err = reputation.New(reputation.DefaultParams()); err != nil {
+	repParams := reputation.DefaultParams()
+	if cfg.Reputation != nil {
+		repParams = *cfg.Reputation
+	}
+	if n.rep, err = reputation.New(repParams); err != nil {
 		return fmt.Errorf("reputation store: %w", err)
 	}
+	// The store forgets peers only when told to: pruned every heartbeat, a peer that left is
+	// forgotten within Retain and a heartbeat of its last event (its last missed heartbeat,
+	// once the registry forgets it), so churn does not fill it with the departed.
+	repCtx, repCancel := context.WithCancel(context.Background())
+	var repWG sync.WaitGroup
+	repWG.Go(func() { pruneReputation(repCtx, n.rep, cfg.Now, cfg.Heartbeat) })
+	n.closers = append(n.closers, func() error { repCancel(); repWG.Wait(); return nil })
 	n.bw = bandwidth.New()
 	switch {
 	case cfg.Backend == BackendOpenAI:
@@ -351,6 +362,7 @@ func (n *Node) start() error {
 		clientOpts := []infer.ClientOption{
 			infer.WithClientObserver(n.rep),
 			infer.WithTimeouts(cfg.PeerFirstTokenTimeout, cfg.PeerInterTokenTimeout),
+			infer.WithOpenTimeout(cfg.PeerOpenTimeout),
 			// A leaving peer's KV rows are timed as they arrive: the gate's sample of the
 			// bandwidth from it, which a paused peer would not answer a probe for.
 			infer.WithClientTransfers(n.noteTransfer),
@@ -539,6 +551,9 @@ func (n *Node) ID() peer.ID { return n.host.ID() }
 
 // Host is the node's libp2p host.
 func (n *Node) Host() host.Host { return n.host }
+
+// Reputation is the node's reputation store: target health and peers' scores.
+func (n *Node) Reputation() *reputation.Store { return n.rep }
 
 // Registry is the node's peer registry.
 func (n *Node) Registry() *registry.Registry { return n.reg }

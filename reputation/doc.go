@@ -57,9 +57,12 @@
 // # Bounds
 //
 // The store holds at most MaxEntries (4096) health records and at most MaxEntries node
-// scores. Records that carry nothing are dropped as they become idle or on Prune; past the
-// cap the least useful go first (idle, then ordinary, then cooling targets and
-// integrity-penalised peers, oldest first within a class). Scores are always finite and in
-// [0, 100]. Score reads age counters at most once per DecayInterval (1 s) and reuse a cached
-// score in between, which keeps a 1,000-candidate decision within its 50 µs budget.
+// scores. Records that carry nothing are dropped as they become idle or on Prune, and Prune
+// forgets a peer nothing has happened to for Retain (1 h), health and score, unless it owes
+// an integrity debit: under churn the store holds the peers of the last hour, not every
+// peer ever seen (docs/reliability.md F19). Past the cap the least useful go first (idle,
+// then ordinary, then cooling targets and integrity-penalised peers, oldest first within a
+// class). Scores are always finite and in [0, 100]. Score reads age counters at most once
+// per DecayInterval (1 s) and reuse a cached score in between, which keeps a
+// 1,000-candidate decision within its 50 µs budget.
 package reputation

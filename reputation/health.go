@@ -133,6 +133,17 @@ func (h *targetHealth) idle(p *Params, now time.Time) bool {
 	return !h.cooling(now) && h.penaltyAt(p, now) == 0 && !h.streakLive(p, now)
 }
 
+// disposable reports whether Prune may drop h as of now: it carries nothing, or no attempt
+// on it has been recorded for Retain and it is not cooling. What such a record still
+// carries is a residual penalty of a target nobody has tried since, usually a peer that
+// left: kept past Retain it would outlive the peer's node score, and the store would
+// remember a peer it has otherwise forgotten (docs/reliability.md F19). With the default
+// parameters the largest penalty decays to nothing in about 32 min, within the hour of
+// Retain, so this only matters when Retain is shorter.
+func (h *targetHealth) disposable(p *Params, now time.Time) bool {
+	return h.idle(p, now) || !h.cooling(now) && now.Sub(h.touched) >= p.Retain
+}
+
 // cooldown returns the cooldown for the n-th consecutive failure (n >= 1):
 // CooldownBase·2^(n-1), capped at CooldownMax.
 func cooldown(p *Params, n int) time.Duration {

@@ -173,7 +173,8 @@ const (
 	DefaultMaxEntries = 4096
 
 	// DefaultRetain is how long an untouched node score is kept (1 h) before Prune forgets
-	// it (docs/reliability.md F19). Scores carrying an integrity debit are kept until it decays.
+	// it (docs/reliability.md F19), and with it the peer's untouched health records. Scores
+	// carrying an integrity debit are kept until it decays.
 	DefaultRetain = time.Hour
 
 	// DefaultDecayInterval is the granularity of score ageing on reads (1 s): reads within
@@ -269,8 +270,9 @@ type Params struct {
 	// MaxEntries caps the (model, target) health records and the node scores, each
 	// (records, >= 1). Past the cap the least useful records are evicted.
 	MaxEntries int
-	// Retain is how long an untouched node score without integrity debit survives Prune
-	// (duration, >= 0).
+	// Retain is how long an untouched node score without integrity debit, and an untouched
+	// health record not cooling, survive Prune (duration, >= 0): how long a peer that left
+	// is remembered.
 	Retain time.Duration
 	// DecayInterval is the ageing granularity of node-score reads (duration, >= 0 and
 	// shorter than every half-life): reads within one interval tick share one ageing and a

@@ -220,6 +220,49 @@ func TestScoresSurviveAbsenceAndForget(t *testing.T) {
 	}
 }
 
+// A peer that left is forgotten whole, health and score, once nothing has happened to it
+// for Retain, although its residual penalty has not decayed yet (docs/reliability.md F19);
+// a peer owing an integrity debit keeps its score, and a cooling record stays until its
+// cooldown ends.
+func TestPruneForgetsAPeerThatLeft(t *testing.T) {
+	const retain = 2 * time.Minute
+	s := newStore(t, func(p *Params) { p.Retain = retain })
+	gone, liar, stays := Target{"m", "gone"}, Target{"m", "liar"}, Target{"m", "stays"}
+	s.Record(gone, Success, t0)
+	s.Record(gone, Timeout, t0.Add(time.Second)) // its last attempt, as it left
+	s.Record(liar, Timeout, t0.Add(time.Second))
+	s.Observe(liar.Peer, VerificationFailed, t0.Add(time.Second))
+	s.Prune(t0.Add(time.Minute))
+	if !s.Knows(gone.Peer) || !s.Knows(liar.Peer) {
+		t.Fatal("a peer forgotten before Retain")
+	}
+	later := t0.Add(time.Second + retain)
+	s.Record(stays, Success, later)
+	if st, ok := s.TargetHealth(gone, later); !ok || st.Penalty == 0 {
+		t.Fatalf("gone's health %+v %v: want a residual penalty still, so that Retain is what drops it", st, ok)
+	}
+	s.Prune(later)
+	if s.Knows(gone.Peer) {
+		t.Fatal("a peer untouched for Retain is still known")
+	}
+	if _, ok := s.TargetHealth(liar, later); ok || !s.Excluded(liar.Peer, later) {
+		t.Fatal("the liar: want its health record gone and its integrity debit kept")
+	}
+	if !s.Knows(stays.Peer) {
+		t.Fatal("a peer touched now was forgotten")
+	}
+
+	// Retain shorter than a cooldown: the cooling record stays until the cooldown ends.
+	s = newStore(t, func(p *Params) { p.Retain = 0 })
+	s.Record(gone, Timeout, t0)
+	if s.Prune(t0.Add(DefaultCooldownBase / 2)); !s.Knows(gone.Peer) {
+		t.Fatal("a cooling target forgotten")
+	}
+	if s.Prune(t0.Add(DefaultCooldownBase)); s.Knows(gone.Peer) {
+		t.Fatal("a target whose cooldown ended still known with Retain 0")
+	}
+}
+
 func TestPeerStoreBoundedKeepsIntegrityDebits(t *testing.T) {
 	const maxEntries = 8
 	s := newStore(t, func(p *Params) { p.MaxEntries = maxEntries })

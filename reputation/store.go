@@ -158,10 +158,20 @@ func (s *Store) Forget(peer string) {
 	s.deleteScoreLocked(peer, e)
 }
 
+// Knows reports whether the store holds anything about peer: a node score, or a health
+// record for some model. A peer that left is forgotten once it knows nothing of it.
+func (s *Store) Knows(peer string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.entries[peer] != nil
+}
+
 // Prune drops what carries no information as of now: health records with no cooldown,
-// penalty or live streak, and node scores that are neutral, or untouched for Params.Retain
-// without an integrity debit. It returns how many records went. The owner may call it from
-// its maintenance tick; the store also prunes on its own when a kind is full.
+// penalty or live streak, or untouched for Params.Retain and not cooling, and node scores
+// that are neutral, or untouched for Params.Retain without an integrity debit. So a peer
+// that left is forgotten Retain after its last event, unless it owes an integrity debit.
+// It returns how many records went. The owner calls it from its maintenance tick (node
+// does, every heartbeat); the store also prunes on its own when a kind is full.
 func (s *Store) Prune(now time.Time) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -173,7 +183,7 @@ func (s *Store) pruneTargetsLocked(now time.Time) int {
 	for peer, e := range s.entries {
 		kept := e.health[:0]
 		for _, mh := range e.health {
-			if mh.idle(&s.p, now) {
+			if mh.disposable(&s.p, now) {
 				n++
 				continue
 			}

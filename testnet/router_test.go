@@ -70,19 +70,7 @@ func stream(t *testing.T, api, body string, header http.Header, onToken func(n i
 			r.done = true
 			continue
 		}
-		var ev struct {
-			Choices []struct {
-				Delta struct {
-					Content *string `json:"content"`
-				} `json:"delta"`
-				FinishReason *string `json:"finish_reason"`
-			} `json:"choices"`
-			Meshinfer *struct {
-				Route, Tier string
-				Attempts    int
-			} `json:"meshinfer"`
-			Error *struct{ Code string } `json:"error"`
-		}
+		var ev chatEvent
 		if err := json.Unmarshal([]byte(line), &ev); err != nil {
 			t.Fatalf("bad event %q: %v", line, err)
 		}
@@ -104,6 +92,22 @@ func stream(t *testing.T, api, body string, header http.Header, onToken func(n i
 	}
 	r.duration = time.Since(start)
 	return r
+}
+
+// chatEvent is one event of a streaming chat completion (transport/openai's doc.go): a
+// chunk, the final one with its finish reason and meshinfer object, or an error.
+type chatEvent struct {
+	Choices []struct {
+		Delta struct {
+			Content *string `json:"content"`
+		} `json:"delta"`
+		FinishReason *string `json:"finish_reason"`
+	} `json:"choices"`
+	Meshinfer *struct {
+		Route, Tier string
+		Attempts    int
+	} `json:"meshinfer"`
+	Error *struct{ Code, Message string } `json:"error"`
 }
 
 // reference is what the synthetic backend itself generates for body.

@@ -22,6 +22,7 @@ import (
 // frame, not a stream set-up, before the peer starts.
 type Client struct {
 	h          host.Host
+	openWait   time.Duration // opening a new stream: dial, DHT walk, negotiation
 	firstToken time.Duration // wait for the first token frame
 	interToken time.Duration // wait for each frame after it
 	receipts   bool
@@ -54,6 +55,16 @@ func WithTimeouts(firstToken, interToken time.Duration) ClientOption {
 	}
 }
 
+// WithOpenTimeout sets the longest wait for a new stream to a peer (dial, address lookup,
+// protocol negotiation); a zero or negative value keeps DefaultOpenTimeout.
+func WithOpenTimeout(d time.Duration) ClientOption {
+	return func(c *Client) {
+		if d > 0 {
+			c.openWait = d
+		}
+	}
+}
+
 // WithReceipts makes every request ask the serving peer for a signed receipt, returned in
 // inference.Result.Receipt (empty when the peer has no signer). A coordinator asks for one on
 // all its requests, so that a verification run looks like any other task.
@@ -75,7 +86,7 @@ func WithClientTransfers(fn func(from peer.ID, t bandwidth.Transfer)) ClientOpti
 // NewClient returns a client that opens streams from h.
 func NewClient(h host.Host, opts ...ClientOption) *Client {
 	c := &Client{
-		h: h, firstToken: DefaultFirstTokenTimeout, interToken: DefaultInterTokenTimeout,
+		h: h, openWait: DefaultOpenTimeout, firstToken: DefaultFirstTokenTimeout, interToken: DefaultInterTokenTimeout,
 		pool: make(map[peer.ID][]pooled),
 	}
 	for _, o := range opts {
@@ -117,12 +128,19 @@ func (c *Client) Generate(ctx context.Context, p peer.ID, req *inference.Request
 	return res, err
 }
 
-// open opens a new stream to p, asking for ReuseID first: unavailable when it cannot.
+// open opens a new stream to p, asking for ReuseID first: unavailable when it cannot
+// within the open timeout. The bound is on the opening only: the stream, once open, lives
+// on ctx.
 func (c *Client) open(ctx context.Context, p peer.ID) (network.Stream, error) {
-	st, err := c.h.NewStream(ctx, p, ReuseID, ID)
+	octx, cancel := context.WithTimeout(ctx, c.openWait)
+	defer cancel()
+	st, err := c.h.NewStream(octx, p, ReuseID, ID)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("open stream to %s: %w", p, ctx.Err())
+		}
+		if octx.Err() != nil {
+			return nil, inference.Errorf(inference.CodeUnavailable, "open stream to %s: not within %v", p, c.openWait)
 		}
 		return nil, inference.Errorf(inference.CodeUnavailable, "open stream to %s: %v", p, err)
 	}

@@ -152,7 +152,11 @@
 //     peer's time to first token: that estimate guesses a peer's cold start, and a
 //     deadline a healthy peer misses costs it a cooldown and the request a restart.
 //   - A stream that ends without a terminal frame gives peer_lost, a stream that cannot be
-//     opened gives unavailable. Token indices are checked to be contiguous. A handover's
+//     opened gives unavailable, and so does one not open within the open timeout
+//     (DefaultOpenTimeout, 10 s: the dial, and the DHT walk for a peer's addresses when
+//     the dial fails): a peer that left answers no dial, and a request routed to it
+//     before its peers see it stale goes on to another candidate instead of waiting out
+//     every dial timeout. Token indices are checked to be contiguous. A handover's
 //     kv frames are frames like the others for both deadlines; a resumption's ready frame
 //     must come within the first-token timeout, and so must the first token after its go
 //     frame (B prefills the prompt and the replay not loaded).

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -13,6 +14,8 @@ import (
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/p2p/net/swarm"
+	manet "github.com/multiformats/go-multiaddr/net"
 
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/inference/synth"
@@ -438,5 +441,53 @@ func TestReplayLeftOutOfAFullFrame(t *testing.T) {
 	}
 	if got, _, err = decodeRequest(body); err != nil || !slices.Equal(got.Replay, req.Replay) {
 		t.Fatalf("a frame with room lost its replay: err %v, %d ids", err, len(got.Replay))
+	}
+}
+
+// A peer whose address accepts connections and then says nothing (a peer that left, behind
+// an address that no longer answers, as a dial sees it) gives unavailable at the open
+// timeout, not whenever libp2p's dial timeouts (here a minute) or the caller give up.
+func TestUnreachablePeerIsUnavailableAtOpenTimeout(t *testing.T) {
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	go func() { // accepts and holds every connection until the listener closes
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	ch, err := libp2p.New(libp2p.ListenAddrStrings("/ip4/127.0.0.1/tcp/0"), libp2p.DisableRelay(),
+		libp2p.WithDialTimeout(time.Minute), libp2p.SwarmOpts(swarm.WithDialTimeoutLocal(time.Minute)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	gone := newHost(t)
+	addr, err := manet.FromNetAddr(silent.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch.Peerstore().AddAddr(gone.ID(), addr, time.Hour)
+	gone.Close()
+
+	const open = 200 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := NewClient(ch, WithOpenTimeout(open))
+	_, err = c.Generate(ctx, gone.ID(), request(8), collect(new([]inference.Token)))
+	if inference.CodeOf(err) != inference.CodeUnavailable || ctx.Err() != nil {
+		t.Fatalf("err %v (caller's context: %v), want unavailable at the %v open timeout", err, ctx.Err(), open)
 	}
 }

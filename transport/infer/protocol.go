@@ -80,6 +80,16 @@ const (
 	// swapping to a halt) or gone, and the executor moves the stream to another peer
 	// (node/dispatch): 5 s is the longest stall a frozen peer causes mid-stream.
 	DefaultInterTokenTimeout = 5 * time.Second
+	// DefaultOpenTimeout bounds opening a request's stream to a peer that has none open:
+	// the dial, and the DHT walk for its addresses when the dial fails (node's routed
+	// host). A live peer answers a dial in milliseconds on a LAN and in a few seconds
+	// through a relay with hole punching; a peer that left answers never, and its dials
+	// fail only at libp2p's dial timeouts (5 s on a local network, 15 s elsewhere), each
+	// round of the DHT walk after them included. Without a bound of its own a request
+	// routed to a peer that left stalled 10-20 s before trying another (docs/reliability.md
+	// F19). Past it the attempt is unavailable, the peer cools down and the executor tries
+	// the next candidate.
+	DefaultOpenTimeout = 10 * time.Second
 	// DefaultMaxInFlight bounds concurrent requests a node serves for peers.
 	DefaultMaxInFlight = 64
 	// DefaultMaxInFlightPerPeer bounds concurrent requests from one peer.
