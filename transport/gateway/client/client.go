@@ -125,6 +125,16 @@ type config struct {
 	forceREST bool
 	rng       *randv2.Rand
 	plainHTTP bool
+	// pingClock starts one connection's ping clock: a channel that ticks every d, and its
+	// stop. Default tickEvery; tests tick by hand (export_test.go), so that whether a
+	// connection is declared dead does not hang on how fast the machine answers a ping.
+	pingClock func(d time.Duration) (<-chan time.Time, func())
+}
+
+// tickEvery is the default ping clock: a time.Ticker.
+func tickEvery(d time.Duration) (<-chan time.Time, func()) {
+	t := time.NewTicker(d)
+	return t.C, t.Stop
 }
 
 // WithDevice names this device (gateway.DeviceHeader): a stable id such as a UUID, or the
@@ -183,7 +193,7 @@ type Client struct {
 // New returns a client of the coordinator at baseURL ("https://host:port") with API key
 // key. It connects on the first Chat.
 func New(baseURL, key string, opts ...Option) *Client {
-	cfg := config{ping: DefaultPingInterval, lost: DefaultLostTimeout}
+	cfg := config{ping: DefaultPingInterval, lost: DefaultLostTimeout, pingClock: tickEvery}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -688,14 +698,14 @@ func (c *Client) readLoop(wc *wsConn) {
 // pingLoop pings every interval; when missedPongs pings in a row went unanswered, at the
 // next tick, it declares the connection dead and ends it.
 func (c *Client) pingLoop(wc *wsConn) {
-	t := time.NewTicker(c.cfg.ping)
-	defer t.Stop()
+	ticks, stop := c.cfg.pingClock(c.cfg.ping)
+	defer stop()
 	var ts int64
 	for {
 		select {
 		case <-wc.ctx.Done():
 			return
-		case <-t.C:
+		case <-ticks:
 		}
 		if wc.missed.Load() >= missedPongs {
 			wc.cancel()

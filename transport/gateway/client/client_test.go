@@ -95,6 +95,10 @@ func TestChatRefusesBadKeys(t *testing.T) {
 
 // When pongs stop, the client declares the connection dead after exactly three missed pongs,
 // reconnects, and resubmits the request in flight, which completes once.
+//
+// The test ticks each connection's ping clock by hand: with a real ticker the second
+// connection, too, was declared dead whenever a loaded machine took longer than three ping
+// intervals to answer (2 resubmits: 5 runs in 100 with -cpu 1 beside CPU burners).
 func TestKeepaliveThreeMissedPongs(t *testing.T) {
 	var (
 		mu      sync.Mutex
@@ -119,7 +123,13 @@ func TestKeepaliveThreeMissedPongs(t *testing.T) {
 		},
 		Closed: func(conn uint64) { closed <- conn },
 	}})
-	c := co.newClient(t, co.key, client.WithPingInterval(20*time.Millisecond), client.WithRand(rand.New(rand.NewPCG(1, 2))))
+	clocks := make(chan chan time.Time, 8) // each connection's ping clock, in order
+	// No lost timeout either: how soon the redial succeeds is the machine's speed too.
+	c := co.newClient(t, co.key, client.WithPingTicks(func() <-chan time.Time {
+		ch := make(chan time.Time)
+		clocks <- ch
+		return ch
+	}), client.WithLostTimeout(time.Hour), client.WithRand(rand.New(rand.NewPCG(1, 2))))
 	want, ref := reference(t, 4, 20)
 	type outcome struct {
 		res client.Result
@@ -133,6 +143,10 @@ func TestKeepaliveThreeMissedPongs(t *testing.T) {
 		out <- outcome{res, err, col}
 	}()
 	<-g.started // in flight on connection 1, held: nothing but pongs could come back
+	first := <-clocks
+	for range 4 { // three pings, each left unanswered; at the fourth tick the connection is dead
+		first <- time.Time{}
+	}
 	if conn := <-closed; conn != 1 {
 		t.Fatalf("connection %d closed first", conn)
 	}
@@ -142,7 +156,9 @@ func TestKeepaliveThreeMissedPongs(t *testing.T) {
 	if missed != 3 {
 		t.Fatalf("the client gave up on its connection after %d unanswered pings, want 3", missed)
 	}
-	<-secondP // reconnected, and the new connection is kept alive
+	second := <-clocks // reconnected
+	second <- time.Time{}
+	<-secondP // and the new connection is kept alive
 	close(g.open)
 	o := <-out
 	if o.err != nil {
