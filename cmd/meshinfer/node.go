@@ -94,7 +94,7 @@ func runNode(args []string, stdout, stderr io.Writer) error {
 	consoleAddr := fs.String("console", node.DefaultConsoleAddr, `console listen address, or "off"`)
 	consolePublic := fs.Bool("console-public", false, "allow a non-loopback console address (exposes peers and addresses)")
 	heartbeat := fs.Duration("heartbeat", node.DefaultHeartbeat, "capability re-announcement period")
-	drainTimeout := fs.Duration("drain-timeout", node.DefaultDrainTimeout, "on Ctrl-C or SIGTERM, refuse new tasks from peers, hand the generations in flight over to other peers (their routers take them with their KV cache) and let the others finish, for up to this long before stopping (0: stop at once, cancelling them; their routers resume them elsewhere)")
+	drainTimeout := fs.Duration("drain-timeout", node.DefaultDrainTimeout, "on Ctrl-C or SIGTERM, refuse new tasks from peers, hand the generations and pipeline stages in flight over to other nodes (their routers and heads take them with their KV cache) and let the others finish, for up to this long before stopping (0: stop at once, cancelling them; their routers resume them elsewhere)")
 	connsLow := fs.Int("conns-low", node.DefaultConnsLow, "connection manager low water mark")
 	connsHigh := fs.Int("conns-high", node.DefaultConnsHigh, "connection manager high water mark")
 	probeRoot := fs.String("probe-root", "/", "filesystem root under which /proc and /sys are read (for tests)")
