@@ -308,7 +308,7 @@ func (s *Server) serveOpen(from peer.ID, up network.Stream, body []byte) {
 		return
 	}
 	f := s.run(ss, up)
-	s.release(ss, up, f)
+	s.release(ss, f)
 }
 
 // writeFault writes f's error frame on st, within errorWriteTimeout.
@@ -410,9 +410,22 @@ func (s *Server) unreserve(ss *session) {
 	s.kvUsed -= ss.kv
 }
 
-// release frees an ended session: a return stream handed over too late, its backend
-// session (the KV cache), its frames' memory and its place in the limits; then reports it.
-func (s *Server) release(ss *session, up network.Stream, f *failure) {
+// free frees a session whose steps are over: its backend session (the KV cache), its
+// frames' memory and its place in the limits. run calls it before end passes the end on,
+// so that once the head has the last stage's receipts (or end frame) every stage of the
+// chain has its memory back: a verification's next run, opened at once on the same
+// nodes, is not refused as overloaded by the session just ended.
+func (s *Server) free(ss *session, up network.Stream) {
+	if err := ss.backend.Close(); err != nil {
+		log.Warnw("closing a stage session", "model", ss.open.model, "err", err)
+	}
+	up.Scope().ReleaseMemory(ss.upMax)
+	s.unreserve(ss)
+}
+
+// release ends a session run (and free) are done with: a return stream handed over too
+// late is reset; then the session is reported.
+func (s *Server) release(ss *session, f *failure) {
 	ss.mu.Lock()
 	ss.ended = true
 	ss.mu.Unlock()
@@ -421,11 +434,6 @@ func (s *Server) release(ss *session, up network.Stream, f *failure) {
 		st.Reset()
 	default:
 	}
-	if err := ss.backend.Close(); err != nil {
-		log.Warnw("closing a stage session", "model", ss.open.model, "err", err)
-	}
-	up.Scope().ReleaseMemory(ss.upMax)
-	s.unreserve(ss)
 	if s.onEnd != nil {
 		s.onEnd(s.sessionEnd(ss, f))
 	}

@@ -165,6 +165,7 @@ func (ss *session) failure() *failure {
 func (s *Server) run(ss *session, up network.Stream) *failure {
 	down, downR, f := s.link(ss, up)
 	if f != nil {
+		s.free(ss, up)
 		s.end(ss, f, up, down)
 		return f
 	}
@@ -190,6 +191,7 @@ func (s *Server) run(ss *session, up network.Stream) *failure {
 		<-interrupted // the deadlines are set before end clears them for its error frames
 	}
 	f = s.finalFailure(ss)
+	s.free(ss, up)
 	s.end(ss, f, up, down)
 	<-watched
 	return f
