@@ -66,9 +66,14 @@ func checkProxied(t *testing.T, tn *Testnet) {
 // others meanwhile; node 3 serves its own model locally and refuses a model only the others
 // have at once. The partition lasts until both sides have forgotten each other (the
 // registry's forget period, as the catalogue's 60 s outlasts it at the production
-// heartbeat). After the heal every node sees node 3 fresh within two heartbeats, a request
-// reaches it again within 10 s, and no node holds its score below the exclusion line: missed
+// heartbeat). After the heal every node sees node 3 fresh again, a request reaches it again
+// within 100 requests, and no node holds its score below the exclusion line: missed
 // heartbeats cost availability, not a place in the mesh.
+//
+// Nothing here is timed: on a loaded machine announcements and requests come late, so the
+// test waits for each state (its bounds only stop a hang) and checks what makes it so from
+// the vectors and the route (none issued after the cut crossed it; a refusal with no target
+// tried). The times are logged as the F2 figure.
 func TestPartitionAndHeal(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	const hb = time.Second
@@ -109,19 +114,39 @@ func TestPartitionAndHeal(t *testing.T) {
 		}
 	}
 
-	t0 := time.Now()
 	if err := tn.LinksOf(3).Partition(); err != nil {
 		t.Fatal(err)
 	}
-	// staleAfter past the last announcement that crossed, which was before the partition;
-	// the extra half second is polling and the registry's clock reads.
-	within(t, staleAfter+500*time.Millisecond, "node 3 and the others stale to each other", seen(true))
+	t0 := time.Now()
+	// Stale staleAfter past the last announcement that crossed (the registry's rule). When
+	// that is depends on how soon the machine delivered the last ones before the cut, so
+	// the test waits for it (the bound only stops a hang) and checks what makes it so:
+	// no announcement issued after the cut crossed it, either way.
+	within(t, time.Minute, "node 3 and the others stale to each other", seen(true))
 	stale := time.Since(t0).Round(time.Millisecond)
-	t.Logf("partition: stale after %v (bound %v)", stale, staleAfter)
+	t.Logf("partition: stale after %v (registry's bound %v past the last announcement that crossed)", stale, staleAfter)
+	for _, i := range others {
+		a, b := tn.Node(i), cut
+		for _, pair := range [][2]peerView{{a, b}, {b, a}} {
+			e, ok := pair[0].Registry().Get(pair[1].ID(), time.Now())
+			if ok && e.Vector.IssuedAt > t0.UnixMilli() {
+				t.Fatalf("%s holds a vector of %s issued %d ms after the cut: an announcement crossed the partition",
+					pair[0].ID(), pair[1].ID(), e.Vector.IssuedAt-t0.UnixMilli())
+			}
+		}
+	}
 
-	// Same side: synth-tiny from nodes 0 and 2 is served by node 1.
+	// Same side: synth-tiny from nodes 0 and 2 is served by node 1. Each request waits
+	// until its sender heard from node 1 within the last heartbeat: on a loaded machine an
+	// announcement can come late, and node 1, the one server left on this side, stale for a
+	// moment, is no target (model_not_found, 2 runs in 12 under CPU burners).
 	for k := range 10 {
 		from := tn.Node(others[k%2*2])
+		within(t, time.Minute, "node 1 heard from within a heartbeat", func() bool {
+			now := time.Now()
+			e, ok := from.Registry().Get(tn.Node(1).ID(), now)
+			return ok && !e.Stale && e.Age(now) < hb
+		})
 		r := stream(t, from.APIAddr(), routedBody("synth-tiny", 4, int64(k), nil), nil, nil)
 		if r.errCode != "" || !r.done || r.final.Route == "peer:"+cut.ID().String() {
 			t.Fatalf("request %d during the partition: %+v", k, r)
@@ -131,15 +156,18 @@ func TestPartitionAndHeal(t *testing.T) {
 	if r := stream(t, cut.APIAddr(), routedBody("synth-tiny", 4, 100, nil), nil, nil); r.errCode != "" || r.final.Route != "local" {
 		t.Fatalf("node 3's own model during the partition: %+v", r)
 	}
-	if r := stream(t, cut.APIAddr(), routedBody("synth-small", 4, 101, map[string]string{"route": "explicit"}), nil, nil); r.errCode == "" || r.duration > 2500*time.Millisecond {
-		t.Fatalf("a model across the partition from node 3: %+v; want an error within 2.5 s", r)
+	// At once: refused by the route decision, with no target tried (no dial into the
+	// partition to time out), read from the error rather than a stopwatch.
+	if r := stream(t, cut.APIAddr(), routedBody("synth-small", 4, 101, map[string]string{"route": "explicit"}), nil, nil); r.errCode != "model_not_found" || r.final.Attempts != 0 {
+		t.Fatalf("a model across the partition from node 3: %+v; want model_not_found, no target tried", r)
 	}
 
 	// The catalogue's partition lasts 60 s, past every registry's forget period: so does
 	// this one, scaled to the heartbeat. Node 3 and the others forget each other.
 	forgetAfter := registry.ParamsForHeartbeat(hb).ForgetAfter
-	// The registry forgets at its sweep, once a heartbeat.
-	within(t, forgetAfter+2*hb, "node 3 and the others forgotten", func() bool {
+	// The registry forgets at its sweep, once a heartbeat, forgetAfter past the last
+	// announcement that crossed; the bound only stops a hang.
+	within(t, time.Minute, "node 3 and the others forgotten", func() bool {
 		now := time.Now()
 		for _, i := range others {
 			if _, ok := tn.Node(i).Registry().Get(cut.ID(), now); ok {
@@ -157,22 +185,32 @@ func TestPartitionAndHeal(t *testing.T) {
 	if err := tn.LinksOf(3).Heal(); err != nil {
 		t.Fatal(err)
 	}
-	within(t, 2*hb+500*time.Millisecond, "node 3 and the others fresh to each other", seen(false))
+	// Fresh again from the announcements held across the partition or the next ones: how
+	// soon is the machine's speed, logged as the figure; the bound only stops a hang, and
+	// stays under the registry's unreachable period (2 min), which must not be waited out.
+	within(t, time.Minute, "node 3 and the others fresh to each other", seen(false))
 	fresh := time.Since(t1).Round(time.Millisecond)
-	t.Logf("heal: fresh after %v (bound %v)", fresh, 2*hb)
-	served := false
-	for k := 0; !served && time.Since(t1) < 10*time.Second; k++ {
+	t.Logf("heal: fresh after %v (heartbeat %v)", fresh, hb)
+	// Node 3 is a target again: node 0's requests for synth-tiny go to node 1 or node 3, by
+	// weight (its latency measured before the cut counts: it got the 1st to the 12th
+	// request in 16 runs). Counted in requests, not seconds (a loaded machine fits fewer in
+	// a window): at a 10 % share, 100 all missing node 3 has odds of 3 in 100,000.
+	const maxRequests = 100
+	served := 0
+	for k := 0; served == 0; k++ {
+		if k == maxRequests {
+			t.Fatalf("node 3 served none of %d requests after the heal", maxRequests)
+		}
 		r := stream(t, tn.Node(0).APIAddr(), routedBody("synth-tiny", 4, int64(200+k), nil), nil, nil)
 		if r.errCode != "" || !r.done {
 			t.Fatalf("request %d after the heal: %+v", k, r)
 		}
-		served = r.final.Route == "peer:"+cut.ID().String()
-	}
-	if !served {
-		t.Fatal("node 3 served no request within 10 s of the heal")
+		if r.final.Route == "peer:"+cut.ID().String() {
+			served = k + 1
+		}
 	}
 	servedAfter := time.Since(t1).Round(time.Millisecond)
-	t.Logf("heal: node 3 served after %v", servedAfter)
+	t.Logf("heal: node 3 served request %d, %v after the heal", served, servedAfter)
 	for _, i := range others {
 		for _, p := range tn.Node(i).Peers() {
 			if p.PeerID == cut.ID().String() && (p.Excluded || p.Score < reputation.ExcludeBelow) {

@@ -93,7 +93,7 @@ func Cases() []Case {
 		{
 			ID: "F2", Name: "partition and heal",
 			Measured: "1 of 4 nodes cut off past the forget period (heartbeat 1 s), then healed",
-			Goal:     "short ({1 | 3}, not {3 | 3}): stale ≤ 2 heartbeats + 1 s; fresh ≤ 2 heartbeats after the heal; serving again ≤ 10 s; no score below 40",
+			Goal:     "short ({1 | 3}, not {3 | 3}): stale, no vector issued after the cut crossing it; fresh again after the heal; node 3 serving again within 100 requests; no score below 40 (times measured, not asserted)",
 			Runs: []Run{race("./testnet/", long, "TestPartitionAndHeal"),
 				race("./mesh/announce/", short, "TestLateMessageAfterPartitionIsNoRollback")},
 		},

@@ -329,7 +329,7 @@ func (s *Server) serveOpen(from peer.ID, up network.Stream, body []byte) {
 		return
 	}
 	f := s.run(ss, up)
-	s.release(ss, up, f)
+	s.release(ss, f)
 }
 
 // writeFault writes f's error frame on st, within errorWriteTimeout.
@@ -393,7 +393,8 @@ func (s *Server) admit(from peer.ID, up network.Stream, o *open) (*session, erro
 	}
 	ss.backend = bs
 	if ss.loading && !s.movable(ss) {
-		s.release(ss, up, nil)
+		s.free(ss, up)
+		s.release(ss, nil)
 		return nil, inference.Errorf(inference.CodeUnavailable, "this stage cannot load a moved session's rows")
 	}
 	return ss, nil
@@ -444,9 +445,28 @@ func (s *Server) uncount(from peer.ID, kv int64) {
 	s.kvUsed -= kv
 }
 
-// release frees an ended session: a return stream handed over too late, its backend
-// session (the KV cache), its frames' memory and its place in the limits; then reports it.
-func (s *Server) release(ss *session, up network.Stream, f *failure) {
+// free frees a session whose steps are over: its backend session (the KV cache), its
+// frames' memory and its place in the limits, except what the kept table now holds (a
+// session kept for a move keeps its backend session and place there). run calls it before
+// end passes the end on, so that once the head has the last stage's receipts (or end frame)
+// every stage of the chain has its memory back: a verification's next run, opened at once
+// on the same nodes, is not refused as overloaded by the session just ended.
+func (s *Server) free(ss *session, up network.Stream) {
+	up.Scope().ReleaseMemory(ss.upMax)
+	if ss.keptAway {
+		return
+	}
+	if err := ss.backend.Close(); err != nil {
+		log.Warnw("closing a stage session", "model", ss.open.model, "err", err)
+	}
+	s.unreserve(ss)
+}
+
+// release ends a session run (and free) are done with: a return or load stream handed over
+// too late is reset; then the session is reported (f nil: a session refused at admission,
+// not reported). A session kept for a move is reported when it is freed, or by the
+// session that adopts it.
+func (s *Server) release(ss *session, f *failure) {
 	ss.mu.Lock()
 	ss.ended = true
 	if ss.grace != nil {
@@ -461,17 +481,9 @@ func (s *Server) release(ss *session, up network.Stream, f *failure) {
 		}
 	}
 	if ss.keptAway {
-		// The kept table holds the backend session and its place in the limits now; its
-		// end is reported when it is freed, or by the session that adopts it.
-		up.Scope().ReleaseMemory(ss.upMax)
 		ss.cancel()
 		return
 	}
-	if err := ss.backend.Close(); err != nil {
-		log.Warnw("closing a stage session", "model", ss.open.model, "err", err)
-	}
-	up.Scope().ReleaseMemory(ss.upMax)
-	s.unreserve(ss)
 	if s.onEnd != nil && f != nil {
 		s.onEnd(s.sessionEnd(ss, f))
 	}

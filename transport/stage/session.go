@@ -217,6 +217,7 @@ func (ss *session) failure() *failure {
 func (s *Server) run(ss *session, up network.Stream) *failure {
 	down, downR, f := s.link(ss, up)
 	if f != nil {
+		s.free(ss, up)
 		s.end(ss, f, up, down)
 		return f
 	}
@@ -256,6 +257,7 @@ func (s *Server) run(ss *session, up network.Stream) *failure {
 		// and its adopting open must find the session here.
 		s.keepSession(ss)
 	}
+	s.free(ss, up)
 	s.end(ss, f, up, down)
 	<-watched
 	return f
