@@ -253,7 +253,7 @@ func (d *decider) plan(model string) plan {
 		d.estimate(&p.est[0], ttft, tps, 0)
 	}
 	if len(mc) > 0 {
-		order, penalized := d.orderMesh(mc, mi, keys)
+		order, penalized := d.orderMesh(mc, mi, keys, func(k int) bool { return s.Peers[peers[k].i].Unconnected })
 		p.penalized = penalized
 		first := peers[order[0]]
 		tps := s.PeerTokensPerSec(keys[order[0]], d.now)
@@ -497,12 +497,15 @@ func (d *decider) survivors(model string, keys []string, nPeers int) ([]int, []r
 // orderMesh returns the mesh targets in order, as indices into keys, and whether a
 // penalized peer was put behind a clean one. mc are the eligible peers' candidates in
 // Rank's order (clean ones first, then penalized ones by penalty) and mi their indices into
-// keys. The peers form two classes, clean then penalized, and each class is ordered on its
-// own: Select's pick, then by descending weight, ties by peer ID; the whole is cut at
-// MaxMeshAttempts. So a peer out of cooldown but still penalized is tried only after every
-// clean one, and exploration and weights act within each class. When every candidate was
-// cooling (Rank then returns them all), they keep their given order.
-func (d *decider) orderMesh(mc []reputation.Candidate, mi []int, keys []string) (order []int, penalized bool) {
+// keys; unconnected(k) says whether this node holds no connection to peer k. The peers form
+// three classes: clean ones this node is connected to, other clean ones, then penalized
+// ones; each class is ordered on its own: Select's pick, then by descending weight, ties by
+// peer ID; the whole is cut at MaxMeshAttempts. So a peer out of cooldown but still
+// penalized is tried only after every clean one, a peer that may have just left (its
+// connection gone, its vector not yet stale) only after the clean peers still connected,
+// and exploration and weights act within each class. When every candidate was cooling
+// (Rank then returns them all), they keep their given order.
+func (d *decider) orderMesh(mc []reputation.Candidate, mi []int, keys []string, unconnected func(k int) bool) (order []int, penalized bool) {
 	limit := min(d.tune.MaxMeshAttempts, len(mc))
 	order = make([]int, 0, limit)
 	if mc[0].Cooling {
@@ -512,7 +515,18 @@ func (d *decider) orderMesh(mc []reputation.Candidate, mi []int, keys []string) 
 	if split < 0 {
 		split = len(mc)
 	}
-	order = d.orderClass(order, mc[:split], mi[:split], keys, limit)
+	// The clean class, connected peers first: partitioned in place (mc and mi are this
+	// decision's scratch, and the order within a class is set by orderClass).
+	conn := 0
+	for j := range split {
+		if !unconnected(mi[j]) {
+			mc[conn], mc[j] = mc[j], mc[conn]
+			mi[conn], mi[j] = mi[j], mi[conn]
+			conn++
+		}
+	}
+	order = d.orderClass(order, mc[:conn], mi[:conn], keys, limit)
+	order = d.orderClass(order, mc[conn:split], mi[conn:split], keys, limit)
 	order = d.orderClass(order, mc[split:], mi[split:], keys, limit)
 	return order, split > 0 && split < len(mc)
 }

@@ -40,7 +40,10 @@
 // the peer's copy of the model is cold, spare capacity. They form two penalty classes
 // (NODE_REP): clean peers, then peers out of cooldown that still carry a residual penalty
 // for the model, so a recovered peer is tried only after every clean one until successes
-// clear its penalty. Within each class the first target is reputation.Select's pick, so
+// clear its penalty. The clean class is split in two: peers this node is connected to, then
+// those it is not (Peer.Unconnected): a peer that just left keeps a fresh vector for a few
+// heartbeats, and would otherwise spend an attempt on a dial that cannot succeed (found by
+// reliability case F19, churn). Within each class the first target is reputation.Select's pick, so
 // 5 % of picks are uniform over the class's peers (exploration) and the rest are weighted
 // by Weight(score) × performance × spare; the others follow by descending weight, ties by
 // peer ID (its string form), picked in one linear pass, not by sorting every candidate. The

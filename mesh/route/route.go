@@ -78,6 +78,11 @@ type Local struct {
 type Peer struct {
 	Entry registry.Entry // from the registry
 	RTT   time.Duration  // from the peerstore; 0 = unknown
+	// Unconnected: this node holds no connection to the peer now (it may have left: its
+	// vector stays fresh for a few heartbeats after it went). Decide tries clean peers it
+	// is connected to first (doc.go, "Mesh order"). The zero value, connected or unknown,
+	// changes nothing.
+	Unconnected bool
 	// Key is Entry.Peer.String(), the peer's key in the reputation store, when the caller
 	// has it cached; "" makes Decide encode it. Encoding costs about 1.5 µs a peer, which
 	// over 1,000 peers is thirty times the decision's budget.

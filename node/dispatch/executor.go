@@ -62,6 +62,10 @@ type Config struct {
 	// nil: none measured).
 	Registry Registry
 	Latency  func(peer.ID) time.Duration
+	// Connected reports whether this node holds a connection to a peer now; nil: every
+	// peer counts as connected. Routing tries clean connected peers first
+	// (route.Peer.Unconnected).
+	Connected func(peer.ID) bool
 	// Bandwidth is the measured bandwidth with a peer, bytes/s each way (0: unknown), for
 	// the gate's live transfer (handover.go); it may probe the peer first, within the
 	// probes' bounds. nil: none measured, and no live transfer is ever picked.
@@ -269,8 +273,10 @@ func (d *Executor) snapshot(ctx context.Context, now time.Time) (s *route.Snapsh
 		}
 	}
 	latency := make([]time.Duration, len(entries))
+	unconnected := make([]bool, len(entries))
 	for i, e := range entries {
 		latency[i] = d.cfg.Latency(e.Peer)
+		unconnected[i] = d.cfg.Connected != nil && !d.cfg.Connected(e.Peer)
 	}
 
 	d.mu.Lock()
@@ -295,7 +301,7 @@ func (d *Executor) snapshot(ctx context.Context, now time.Time) (s *route.Snapsh
 			key = e.Peer.String()
 			d.keys[e.Peer] = key
 		}
-		s.Peers = append(s.Peers, route.Peer{Entry: e, Key: key, RTT: latency[i]})
+		s.Peers = append(s.Peers, route.Peer{Entry: e, Key: key, RTT: latency[i], Unconnected: unconnected[i]})
 	}
 	if cloud {
 		s.Cloud = route.Cloud{
