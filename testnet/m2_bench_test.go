@@ -47,8 +47,8 @@ import (
 //     and a synth peer replays it;
 //   - restart_cloud: A is cut, C generates the completion again.
 //
-// Each is run once; those within m2Contest of the quickest run twice more and count by
-// their median. The gate (route.Gate) is given what the executor would know: the prompt's
+// Each is run once, in an order that turns with the case; those within m2Contest of the
+// quickest run twice more, interleaved, and count by their median. The gate (route.Gate) is given what the executor would know: the prompt's
 // tokens as routing estimates them, the tokens, the KV bytes (those tokens × synth-small's
 // 8 KiB, as the executor counts them from the announced kv_bytes_per_token), the bandwidth
 // measured from the first rows relayed, B's round trip (ping) and measured decode rate,
@@ -136,7 +136,10 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 			req := m2Request(words, 4+rest)
 			runs := map[route.MoveOption][]time.Duration{}
 			var sample m2Cut
-			for _, o := range options {
+			// The order of the runs turns with the case, so that no option always runs
+			// right after another's (a slow live transfer's garbage, say).
+			order := append(slices.Clone(options[k%len(options):]), options[:k%len(options)]...)
+			for _, o := range order {
 				cut := m2Run(b, c, servers, ha, hb, hc, req, o, bw)
 				runs[o] = append(runs[o], cut.took)
 				if o == route.MoveLiveTransfer {
@@ -147,11 +150,15 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 			// timed by its median: one run's noise (another process's time slice, a GC)
 			// is a few per cent, as large as the gaps between close options.
 			first := slices.Min([]time.Duration{runs[options[0]][0], runs[options[1]][0], runs[options[2]][0]})
-			for _, o := range options {
+			var contenders []route.MoveOption
+			for _, o := range order {
 				if float64(runs[o][0]) <= m2Contest*float64(first) {
-					for range 2 {
-						runs[o] = append(runs[o], m2Run(b, c, servers, ha, hb, hc, req, o, bw).took)
-					}
+					contenders = append(contenders, o)
+				}
+			}
+			for range 2 { // interleaved: each contender once, then again
+				for _, o := range contenders {
+					runs[o] = append(runs[o], m2Run(b, c, servers, ha, hb, hc, req, o, bw).took)
 				}
 			}
 			took := map[route.MoveOption]time.Duration{}
