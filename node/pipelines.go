@@ -3,6 +3,7 @@ package node
 import (
 	"cmp"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -35,6 +36,8 @@ type headedRun struct {
 	p        *stage.Pipeline // nil once ended
 	final    stage.Stats
 	receipts []inference.StageReceipt // per stage, in chain order, once ended; zero where none held
+	moves    []stage.Move             // the stages moved live, once ended
+	relinked []stage.Hop              // the chain after the moves, once ended
 }
 
 // add records p, a pipeline of model over stages opened at now, and returns its close: it
@@ -63,7 +66,7 @@ func (l *headedLog) add(model string, stages []inference.StageHop, now time.Time
 			l.mu.Lock()
 			defer l.mu.Unlock()
 			delete(l.open, r.seq)
-			r.p, r.final, r.receipts = nil, st, all
+			r.p, r.final, r.receipts, r.moves, r.relinked = nil, st, all, p.Moves(), p.Stages()
 			if l.ended = append(l.ended, r); len(l.ended) > keptEnded {
 				l.ended = slices.Delete(l.ended, 0, len(l.ended)-keptEnded)
 			}
@@ -120,11 +123,15 @@ func (l *headedLog) status() []console.HeadedPipeline {
 
 	out := make([]console.HeadedPipeline, 0, len(snaps))
 	for _, s := range snaps {
-		st := s.r.final
-		if s.open {
-			st = s.r.p.Stats() // outside the log's lock: it waits for no step
+		st, moves, chain := s.r.final, s.r.moves, s.r.relinked
+		if s.open { // outside the log's lock: these wait for no step
+			st, moves, chain = s.r.p.Stats(), s.r.p.Moves(), s.r.p.Stages()
 		}
-		out = append(out, headedStatus(s.r, s.open, st))
+		hp := headedStatus(s.r, s.open, st)
+		if len(moves) > 0 {
+			relinked(&hp, moves, chain)
+		}
+		out = append(out, hp)
 	}
 	return out
 }
@@ -180,4 +187,31 @@ func headedStatus(r headedRun, open bool, st stage.Stats) console.HeadedPipeline
 		hp.Failure = string(inference.CodeOf(st.Err))
 	}
 	return hp
+}
+
+// relinked shows in hp the stages moved live and the chain as re-linked: its stages (no
+// receipts: a re-linked chain gives none) and route.
+func relinked(hp *console.HeadedPipeline, moves []stage.Move, chain []stage.Hop) {
+	for _, m := range moves {
+		to := inference.Served{Tier: inference.TierMesh, Stages: inferenceHops(m.To)}.Route()
+		hp.Moved = append(hp.Moved, console.PipelineMove{Index: m.Index, From: m.From.String(),
+			To: strings.TrimPrefix(to, "pipeline:"), Positions: m.Positions, Bytes: m.Bytes,
+			TookMS: float64(m.Took) / float64(time.Millisecond)})
+	}
+	hops := inferenceHops(chain)
+	hp.Stages = make([]console.PipelineStage, len(hops))
+	for i, h := range hops {
+		hp.Stages[i] = console.PipelineStage{Peer: h.Peer, Lo: h.Lo, Hi: h.Hi}
+	}
+	hp.Route = inference.Served{Tier: inference.TierMesh, Stages: hops}.Route()
+	hp.HopsMS = nil // the step times span both chains
+}
+
+// inferenceHops is hops as inference names them (stageHops's inverse).
+func inferenceHops(hops []stage.Hop) []inference.StageHop {
+	out := make([]inference.StageHop, len(hops))
+	for i, h := range hops {
+		out[i] = inference.StageHop{Peer: h.Peer.String(), Lo: h.Lo, Hi: h.Hi}
+	}
+	return out
 }

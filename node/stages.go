@@ -116,11 +116,7 @@ func (n *Node) OpenPipeline(ctx context.Context, model string, stages []inferenc
 		stage.WithStepTimeouts(0, n.cfg.PeerInterTokenTimeout)}
 	if replace != nil {
 		opts = append(opts, stage.WithMoves(func(ctx context.Context, lo, hi int, leaving peer.ID, chain []stage.Hop) ([]stage.Hop, error) {
-			now := make([]inference.StageHop, len(chain))
-			for i, h := range chain {
-				now[i] = inference.StageHop{Peer: h.Peer.String(), Lo: h.Lo, Hi: h.Hi}
-			}
-			repl, err := replace(ctx, lo, hi, leaving.String(), now)
+			repl, err := replace(ctx, lo, hi, leaving.String(), inferenceHops(chain))
 			if err != nil {
 				return nil, err
 			}

@@ -529,5 +529,12 @@ func TestPipelineStageDrainsHandsOverLive(t *testing.T) {
 	if last.Choice != "live_transfer" || last.Outcome != "completed" || !last.Inputs.SourceUp || last.Inputs.KVBytes <= 0 {
 		t.Fatalf("migration decision %+v, want a completed live_transfer with the source up", last)
 	}
-	t.Logf("stage of node %d moved live: %d bytes at %.0f Mbit/s; options %v", victim, last.Inputs.KVBytes, last.Inputs.BandwidthMbps, last.OptionsMS)
+	// The head's pipelines status shows the move and the chain as re-linked.
+	recent := router.Status().Pipelines.Recent
+	if len(recent) == 0 || len(recent[0].Moved) != 1 || recent[0].Moved[0].From != tn.Node(victim).ID().String() ||
+		recent[0].Moved[0].Bytes <= 0 || strings.Contains(recent[0].Route, tn.Node(victim).ID().String()) {
+		t.Fatalf("pipelines status %+v, want the last pipeline with node %d's stage moved and its route without it", recent, victim)
+	}
+	t.Logf("stage of node %d moved live: %d bytes at %.0f Mbit/s; options %v; status %+v", victim, last.Inputs.KVBytes,
+		last.Inputs.BandwidthMbps, last.OptionsMS, recent[0].Moved[0])
 }

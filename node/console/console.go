@@ -324,6 +324,22 @@ type HeadedPipeline struct {
 	// Failure is the error code that broke the pipeline (a lost or timed-out stage, …); ""
 	// while it is open and when it ended in order.
 	Failure string `json:"failure,omitempty"`
+	// Moved are the stages that left with notice and were moved live, in order; Route and
+	// Stages are then the chain as re-linked (the response's X-Meshinfer-Route, sent with
+	// the first token, names the chain as it was opened).
+	Moved []PipelineMove `json:"moved,omitempty"`
+}
+
+// PipelineMove is a stage moved live: its place in the chain and peer, the hops that took
+// its layers (route form: <peer>[lo-hi],…), the positions and bytes of KV cache moved, and
+// what the move took at the head, from the decision to the re-linked chain's readiness.
+type PipelineMove struct {
+	Index     int     `json:"index"`
+	From      string  `json:"from"`
+	To        string  `json:"to"`
+	Positions int     `json:"positions"`
+	Bytes     int64   `json:"bytes"`
+	TookMS    float64 `json:"took_ms"`
 }
 
 // PipelineStage is one stage of a headed pipeline: a peer holding layers [Lo, Hi), and
