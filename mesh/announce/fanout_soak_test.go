@@ -16,7 +16,7 @@ func TestAnnouncementFanOutL5Soak(t *testing.T) {
 			Nodes: 50, Duration: 10 * time.Minute, Heartbeat: 10 * time.Second,
 			Warmup: 20 * time.Second, Drain: 5 * time.Second, Dials: 3,
 		})
-		t.Logf("figure L5: 50 nodes, 10 virtual min: %v", res)
 		res.check(t)
+		t.Logf("figure L5: 50 nodes, 10 virtual min: %v", res)
 	})
 }
