@@ -473,12 +473,17 @@ func startFanoutNode(ctx context.Context, h host.Host, trace *fanoutTrace, addrs
 // rounds of announcements measured (the soak build runs the catalogue's 50 nodes for 10
 // minutes).
 func TestAnnouncementFanOutL5(t *testing.T) {
+	fanoutCase(t, "16 nodes, 100 virtual s", fanoutConfig{
+		Nodes: 16, Duration: 100 * time.Second, Heartbeat: 10 * time.Second,
+		Warmup: 20 * time.Second, Drain: 5 * time.Second, Dials: 3,
+	})
+}
+
+// fanoutCase runs cfg in a synctest bubble, asserts L5's figures and reports them.
+func fanoutCase(t *testing.T, what string, cfg fanoutConfig) {
 	synctest.Test(t, func(t *testing.T) {
-		res := runFanout(t, fanoutConfig{
-			Nodes: 16, Duration: 100 * time.Second, Heartbeat: 10 * time.Second,
-			Warmup: 20 * time.Second, Drain: 5 * time.Second, Dials: 3,
-		})
+		res := runFanout(t, cfg)
 		res.check(t)
-		t.Logf("figure L5: 16 nodes, 100 virtual s: %v", res)
+		t.Logf("figure L5: %s: %v", what, res)
 	})
 }
