@@ -53,6 +53,9 @@ type fanoutConfig struct {
 	// 3 GossipSub heartbeats the catalogue allows.
 	Warmup, Drain time.Duration
 	Dials         int // peers each node dials at start, as its bootstrap/discovery would
+	// MaxDup bounds the mean duplicates per delivery: the catalogue's 6 (D); 0 bounds them
+	// by the measured mean mesh degree instead (the short version's weaker check, below).
+	MaxDup float64
 }
 
 // fanoutGossipHeartbeat is GossipSub's heartbeat, the unit of the catalogue's propagation
@@ -114,7 +117,7 @@ func (r fanoutResult) reliability() float64 {
 }
 
 // check asserts the catalogue's figures for L5.
-func (r fanoutResult) check(t *testing.T) {
+func (r fanoutResult) check(t *testing.T, maxDup float64) {
 	t.Helper()
 	if r.Announcements == 0 {
 		t.Fatal("no announcement in the measured window")
@@ -126,10 +129,15 @@ func (r fanoutResult) check(t *testing.T) {
 		t.Errorf("p99 propagation %v, want ≤ 3 heartbeats (%v)", r.P99, 3*fanoutGossipHeartbeat)
 	}
 	// The catalogue's "≤ 6 (D)" assumes every node's mesh holds D peers; GossipSub aims at D
-	// but accepts grafts up to Dhi (12), and measures 7.5-8 here. A node gets at most one copy
-	// from each mesh peer (and the author's, when it is not one): more would be
-	// amplification (gossip re-sending what was delivered, a retransmit storm).
-	if r.MeanDup > r.MeanDegree {
+	// but accepts grafts up to Dhi (12), and a node gets about one copy from each mesh peer
+	// (and the author's, when it is not one). The 50-node run asserts the catalogue's 6; the
+	// short run, whose small meshes measure 7.5-8 peers and 6.1-6.6 duplicates, asserts only
+	// that there is no amplification beyond one copy per mesh peer (gossip re-sending what
+	// was delivered, a retransmit storm).
+	if maxDup > 0 && r.MeanDup > maxDup {
+		t.Errorf("%.2f duplicates per delivery, want ≤ %.0f (D)", r.MeanDup, maxDup)
+	}
+	if maxDup == 0 && r.MeanDup > r.MeanDegree {
 		t.Errorf("%.2f duplicates per delivery, want ≤ the mean mesh degree %.2f (D = %d)", r.MeanDup, r.MeanDegree, pubsub.GossipSubD)
 	}
 	if r.ValDrops != 0 {
@@ -483,7 +491,7 @@ func TestAnnouncementFanOutL5(t *testing.T) {
 func fanoutCase(t *testing.T, what string, cfg fanoutConfig) {
 	synctest.Test(t, func(t *testing.T) {
 		res := runFanout(t, cfg)
-		res.check(t)
+		res.check(t, cfg.MaxDup)
 		t.Logf("figure L5: %s: %v", what, res)
 	})
 }
