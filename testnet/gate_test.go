@@ -51,7 +51,7 @@ func (g *tokenGate) HoldMove(t interface{ Cleanup(func()) }) (loaded <-chan int,
 	return h.loaded, open
 }
 
-// heldMove returns the held handover, if any.
+// held returns the handover HoldMove armed, if any.
 func (g *tokenGate) held() *heldMove {
 	g.mu.Lock()
 	defer g.mu.Unlock()
