@@ -128,11 +128,17 @@ type Executor struct {
 	// cloudTTFTPerToken is the cloud's time to first token per prompt token, seconds
 	// (EWMA): the gate scales a restart's first token by the prompt with it.
 	cloudTTFTPerToken float64
-	cloudTPS          float64            // measured cloud tokens/s (EWMA)
-	keys              map[peer.ID]string // peer ID strings (encoding one costs ~1.5 µs)
-	inflight          map[peer.ID]int    // requests this node has running on each peer
-	scratch           route.Scratch      // Decide's working memory, used under mu
-	closed            bool               // Close has begun: no more background work starts
+	cloudTPS          float64 // measured cloud tokens/s (EWMA)
+	// tokenRatio is, per model, the prompt tokens servers report per token routing
+	// estimates (route.PromptTokens; EWMA of completed fresh attempts): the gate counts a
+	// session's KV bytes and prefill time in the model's own tokens.
+	tokenRatio map[string]float64
+	// peerRates are each peer's measured prefill and decode rates per model, for the gate.
+	peerRates map[rateKey]peerRate
+	keys      map[peer.ID]string // peer ID strings (encoding one costs ~1.5 µs)
+	inflight  map[peer.ID]int    // requests this node has running on each peer
+	scratch   route.Scratch      // Decide's working memory, used under mu
+	closed    bool               // Close has begun: no more background work starts
 
 	// Background work runs under bg: local loads that a speculative request started and no
 	// longer waits for (the cloud won) until done, verifications (verify.go) and meter
@@ -176,6 +182,7 @@ func New(cfg Config) (*Executor, error) {
 		cfg:      cfg,
 		rng:      rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 		localTPS: map[string]float64{}, localCold: map[string]time.Duration{},
+		tokenRatio: map[string]float64{}, peerRates: map[rateKey]peerRate{},
 		keys: map[peer.ID]string{}, inflight: map[peer.ID]int{}, bg: bg, bgCancel: cancel,
 	}, nil
 }
@@ -289,6 +296,9 @@ func (d *Executor) snapshot(ctx context.Context, now time.Time) (s *route.Snapsh
 	}
 	if len(d.keys) > 2*len(entries)+64 {
 		clear(d.keys) // forgotten peers
+	}
+	if len(d.peerRates) > 4*len(entries)+64 {
+		d.forgetRates(entries)
 	}
 	s.Peers = make([]route.Peer, 0, len(entries))
 	for i, e := range entries {

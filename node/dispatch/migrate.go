@@ -98,7 +98,7 @@ func (r *run) gateInput(ctx context.Context, attempts []route.Target, i int) (in
 		}
 	}
 	in = route.GateInput{
-		PromptTokens: route.PromptTokens(&r.req), Generated: len(r.sent),
+		PromptTokens: r.d.promptTokens(&r.req), Generated: len(r.sent),
 		Remaining:     max(r.req.EffectiveMaxTokens()-len(r.sent), 0),
 		Deterministic: r.sentDet,
 		Replacement:   next >= 0,
@@ -115,11 +115,12 @@ func (r *run) gateInput(ctx context.Context, attempts []route.Target, i int) (in
 	return in, next, cloud
 }
 
-// measured fills in what this node knows of the replacement t, as route.Decide estimates
-// it: this node's measured decode rate and cold start when t is this node; for a peer, the
-// round trip to it (to the first stage of a pipeline), its decode rate (the default rate
-// scaled by its performance in the reputation store) and the default cold start when its
-// copy of the model is cold.
+// measured fills in what this node knows of the replacement t: this node's measured decode
+// rate and cold start when t is this node; for a peer, the round trip to it (to the first
+// stage of a pipeline), its measured prefill and decode rates for the model (rates.go; the
+// decode rate, when none is measured, as route.Decide estimates it: the default rate scaled
+// by its performance in the reputation store) and the default cold start when its copy of
+// the model is cold.
 func (r *run) measured(t route.Target, in *route.GateInput) {
 	tune := r.snap.Tune
 	switch {
@@ -142,7 +143,10 @@ func (r *run) measured(t route.Target, in *route.GateInput) {
 		}
 		p := r.snap.Peers[k]
 		in.RTT = p.RTT
-		in.DecodeRate = r.snap.PeerTokensPerSec(p.Key, r.d.now())
+		in.PrefillRate, in.DecodeRate = r.d.measuredRates(p.Key, r.req.Model)
+		if in.DecodeRate == 0 {
+			in.DecodeRate = r.snap.PeerTokensPerSec(p.Key, r.d.now())
+		}
 		if m, ok := modelIn(p.Entry.Vector, r.req.Model); ok && m.State != caps.ModelWarm {
 			in.ColdStart = tune.DefaultColdStart
 		}

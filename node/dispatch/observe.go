@@ -72,13 +72,23 @@ func (d *Executor) observe(t route.Target, model string, cold bool, err error, c
 		return
 	}
 	ttft := m.first.Sub(m.start)
+	prompt := m.prompt // in the model's tokens: the server's count when it gave one
+	if m.fresh && m.served > 0 {
+		prompt = m.served
+	}
 	var tps float64
 	if m.tokens > 1 && m.last.After(m.first) {
 		tps = float64(m.tokens-1) / m.last.Sub(m.first).Seconds()
 	}
+	if m.fresh && m.served > 0 {
+		d.noteTokens(model, m.estimate, m.served)
+	}
 	switch t.Tier {
 	case inference.TierMesh:
 		d.cfg.Rep.RecordPerformance(t.RepKey(), ttft, tps, now)
+		if m.fresh && len(t.Stages) == 0 {
+			d.notePeerRates(t.RepKey(), model, prompt, ttft, d.cfg.Latency(t.Peer), tps)
+		}
 	case inference.TierLocal:
 		d.mu.Lock()
 		if tps > 0 {
@@ -91,8 +101,8 @@ func (d *Executor) observe(t route.Target, model string, cold bool, err error, c
 	case inference.TierCloud:
 		d.mu.Lock()
 		d.cloudTTFT = time.Duration(ewma(float64(d.cloudTTFT), float64(ttft)))
-		if m.prompt > 0 {
-			d.cloudTTFTPerToken = ewma(d.cloudTTFTPerToken, ttft.Seconds()/float64(m.prompt))
+		if prompt > 0 {
+			d.cloudTTFTPerToken = ewma(d.cloudTTFTPerToken, ttft.Seconds()/float64(prompt))
 		}
 		if tps > 0 {
 			d.cloudTPS = ewma(d.cloudTPS, tps)

@@ -173,6 +173,7 @@ func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, er
 		m                 = r.d.measure(&r.req)
 		at                inference.Served // where the tokens come from: set at the first
 	)
+	m.fresh = skip == 0
 	forward := func(tok inference.Token) error {
 		if m.tokens == 0 {
 			// The transport is settled by now (a WebRTC attempt falls back before its first
@@ -224,6 +225,7 @@ func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, er
 				r.d.stats.resumptions.Add(1)
 				r.attempts++
 				t, r.last, r.resumed, skip, m = next, next, true, len(r.sent), r.d.measure(&r.req)
+				m.fresh = false // it took a cache over
 				res, err = rl.resume(ctx, r.replayIDs(), forward)
 			}
 		}
@@ -234,6 +236,7 @@ func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, er
 		// sent that are none of the model's) mean the stream was not the model's.
 		mismatch = fmt.Errorf("%w: %v", errResumeMismatch, err)
 	}
+	m.served = res.Usage.PromptTokens
 	r.d.observe(t, r.req.Model, r.coldAt(t), err, emitErr != nil, m)
 	switch {
 	case err == nil:
@@ -346,17 +349,22 @@ func (r *run) coldAt(t route.Target) bool {
 }
 
 // timing measures one attempt on the executor's clock: when it started, its first and
-// latest token, and how many tokens came; prompt is the request's prompt in tokens, as
-// routing estimates it.
+// latest token, and how many tokens came. prompt is the request's prompt in its model's
+// tokens as measured so far (promptTokens), estimate the same as routing estimates it
+// (route.PromptTokens); fresh says the attempt prefilled that prompt and nothing else (no
+// tokens replayed, no cache taken over), and served is the prompt tokens its server
+// reported on completion (0: not known). Only a fresh attempt measures rates (rates.go).
 type timing struct {
 	now                func() time.Time
 	start, first, last time.Time
 	tokens             int
-	prompt             int
+	prompt, estimate   int
+	fresh              bool
+	served             int
 }
 
 func (d *Executor) measure(req *inference.Request) *timing {
-	return &timing{now: d.cfg.Now, start: d.now(), prompt: route.PromptTokens(req)}
+	return &timing{now: d.cfg.Now, start: d.now(), prompt: d.promptTokens(req), estimate: route.PromptTokens(req), fresh: true}
 }
 
 // token notes a token's arrival.

@@ -56,7 +56,7 @@ func (r *run) replaceStage(t route.Target, det bool) ReplaceStage {
 			return nil, err
 		}
 		in := route.GateInput{
-			PromptTokens: route.PromptTokens(&r.req), Generated: len(r.sent),
+			PromptTokens: r.d.promptTokens(&r.req), Generated: len(r.sent),
 			Remaining:     max(r.req.EffectiveMaxTokens()-len(r.sent), 0),
 			Deterministic: r.sentDet, SourceUp: true, Replacement: true,
 			CloudTTFT: r.snap.Cloud.TTFT, CloudRate: r.snap.Cloud.TokensPerSec, CloudTTFTPerToken: r.snap.Cloud.TTFTPerToken,

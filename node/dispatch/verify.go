@@ -555,12 +555,16 @@ func (d *Executor) replay(t route.Target, r *run) (inference.Digest, error) {
 		h.Add(tok)
 		return nil
 	}
-	var err error
+	var (
+		res inference.Result
+		err error
+	)
 	if len(t.Stages) > 0 {
-		_, _, err = d.pipelineRun(d.bg, t, &r.req, emit, nil)
+		res, _, err = d.pipelineRun(d.bg, t, &r.req, emit, nil)
 	} else {
-		_, err = d.peerGenerate(d.bg, t.Peer, &r.req, emit, nil)
+		res, err = d.peerGenerate(d.bg, t.Peer, &r.req, emit, nil)
 	}
+	m.served = res.Usage.PromptTokens
 	d.observe(t, r.req.Model, false, err, false, m)
 	return h.Sum(), err
 }

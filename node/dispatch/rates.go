@@ -1,0 +1,125 @@
+package dispatch
+
+import (
+	"time"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/mesh/registry"
+	"github.com/meshinfer/meshinfer/mesh/route"
+)
+
+// What the viability gate (route.Gate) is told of a replacement and of a session is
+// measured here, from the attempts the executor runs:
+//
+//   - a model's tokens: routing estimates a prompt at four bytes a token
+//     (route.PromptTokens), which is a real tokenizer's average in English but not every
+//     model's (the built-in synth models count about one token a byte). Every completed
+//     fresh attempt reports the prompt tokens its server counted, and their ratio to the
+//     estimate, per model, turns the estimate into the model's own tokens (promptTokens):
+//     the KV bytes a live transfer moves and the positions a replay prefills are counted
+//     in them;
+//   - a peer's prefill rate: a fresh attempt's time to first token, less the round trip to
+//     the peer, over its prompt's tokens, from prompts of at least minPrefillSample tokens
+//     (a short prompt's first token is mostly fixed costs); and its decode rate, tokens
+//     after the first over the time they took. Both per peer and model, averaged (EWMA,
+//     weight 1/4), forgotten with the peer.
+//
+// A peer could lie about its prompt tokens or serve its first token late on purpose; the
+// ratio is held within [minTokenRatio, maxTokenRatio] and all of it only weighs estimates
+// between ways on, never what a request is served or billed.
+
+// rateKey is a peer's reputation key and a model.
+type rateKey struct{ peer, model string }
+
+// peerRate is a peer's measured rates for a model; 0 is not measured.
+type peerRate struct {
+	prefillSec float64 // seconds per prompt token, round trip excluded
+	decodeTPS  float64
+}
+
+const (
+	// minPrefillSample is the shortest prompt (in the model's tokens) whose first token
+	// measures a prefill rate.
+	minPrefillSample = 32
+	// minTokenRatio and maxTokenRatio bound a model's tokens per estimated token.
+	minTokenRatio, maxTokenRatio = 1.0 / 8, 8.0
+	// maxRatioModels bounds tokenRatio: model names come from requests and vectors.
+	maxRatioModels = 256
+)
+
+// promptTokens is req's prompt in its model's tokens, as measured so far: route.PromptTokens
+// scaled by the model's token ratio (1 until one is measured).
+func (d *Executor) promptTokens(req *inference.Request) int {
+	est := route.PromptTokens(req)
+	d.mu.Lock()
+	ratio := d.tokenRatio[req.Model]
+	d.mu.Unlock()
+	if ratio == 0 {
+		return est
+	}
+	return int(float64(est)*ratio + 0.5)
+}
+
+// noteTokens folds a completed fresh attempt's prompt tokens as its server counted them
+// (served) into model's token ratio; est is routing's estimate of the same prompt.
+func (d *Executor) noteTokens(model string, est, served int) {
+	if est <= 0 || served <= 0 {
+		return
+	}
+	ratio := min(max(float64(served)/float64(est), minTokenRatio), maxTokenRatio)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.tokenRatio[model]; !ok && len(d.tokenRatio) >= maxRatioModels {
+		clear(d.tokenRatio)
+	}
+	d.tokenRatio[model] = ewma(d.tokenRatio[model], ratio)
+}
+
+// notePeerRates folds a completed fresh attempt on the peer whose reputation key is key
+// into its rates for model: ttft less rtt over prompt tokens, and tps.
+func (d *Executor) notePeerRates(key, model string, prompt int, ttft, rtt time.Duration, tps float64) {
+	var prefill float64
+	if prompt >= minPrefillSample && ttft > rtt {
+		prefill = (ttft - rtt).Seconds() / float64(prompt)
+	}
+	if prefill == 0 && tps <= 0 {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	k := rateKey{key, model}
+	r := d.peerRates[k]
+	if prefill > 0 {
+		r.prefillSec = ewma(r.prefillSec, prefill)
+	}
+	if tps > 0 {
+		r.decodeTPS = ewma(r.decodeTPS, tps)
+	}
+	d.peerRates[k] = r
+}
+
+// measuredRates is what is measured of the peer whose reputation key is key serving model:
+// its prefill and decode rates in tokens/s, 0 when not measured.
+func (d *Executor) measuredRates(key, model string) (prefill, decode float64) {
+	d.mu.Lock()
+	r := d.peerRates[rateKey{key, model}]
+	d.mu.Unlock()
+	if r.prefillSec > 0 {
+		prefill = 1 / r.prefillSec
+	}
+	return prefill, r.decodeTPS
+}
+
+// forgetRates drops the rates of peers not among entries. Called under d.mu, rarely (when
+// the rates outnumber the peers well): a peer ID's string costs about 1.5 µs.
+func (d *Executor) forgetRates(entries []registry.Entry) {
+	known := make(map[string]bool, len(entries))
+	for _, e := range entries {
+		known[e.Peer.String()] = true
+	}
+	for k := range d.peerRates {
+		if !known[k.peer] {
+			delete(d.peerRates, k)
+		}
+	}
+}

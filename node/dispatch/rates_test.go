@@ -1,0 +1,84 @@
+package dispatch
+
+import (
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/mesh/route"
+)
+
+// The gate is told what attempts measured: a model's own prompt tokens (from the counts its
+// servers report), a peer's prefill rate (its first token less the round trip, over the
+// prompt) and its decode rate; a cut generation's decision records them.
+func TestGateUsesMeasuredRates(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const firstToken, rtt = 300 * time.Millisecond, 20 * time.Millisecond
+		a, b := newTarget(t, model), newTarget(t, model)
+		a.firstToken, b.firstToken = firstToken, firstToken
+		ps := peers{"a": a, "b": b}
+		d := newExecutor(t, Config{
+			Peers: ps, Registry: registryOf(model, "a", "b"), Rep: newRep(t), Seed: 3,
+			Latency: func(peer.ID) time.Duration { return rtt },
+		})
+		long := chat(model, 8)
+		long.Messages[0].Content = strings.Repeat("a longer prompt, ", 6) // 102 bytes
+		est := route.PromptTokens(long)
+
+		// A short prompt measures no prefill rate: its first token is mostly fixed costs.
+		short := chat(model, 8)
+		if _, _, at, err := collect(d, short); err != nil {
+			t.Fatal(err)
+		} else if prefill, _ := d.measuredRates(at.Peer, model); prefill != 0 {
+			t.Fatalf("a %d-token prompt measured a prefill rate of %.0f tokens/s", route.PromptTokens(short), prefill)
+		}
+		if d.promptTokens(long) == est {
+			t.Fatalf("the short request's reported prompt tokens left the ratio at 1 (%d estimated)", est)
+		}
+
+		// Until both peers have served the long prompt once.
+		res, err := b.b.Generate(t.Context(), long, func(inference.Token) error { return nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		served := res.Usage.PromptTokens
+		for i := 0; a.calledTimes() < 2 || b.calledTimes() < 2; i++ {
+			if i == 64 {
+				t.Fatal("64 requests never drew both peers")
+			}
+			if _, _, _, err := collect(d, long); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The ratio is an average over prompts (the short one's too: a chat template's
+		// fixed tokens weigh more in it), so within 5 %.
+		if got := d.promptTokens(long); got < served*95/100 || got > served*105/100 {
+			t.Fatalf("prompt tokens as the gate counts them: %d, want about the %d the servers reported (%d estimated)", got, served, est)
+		}
+		want := float64(served) / (firstToken - rtt).Seconds()
+		for _, p := range []peer.ID{"a", "b"} {
+			prefill, _ := d.measuredRates(p.String(), model)
+			if diff := prefill/want - 1; diff < -1e-9 || diff > 1e-9 {
+				t.Fatalf("peer %s: prefill rate %.2f tokens/s, want %.2f (%d tokens in %v)", p, prefill, want, served, firstToken-rtt)
+			}
+		}
+
+		// A cut: the decision that moves the generation was given those figures.
+		a.cutAfter, b.cutAfter = 3, 3
+		if _, _, _, err := collect(d, long); err == nil {
+			t.Fatal("both peers cut the stream, yet the request completed")
+		}
+		recent := d.Migration().Recent
+		if len(recent) == 0 {
+			t.Fatal("a cut with another peer left recorded no gate decision")
+		}
+		in := recent[0].Inputs
+		if in.PromptTokens != d.promptTokens(long) || in.PrefillTPS < want*(1-1e-9) || in.PrefillTPS > want*(1+1e-9) {
+			t.Fatalf("gate inputs: %d prompt tokens at %.2f tokens/s; want %d at %.2f", in.PromptTokens, in.PrefillTPS, d.promptTokens(long), want)
+		}
+	})
+}
