@@ -97,22 +97,29 @@ func (r *run) gateInput(ctx context.Context, attempts []route.Target, i int) (in
 			next = j
 		}
 	}
-	in = route.GateInput{
+	in = r.session(ctx)
+	in.Replacement, in.Cloud = next >= 0, cloud >= 0
+	if next >= 0 {
+		r.measured(attempts[next], &in)
+	}
+	return in, next, cloud
+}
+
+// session is what the gate is told of the run's generation wherever it goes on: the
+// prompt and tokens so far, those still to come, whether it is deterministic, the cloud's
+// measured figures and the time left before ctx's deadline.
+func (r *run) session(ctx context.Context) route.GateInput {
+	in := route.GateInput{
 		PromptTokens: r.d.promptTokens(&r.req), Generated: len(r.sent),
 		Remaining:     max(r.req.EffectiveMaxTokens()-len(r.sent), 0),
 		Deterministic: r.sentDet,
-		Replacement:   next >= 0,
-		Cloud:         cloud >= 0,
 		CloudTTFT:     r.snap.Cloud.TTFT, CloudRate: r.snap.Cloud.TokensPerSec,
 		CloudTTFTPerToken: r.snap.Cloud.TTFTPerToken,
-	}
-	if next >= 0 {
-		r.measured(attempts[next], &in)
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		in.Budget = max(dl.Sub(r.d.now()), time.Nanosecond)
 	}
-	return in, next, cloud
+	return in
 }
 
 // measured fills in what this node knows of the replacement t: this node's measured decode

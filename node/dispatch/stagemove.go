@@ -55,12 +55,8 @@ func (r *run) replaceStage(t route.Target, det bool) ReplaceStage {
 		if err != nil {
 			return nil, err
 		}
-		in := route.GateInput{
-			PromptTokens: r.d.promptTokens(&r.req), Generated: len(r.sent),
-			Remaining:     max(r.req.EffectiveMaxTokens()-len(r.sent), 0),
-			Deterministic: r.sentDet, SourceUp: true, Replacement: true,
-			CloudTTFT: r.snap.Cloud.TTFT, CloudRate: r.snap.Cloud.TokensPerSec, CloudTTFTPerToken: r.snap.Cloud.TTFTPerToken,
-		}
+		in := r.session(ctx)
+		in.SourceUp, in.Replacement = true, true
 		if shape.Layers > 0 {
 			in.KVBytes = int64(in.PromptTokens+in.Generated) * shape.KVBytesPerToken * int64(hi-lo) / int64(shape.Layers)
 		}
@@ -70,9 +66,6 @@ func (r *run) replaceStage(t route.Target, det bool) ReplaceStage {
 			in.Bandwidth = r.d.legs(ctx, src, dst)
 		}
 		r.measured(route.Target{Tier: inference.TierMesh, Model: r.req.Model, Stages: hops}, &in)
-		if dl, ok := ctx.Deadline(); ok {
-			in.Budget = max(dl.Sub(r.d.now()), 1)
-		}
 		dec := route.Gate(in)
 		r.d.migr.add(r, r.d.now(), in, dec)
 		if dec.Choice != route.MoveLiveTransfer {
