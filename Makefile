@@ -37,7 +37,7 @@ FUZZTIME ?= 60s
 FUZZ_TARGETS := \
 	./mesh/caps/:FuzzDecode ./mesh/caps/:FuzzVerifySignature ./reputation/:FuzzStoreOps \
 	./mesh/probe/:FuzzParseMeminfo ./mesh/probe/:FuzzParseNVIDIASMI ./mesh/probe/:FuzzParseCPUInfo \
-	./mesh/receipts/:FuzzParse ./mesh/receipts/:FuzzParseTask \
+	./mesh/receipts/:FuzzParse ./mesh/receipts/:FuzzParseTask ./mesh/receipts/:FuzzTaskEnvelope \
 	./mesh/participation/:FuzzDecodeOverrides ./mesh/participation/:FuzzDecodeConsent \
 	./mesh/participation/:FuzzPolicyHysteresis ./mesh/route/:FuzzRouterSelect \
 	./node/dispatch/:FuzzVerifierQuorum \

@@ -48,7 +48,11 @@ type receiptCheck struct {
 	// failed before completing; or a pipeline some of whose stages gave none.
 	Missing int `json:"missing"`
 	// Invalid events carry a receipt or countersignature that does not verify, or a receipt
-	// for another peer, layers or model than the event's: the line was altered.
+	// for another peer, layers, model or token counts than the event's: the line was
+	// altered. The counts are the event's own and are what the totals add up; they are
+	// outside what the peer and the coordinator signed, so a verified receipt must state
+	// them too (the coordinator meters a task with a receipt only when they are equal; one
+	// that failed verification is metered with none).
 	Invalid int `json:"invalid"`
 }
 
@@ -73,7 +77,8 @@ func checkReceipts(path string) (*receiptCheck, error) {
 			return
 		}
 		r, err := receipts.VerifyCountersig(e.Coordinator, e.Receipt, e.Countersig)
-		if err != nil || at.Tier != inference.TierMesh || at.Peer != r.Server || r.Model != e.Model {
+		if err != nil || at.Tier != inference.TierMesh || at.Peer != r.Server || r.Model != e.Model ||
+			e.Outcome != gateway.OutcomeVerificationFailed && (e.TokensIn != r.TokensIn || e.TokensOut != r.TokensOut) {
 			c.Invalid++
 			return
 		}

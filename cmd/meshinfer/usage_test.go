@@ -201,16 +201,19 @@ func TestUsageReceipts(t *testing.T) {
 	if code != 0 || !strings.Contains(stdout, "receipts: 1 verified") || !strings.Contains(stdout, "1 tasks without one, 0 invalid") {
 		t.Fatalf("usage --receipts: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
-	// A receipt claimed for another peer, and one countersigned by someone else.
+	// A receipt claimed for another peer, one countersigned by someone else, and a line
+	// billing more tokens than its receipt states (the counts are outside the signatures).
 	other := good
 	other.Peer = "peer:" + coordID.String()
 	forged := good
 	forged.Coordinator = peerID.String()
-	write(other, forged)
+	inflated := good
+	inflated.TokensOut = 800
+	write(other, forged, inflated)
 	code, stdout, stderr = runCmd(t, "usage", "--data-dir", dir, "--receipts", "--json")
 	var rep usageReport
 	if code == 0 || json.Unmarshal([]byte(stdout), &rep) != nil || rep.Receipts == nil ||
-		*rep.Receipts != (receiptCheck{Verified: 1, Missing: 1, Invalid: 2}) || !strings.Contains(stderr, "2 receipts") {
+		*rep.Receipts != (receiptCheck{Verified: 1, Missing: 1, Invalid: 3}) || !strings.Contains(stderr, "3 receipts") {
 		t.Fatalf("usage --receipts --json with altered lines: exit %d, %+v\nstdout:\n%s\nstderr:\n%s", code, rep.Receipts, stdout, stderr)
 	}
 }

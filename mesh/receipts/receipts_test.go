@@ -23,7 +23,15 @@ import (
 
 func newKey(t testing.TB) (crypto.PrivKey, string) {
 	t.Helper()
-	key, _, err := crypto.GenerateEd25519Key(rand.Reader)
+	seed := make([]byte, ed25519.SeedSize)
+	rand.Read(seed)
+	return keyFromSeed(t, string(seed))
+}
+
+// keyFromSeed is the ed25519 identity of seed (ed25519.SeedSize bytes) and its peer ID.
+func keyFromSeed(t testing.TB, seed string) (crypto.PrivKey, string) {
+	t.Helper()
+	key, err := crypto.UnmarshalEd25519PrivateKey(ed25519.NewKeyFromSeed([]byte(seed)))
 	if err != nil {
 		t.Fatal(err)
 	}
