@@ -288,13 +288,7 @@ func (c *churner) event() {
 // leave removes a random peer, if another one the router can route to stays and fewer
 // than maxLeftFresh of the peers that left are still fresh at the router.
 func (c *churner) leave() bool {
-	fresh := 0
-	for id := range c.left {
-		if e, ok := c.router.Registry().Get(id, time.Now()); ok && !e.Stale {
-			fresh++
-		}
-	}
-	if fresh >= maxLeftFresh {
+	if stillFresh(c.router, c.left) >= maxLeftFresh {
 		c.held++
 		return false
 	}
@@ -334,13 +328,27 @@ func (c *churner) leave() bool {
 }
 
 // healthy: the router holds peer i fresh, connected and accepting, so it can route to it.
-func (c *churner) healthy(i int) bool {
-	n := c.tn.Node(i)
+func (c *churner) healthy(i int) bool { return routable(c.router, c.tn.Node(i)) }
+
+// routable: router holds peer n (nil: not running) fresh, connected and accepting.
+func routable(router, n *node.Node) bool {
 	if n == nil {
 		return false
 	}
-	e, ok := c.router.Registry().Get(n.ID(), time.Now())
+	e, ok := router.Registry().Get(n.ID(), time.Now())
 	return ok && !e.Stale && e.Contacted && e.Connected && e.Vector != nil && e.Vector.Load.Accepting
+}
+
+// stillFresh counts the peers of left that the router still holds fresh (not stale), and
+// may still route to.
+func stillFresh(router *node.Node, left map[peer.ID]time.Time) int {
+	fresh := 0
+	for id := range left {
+		if e, ok := router.Registry().Get(id, time.Now()); ok && !e.Stale {
+			fresh++
+		}
+	}
+	return fresh
 }
 
 func (c *churner) sample() {
