@@ -184,32 +184,9 @@ loop:
 	last = s.quiet(l)
 	loadFor := time.Since(began)
 
-	ok, stuck := 0, 0
-	codes := map[string]int{}
-	var slowest time.Duration
-	for _, r := range l.runs {
-		slowest = max(slowest, r.took)
-		switch {
-		case r.bad != "":
-			t.Errorf("a request did not end exactly once, complete or with a typed error: %s", r.bad)
-		case r.stuck:
-			stuck++
-		case r.code != "":
-			codes[r.code]++
-			t.Logf("request ended with %s after %v: %s", r.code, r.took.Round(time.Millisecond), r.msg)
-		default:
-			ok++
-		}
-	}
-	total := len(l.runs)
-	if total == 0 {
+	tl := tallyRuns(t, l.runs)
+	if tl.total == 0 {
 		t.Fatalf("no request sent in %v", plan.For)
-	}
-	if stuck > 0 {
-		t.Errorf("%d of %d requests still open at their %v timeout", stuck, total, churnTimeout)
-	}
-	if ok*100 < total*99 {
-		t.Errorf("%d of %d requests succeeded (%.2f %%), want ≥ 99 %%; typed errors %v", ok, total, 100*float64(ok)/float64(total), codes)
 	}
 	if s.kills == 0 || s.stallsMade == 0 {
 		t.Fatalf("soak without both kinds of fault: %d kills, %d stalls", s.kills, s.stallsMade)
@@ -250,9 +227,9 @@ loop:
 		"%d of %d requests succeeded (%.2f %%), typed errors %v, 0 ended twice or without an end, %d stuck beyond %v (slowest %v); "+
 		"heap slope %+.3f MiB/min over %d samples after a %v warm-up (%.1f → %.1f MiB quiet, peak %.1f MiB); goroutines %d → %d (%+.2f %%, bound ±%d; connections of all nodes %d → %d); %s; "+
 		"reputation peak %d scores and %d health records, cap %d; the router's peerstore holds %d peers (%d nodes ever started, %d killed)",
-		soakEvery, plan.For, total, float64(total)/loadFor.Seconds(), l.capped.Load(), soakInFlight,
+		soakEvery, plan.For, tl.total, float64(tl.total)/loadFor.Seconds(), l.capped.Load(), soakInFlight,
 		s.kills+s.stallsMade, s.kills, s.stallsMade, soakStall, s.skipped, l.dropped.Load(), s.held, soakLeftFresh,
-		ok, total, 100*float64(ok)/float64(total), codes, stuck, churnTimeout, slowest.Round(time.Millisecond),
+		tl.ok, tl.total, 100*float64(tl.ok)/float64(tl.total), tl.codes, tl.stuck, churnTimeout, tl.slowest.Round(time.Millisecond),
 		heapSlope, len(xs), plan.Warmup, mib(base.heap), mib(last.heap), mib(s.peakHeap),
 		base.goroutines, last.goroutines, 100*float64(last.goroutines-base.goroutines)/float64(base.goroutines), goroutineBound, base.conns, last.conns, fds,
 		s.peakScores, s.peakTargets, capEntries, len(router.Host().Peerstore().Peers()), tn.Len(), s.kills)
