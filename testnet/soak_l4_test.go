@@ -86,9 +86,10 @@ const (
 	soakHeapSlope = 0.5 // MiB/min, least squares over the samples after the warm-up
 	soakGoroutine = 2   // %, end against the warm-up's baseline
 	// soakGoroutineSlack is the least drift in goroutines allowed, whatever 2 % is: a
-	// libp2p connection between two nodes is a dozen goroutines (yamux, identify, GossipSub's
-	// per-peer loops), so a mesh of a few hundred goroutines would fail 2 % on one
-	// connection more at the end. With the six nodes here (thousands) 2 % is the larger.
+	// libp2p connection between two nodes is 6-7 goroutines (yamux, identify, GossipSub's
+	// per-peer loops; measured here), so a mesh of a few hundred goroutines would fail 2 %
+	// on two connections more at the end. With the seven nodes here (about 800) 2 % is the
+	// larger.
 	soakGoroutineSlack = 12
 	soakFDs            = 10 // open files, end against the baseline
 )
@@ -421,7 +422,7 @@ type quiet struct {
 	goroutines int
 	fds        int // -1: not counted (fdsSkipped)
 	heap       uint64
-	// conns is the connections of every running node, summed: each is a dozen goroutines
+	// conns is the connections of every running node, summed: each is 6-7 goroutines
 	// (yamux, identify, GossipSub's per-peer loops), so it tells a drift in goroutines that
 	// follows the mesh's shape from one that does not.
 	conns int
