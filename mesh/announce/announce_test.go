@@ -478,6 +478,48 @@ func TestSyncCannotBringBackAForgottenPeer(t *testing.T) {
 	t.Logf("figure F8: a forgotten peer's still-valid vector refused when a sync answer hands it over again")
 }
 
+// TestForgottenPeerLeavesThePeerstore: a peer the registry forgets is removed from the
+// peerstore (its protocols and metadata), unless it is still connected.
+func TestForgottenPeerLeavesThePeerstore(t *testing.T) {
+	r := newRig(t, 2*time.Minute)
+	gone := newKey(t)
+	goneID, _ := peer.IDFromPrivateKey(gone)
+	attackerKey := r.attacker.Peerstore().PrivKey(r.attacker.ID())
+	vectors := [][]byte{
+		signed(t, gone, 50, time.Now(), caps.MaxTTL, nil),
+		signed(t, attackerKey, 50, time.Now(), caps.MaxTTL, nil),
+	}
+	r.attacker.SetStreamHandler(SyncProtocol(testMesh), func(s network.Stream) {
+		for _, v := range vectors {
+			frame.Write(s, v)
+		}
+		s.Close()
+	})
+	if n, err := r.victim.syncFrom(context.Background(), r.attacker.ID()); err != nil || n != 2 {
+		t.Fatalf("sync = %d, %v; want both vectors taken", n, err)
+	}
+	ps := r.victim.h.Peerstore()
+	if err := ps.Put(goneID, "AgentVersion", "meshinfer/test"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ps.AddProtocols(goneID, "/meshinfer/test/1.0.0"); err != nil {
+		t.Fatal(err)
+	}
+	r.victim.sweep(time.Now().Add(5 * time.Hour)) // the registry forgets both (ForgetAfter ≈ 4 h)
+	if r.reg.Len() != 0 {
+		t.Fatalf("registry holds %d peers after the sweep", r.reg.Len())
+	}
+	if v, err := ps.Get(goneID, "AgentVersion"); err == nil {
+		t.Fatalf("the forgotten peer's agent version is still in the peerstore: %v", v)
+	}
+	if protos, _ := ps.GetProtocols(goneID); len(protos) != 0 {
+		t.Fatalf("the forgotten peer's protocols are still in the peerstore: %v", protos)
+	}
+	if protos, _ := ps.GetProtocols(r.attacker.ID()); len(protos) == 0 {
+		t.Fatal("a forgotten peer that is still connected lost its peerstore entry")
+	}
+}
+
 // seqRig is a validator recording into a reputation store, and msg builds the author's
 // GossipSub message carrying its vector seq in the message seqno env.
 func seqRig(t *testing.T) (peer.ID, *reputation.Store, *validator, func(seq, env uint64) *pubsub.Message) {
