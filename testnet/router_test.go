@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
+
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/inference/synth"
 	"github.com/meshinfer/meshinfer/node"
@@ -332,12 +334,25 @@ func TestRouterAvoidsUnavailablePeerThenReturns(t *testing.T) {
 	if got := router.Status().RoutingAffinity.TargetReputation.RoutesPenalized; got < routed+20 {
 		t.Fatalf("routes_penalized went from %d to %d over 20 requests ordered by A's penalty", routed, got)
 	}
-	// The clean peers go away: A serves.
+	// The clean peers go away: A serves. The router is let see them stale first (3 s at the
+	// 1 s heartbeat): until then it still tries them, and each try of a peer that left
+	// waits out the open timeout (10 s; QUIC hears nothing from a closed port), which
+	// cost this test 20 s and is not what it is about (TestChurn and
+	// TestStreamResumesAfterPeerKilled are).
+	clean := []peer.ID{tn.Node(2).ID(), tn.Node(3).ID()}
 	for _, i := range []int{2, 3} {
 		if err := tn.Stop(i); err != nil {
 			t.Fatal(err)
 		}
 	}
+	within(t, 10*time.Second, "the router sees the clean peers gone", func() bool {
+		for _, id := range clean {
+			if e, ok := router.Registry().Get(id, time.Now()); ok && !e.Stale {
+				return false
+			}
+		}
+		return true
+	})
 	r := stream(t, router.APIAddr(), routedBody("synth-tiny", 4, 3000, nil), nil, nil)
 	if r.errCode != "" || !r.done || r.final.Route != "peer:"+a.ID().String() {
 		t.Fatalf("with the clean peers gone: %+v; want A to serve", r)
