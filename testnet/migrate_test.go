@@ -21,7 +21,7 @@ import (
 func TestGatePicksCloudOrReplay(t *testing.T) {
 	gate := newTokenGate()
 	tn := start(t, Options{Nodes: 4, NoConsole: true, Heartbeat: time.Second, ModelsFor: serveNothing,
-		Cloud: true, CloudLatency: time.Millisecond, Configure: gate.configure})
+		Cloud: true, CloudLatency: time.Millisecond, CloudModels: []string{"synth-tiny"}, Configure: gate.configure})
 	within(t, 15*time.Second, "converge", tn.Converged)
 	router := tn.Node(0)
 
@@ -114,11 +114,12 @@ func drainMidStream(t *testing.T, tn *Testnet, gate *tokenGate, body string, hea
 // handoverMesh starts a router (node 0, serving nothing) and two peers serving model,
 // with simulated batteries, every link from the router capped at kbPerSec KB/s (so that
 // the bandwidth probes and transfers are paced by the link, as on a network, and measured),
-// and, with cloud, the testnet's stand-in cloud.
+// and, with cloud, the testnet's stand-in cloud serving synth-tiny (for the router to
+// measure it on) and model.
 func handoverMesh(t *testing.T, gate *tokenGate, heartbeat time.Duration, model string, kbPerSec int, cloud bool) *Testnet {
 	t.Helper()
 	tn := start(t, Options{Nodes: 3, NoConsole: true, Heartbeat: heartbeat, Sensors: true, Links: true,
-		Cloud: cloud, CloudLatency: time.Millisecond,
+		Cloud: cloud, CloudLatency: time.Millisecond, CloudModels: slices.Compact([]string{"synth-tiny", model}),
 		ModelsFor: func(i int) []string {
 			if i == 0 {
 				return nil

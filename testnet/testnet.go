@@ -94,6 +94,11 @@ type Options struct {
 	Cloud        bool
 	CloudAddr    string
 	CloudLatency time.Duration
+	// CloudModels, with Cloud, are the only models the cloud serves (and the nodes ask it
+	// for); every synthetic preset when nil. The cloud loads its models before it starts,
+	// and synth-large alone takes about 5 s of CPU under -race: a test that needs one
+	// small model from the cloud names it here.
+	CloudModels []string
 	// ColdStart is added to every synthetic model's load on the nodes (not the cloud's), so
 	// that cold starts last as long as a real model's (node.Config.SynthLoadDelay).
 	ColdStart time.Duration
@@ -219,9 +224,11 @@ func New(opts Options) (*Testnet, error) {
 		if latency == 0 {
 			latency = DefaultCloudLatency
 		}
-		var models []string
-		for _, p := range synth.Presets() {
-			models = append(models, p.Name)
+		models := opts.CloudModels
+		if models == nil {
+			for _, p := range synth.Presets() {
+				models = append(models, p.Name)
+			}
 		}
 		c, err := StartCloud(addr, latency, models...)
 		if err != nil {
