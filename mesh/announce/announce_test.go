@@ -498,9 +498,13 @@ func TestForgottenPeerLeavesThePeerstore(t *testing.T) {
 	if n, err := r.victim.syncFrom(context.Background(), r.attacker.ID()); err != nil || n != 2 {
 		t.Fatalf("sync = %d, %v; want both vectors taken", n, err)
 	}
+	// A metadata key of the test's own: identify, still running for the connected
+	// attacker, writes only its own keys and protocols.
 	ps := r.victim.h.Peerstore()
-	if err := ps.Put(goneID, "AgentVersion", "meshinfer/test"); err != nil {
-		t.Fatal(err)
+	for _, p := range []peer.ID{goneID, r.attacker.ID()} {
+		if err := ps.Put(p, "meshinfer/test", "seen"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := ps.AddProtocols(goneID, "/meshinfer/test/1.0.0"); err != nil {
 		t.Fatal(err)
@@ -509,14 +513,14 @@ func TestForgottenPeerLeavesThePeerstore(t *testing.T) {
 	if r.reg.Len() != 0 {
 		t.Fatalf("registry holds %d peers after the sweep", r.reg.Len())
 	}
-	if v, err := ps.Get(goneID, "AgentVersion"); err == nil {
-		t.Fatalf("the forgotten peer's agent version is still in the peerstore: %v", v)
+	if v, err := ps.Get(goneID, "meshinfer/test"); err == nil {
+		t.Fatalf("the forgotten peer's metadata is still in the peerstore: %v", v)
 	}
 	if protos, _ := ps.GetProtocols(goneID); len(protos) != 0 {
 		t.Fatalf("the forgotten peer's protocols are still in the peerstore: %v", protos)
 	}
-	if protos, _ := ps.GetProtocols(r.attacker.ID()); len(protos) == 0 {
-		t.Fatal("a forgotten peer that is still connected lost its peerstore entry")
+	if _, err := ps.Get(r.attacker.ID(), "meshinfer/test"); err != nil {
+		t.Fatalf("a forgotten peer that is still connected lost its peerstore entry: %v", err)
 	}
 }
 
