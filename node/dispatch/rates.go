@@ -22,7 +22,8 @@ import (
 //     the peer, over its prompt's tokens, from prompts of at least minPrefillSample tokens
 //     (a short prompt's first token is mostly fixed costs); and its decode rate, tokens
 //     after the first over the time they took. Both per peer and model, averaged (EWMA,
-//     weight 1/4), forgotten with the peer.
+//     weight 1/4), dropped once the peer has left the registry (checked when the rates
+//     outnumber the peers well, forgetRates).
 //
 // A peer could lie about its prompt tokens or serve its first token late on purpose; the
 // ratio is held within [minTokenRatio, maxTokenRatio] and all of it only weighs estimates
@@ -48,11 +49,16 @@ const (
 )
 
 // promptTokens is req's prompt in its model's tokens, as measured so far: route.PromptTokens
-// scaled by the model's token ratio (1 until one is measured).
+// scaled by the model's token ratio (modelTokens).
 func (d *Executor) promptTokens(req *inference.Request) int {
-	est := route.PromptTokens(req)
+	return d.modelTokens(req.Model, route.PromptTokens(req))
+}
+
+// modelTokens is est tokens as routing estimates them (route.PromptTokens) in model's own
+// tokens: scaled by its token ratio, est itself until one is measured.
+func (d *Executor) modelTokens(model string, est int) int {
 	d.mu.Lock()
-	ratio := d.tokenRatio[req.Model]
+	ratio := d.tokenRatio[model]
 	d.mu.Unlock()
 	if ratio == 0 {
 		return est

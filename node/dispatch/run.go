@@ -364,7 +364,8 @@ type timing struct {
 }
 
 func (d *Executor) measure(req *inference.Request) *timing {
-	return &timing{now: d.cfg.Now, start: d.now(), prompt: d.promptTokens(req), estimate: route.PromptTokens(req), fresh: true}
+	est := route.PromptTokens(req)
+	return &timing{now: d.cfg.Now, start: d.now(), prompt: d.modelTokens(req.Model, est), estimate: est, fresh: true}
 }
 
 // token notes a token's arrival.
