@@ -10,7 +10,11 @@
 // A Target is a (model, serving target) pair, the target being a peer ID or LocalTarget
 // (this node's own backend). After each attempt the router calls Record with an Outcome.
 // Timeout and Unavailable start a cooldown of CooldownBase·2^(n−1) for the n-th failure in a
-// row, capped at CooldownMax, and add FailurePenalty to a local penalty. Success clears the
+// row, capped at CooldownMax, and add FailurePenalty to a local penalty. Failures recorded
+// while the target is cooling are the same incident seen by attempts already under way
+// (a frozen peer fails every request it held, at once): they add their penalty and score
+// debit but neither lengthen the streak nor the cooldown, which grows only with attempts
+// that fail after it ended. Success clears the
 // cooldown and multiplies the penalty by SuccessPenaltyFactor, so a few successes remove it;
 // the penalty also halves every PenaltyHalfLife. ContextOverflow, Rejected and
 // ClientDisconnected say nothing about the target's health and change nothing.

@@ -26,8 +26,8 @@ const (
 	// Success clears an active cooldown and reduces the residual penalty by
 	// Params.SuccessPenaltyFactor.
 	Success Outcome = iota + 1
-	// Timeout is a retryable failure: cooldown (exponential per consecutive failure, capped)
-	// and a local penalty.
+	// Timeout is a retryable failure: cooldown (exponential per failure in a row, capped;
+	// failures while cooling do not add to it) and a local penalty.
 	Timeout
 	// Unavailable (dial failed, stream reset, peer gone) is treated exactly like Timeout.
 	Unavailable
@@ -190,10 +190,12 @@ func (s *Store) Record(target Target, o Outcome, now time.Time) {
 			h.streak = 0
 			h.cooldownUntil = time.Time{}
 		}
-		h.streak = min(h.streak+1, maxStreak)
-		// A caller whose clock stepped back must not shorten a running cooldown.
-		if until := now.Add(cooldown(&s.p, h.streak)); until.After(h.cooldownUntil) {
-			h.cooldownUntil = until
+		// A failure while cooling is one of the attempts that were under way when the first
+		// failed: the incident is counted once (doc.go, layer 1). Also, a caller whose
+		// clock stepped back does not shorten a running cooldown.
+		if !h.cooling(now) {
+			h.streak = min(h.streak+1, maxStreak)
+			h.cooldownUntil = now.Add(cooldown(&s.p, h.streak))
 		}
 		if now.After(h.lastFailure) {
 			h.lastFailure = now

@@ -25,9 +25,9 @@ func TestRecordOutcomes(t *testing.T) {
 		{"success clean", Success, false, false, false, 0, 0, 50.5},
 		{"success clears cooldown", Success, true, true, false, 0.5, 0, 46.5},
 		{"timeout clean", Timeout, false, true, true, 1, 1, 46},
-		{"timeout again", Timeout, true, true, true, 2, 2, 42},
+		{"timeout while cooling", Timeout, true, true, true, 2, 1, 42}, // the same incident: streak 1
 		{"unavailable clean", Unavailable, false, true, true, 1, 1, 46},
-		{"unavailable again", Unavailable, true, true, true, 2, 2, 42},
+		{"unavailable while cooling", Unavailable, true, true, true, 2, 1, 42},
 		{"context overflow clean", ContextOverflow, false, false, false, 0, 0, 50},
 		{"context overflow cooling", ContextOverflow, true, true, true, 1, 1, 46},
 		{"rejected clean", Rejected, false, false, false, 0, 0, 50},
@@ -86,12 +86,36 @@ func TestCooldownExponentialCapped(t *testing.T) {
 	}
 }
 
+// A peer that fails every attempt it held at once (frozen, gone) cools down as after one
+// failure: the burst is one incident. The streak grows with the next failure after the
+// cooldown ended.
+func TestFailuresWhileCoolingAreOneIncident(t *testing.T) {
+	s := newStore(t)
+	target := Target{Model: "m", Peer: "p"}
+	for i := range 8 {
+		s.Record(target, Timeout, t0.Add(time.Duration(i)*100*time.Millisecond))
+	}
+	st, _ := s.TargetHealth(target, t0)
+	if st.Streak != 1 || st.CooldownUntil != t0.Add(DefaultCooldownBase) {
+		t.Fatalf("after 8 failures within 0.8 s: streak %d, cooling until %v; want 1 and t0+%v", st.Streak, st.CooldownUntil.Sub(t0), DefaultCooldownBase)
+	}
+	if st.Penalty <= 1 {
+		t.Errorf("penalty %v: every failure still counts in the penalty", st.Penalty)
+	}
+	then := st.CooldownUntil
+	s.Record(target, Unavailable, then)
+	st, _ = s.TargetHealth(target, then)
+	if st.Streak != 2 || st.CooldownUntil != then.Add(2*DefaultCooldownBase) {
+		t.Fatalf("failing again after the cooldown: streak %d, cooling for %v; want 2 and %v", st.Streak, st.CooldownUntil.Sub(then), 2*DefaultCooldownBase)
+	}
+}
+
 func TestCooldownNeverShortensWhenClockStepsBack(t *testing.T) {
 	s := newStore(t)
 	target := Target{Model: "m", Peer: "p"}
 	s.Record(target, Timeout, t0)
 	s.Record(target, Timeout, t0.Add(3*time.Second)) // until t0+7s
-	s.Record(target, Timeout, t0.Add(-time.Minute))  // streak 3: until t0-52s
+	s.Record(target, Timeout, t0.Add(-time.Minute))  // before t0+7s: cooling, the same incident
 	st, _ := s.TargetHealth(target, t0)
 	if want := t0.Add(7 * time.Second); st.CooldownUntil.Before(want) {
 		t.Fatalf("cooldown until %v moved back before %v", st.CooldownUntil, want)
@@ -152,7 +176,7 @@ func TestAllCoolingExplicitVersusAuto(t *testing.T) {
 		t.Fatalf("routes_all_cooling = %d, want 2", got)
 	}
 	// Once one cooldown ends, both modes get only that one.
-	s.Record(Target{"m", "x"}, Unavailable, t0) // x now cools 4 s, the others 2 s
+	s.Record(Target{"m", "x"}, Unavailable, t0.Add(2*time.Second)) // x fails again after its cooldown: 4 s more
 	later := t0.Add(3 * time.Second)
 	wantOrder(t, s.Order("m", cands, Explicit, later), LocalTarget, "y")
 	wantOrder(t, s.Order("m", cands, Auto, later), LocalTarget, "y")
