@@ -253,7 +253,10 @@ func (d *decider) plan(model string) plan {
 		d.estimate(&p.est[0], ttft, tps, 0)
 	}
 	if len(mc) > 0 {
-		order, penalized := d.orderMesh(mc, mi, keys, func(k int) bool { return s.Peers[peers[k].i].Unconnected })
+		order, penalized := d.orderMesh(mc, mi, keys, func(k int) bool {
+			p := &s.Peers[peers[k].i]
+			return p.Unconnected || p.Silent
+		})
 		p.penalized = penalized
 		first := peers[order[0]]
 		tps := s.PeerTokensPerSec(keys[order[0]], d.now)
@@ -497,15 +500,16 @@ func (d *decider) survivors(model string, keys []string, nPeers int) ([]int, []r
 // orderMesh returns the mesh targets in order, as indices into keys, and whether a
 // penalized peer was put behind a clean one. mc are the eligible peers' candidates in
 // Rank's order (clean ones first, then penalized ones by penalty) and mi their indices into
-// keys; unconnected(k) says whether this node holds no connection to peer k. The peers form
-// three classes: clean ones this node is connected to, other clean ones, then penalized
-// ones; each class is ordered on its own: Select's pick, then by descending weight, ties by
-// peer ID; the whole is cut at MaxMeshAttempts. So a peer out of cooldown but still
-// penalized is tried only after every clean one, a peer that may have just left (its
-// connection gone, its vector not yet stale) only after the clean peers still connected,
-// and exploration and weights act within each class. When every candidate was cooling
+// keys; behind(k) says whether peer k is one this node holds no connection to or one that
+// is silent (Peer.Unconnected, Peer.Silent). The peers form three classes: clean ones not
+// behind, other clean ones, then penalized ones; each class is ordered on its own:
+// Select's pick, then by descending weight, ties by peer ID; the whole is cut at
+// MaxMeshAttempts. So a peer out of cooldown but still penalized is tried only after every
+// clean one, a peer that may have just left (its connection gone, its vector not yet
+// stale) or may be frozen only after the other clean peers, and exploration and weights
+// act within each class. When every candidate was cooling
 // (Rank then returns them all), they keep their given order.
-func (d *decider) orderMesh(mc []reputation.Candidate, mi []int, keys []string, unconnected func(k int) bool) (order []int, penalized bool) {
+func (d *decider) orderMesh(mc []reputation.Candidate, mi []int, keys []string, behind func(k int) bool) (order []int, penalized bool) {
 	limit := min(d.tune.MaxMeshAttempts, len(mc))
 	order = make([]int, 0, limit)
 	if mc[0].Cooling {
@@ -515,11 +519,12 @@ func (d *decider) orderMesh(mc []reputation.Candidate, mi []int, keys []string, 
 	if split < 0 {
 		split = len(mc)
 	}
-	// The clean class, connected peers first: partitioned in place (mc and mi are this
-	// decision's scratch, and the order within a class is set by orderClass).
+	// The clean class, connected peers that are not silent first: partitioned in place
+	// (mc and mi are this decision's scratch, and the order within a class is set by
+	// orderClass).
 	conn := 0
 	for j := range split {
-		if !unconnected(mi[j]) {
+		if !behind(mi[j]) {
 			mc[conn], mc[j] = mc[j], mc[conn]
 			mi[conn], mi[j] = mi[j], mi[conn]
 			conn++

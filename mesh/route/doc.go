@@ -43,7 +43,10 @@
 // clear its penalty. The clean class is split in two: peers this node is connected to, then
 // those it is not (Peer.Unconnected): a peer that just left keeps a fresh vector for a few
 // heartbeats, and would otherwise spend an attempt on a dial that cannot succeed (found by
-// reliability case F19, churn). Within each class the first target is reputation.Select's pick, so
+// reliability case F19, churn). Silent peers (Peer.Silent: one of this node's requests has
+// waited on the peer for its first token past the executor's bound, a frozen peer's sign
+// seconds before its timeout says so) go with the unconnected ones (found by L4, the
+// soak). Within each class the first target is reputation.Select's pick, so
 // 5 % of picks are uniform over the class's peers (exploration) and the rest are weighted
 // by Weight(score) × performance × spare; the others follow by descending weight, ties by
 // peer ID (its string form), picked in one linear pass, not by sorting every candidate. The

@@ -83,6 +83,11 @@ type Peer struct {
 	// is connected to first (doc.go, "Mesh order"). The zero value, connected or unknown,
 	// changes nothing.
 	Unconnected bool
+	// Silent: a request of this node has waited on the peer for its first token longer
+	// than a healthy peer takes (the executor's Config.SilentAfter): the peer may be
+	// frozen, and the requests that would show it have not timed out yet. Decide tries it
+	// with the unconnected clean peers, after the connected ones that are not silent.
+	Silent bool
 	// Key is Entry.Peer.String(), the peer's key in the reputation store, when the caller
 	// has it cached; "" makes Decide encode it. Encoding costs about 1.5 µs a peer, which
 	// over 1,000 peers is thirty times the decision's budget.

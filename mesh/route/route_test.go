@@ -372,36 +372,48 @@ func TestMeshFallbacksByWeight(t *testing.T) {
 }
 
 // TestConnectedPeersFirst: clean peers this node is connected to are tried before those it
-// is not (a peer that just left keeps a fresh vector for a few heartbeats), whatever their
-// weights and the seed; penalized or not, the unconnected are still tried after them.
+// is not (a peer that just left keeps a fresh vector for a few heartbeats), and before
+// those holding a request of this node silent past its bound (a frozen peer not yet timed
+// out), whatever their weights and the seed; they are still tried after them.
 func TestConnectedPeersFirst(t *testing.T) {
-	names := []string{"p0", "p1", "p2", "p3"}
-	f := newFleet(t, names...)
-	var peers []Peer
-	for i, n := range names {
-		p := load(f.peer(n, warm("m")), i, 10) // spare 1.0, 0.9, 0.8, 0.7: p0 the heaviest
-		p.Unconnected = i < 2                  // p0 and p1 left (or were never dialled)
-		peers = append(peers, p)
+	marks := []struct {
+		name string
+		set  func(*Peer, bool)
+	}{
+		{"unconnected", func(p *Peer, v bool) { p.Unconnected = v }}, // left, or never dialled
+		{"silent", func(p *Peer, v bool) { p.Silent = v }},           // a request waits on it
 	}
-	s := &Snapshot{Peers: peers, Tune: Tuning{MaxMeshAttempts: 4}}
-	req := request("m", prefs(inference.PrivacyMesh, inference.PriorityBalanced, inference.RouteExplicit))
-	for seed := range uint64(200) {
-		got := f.render(Decide(req, s, now, seeded(seed)).Attempts)
-		if len(got) != 4 || !slices.Contains(got[:2], "peer:p2") || !slices.Contains(got[:2], "peer:p3") ||
-			!slices.Contains(got[2:], "peer:p0") || !slices.Contains(got[2:], "peer:p1") {
-			t.Fatalf("seed %d: attempts %q, want the connected p2 and p3 first, then p0 and p1", seed, got)
-		}
-	}
-	// Connected or not, the zero value: the order is by weight as before.
-	for i := range peers {
-		peers[i].Unconnected = false
-	}
-	firsts := map[string]int{}
-	for seed := range uint64(200) {
-		firsts[f.render(Decide(req, s, now, seeded(seed)).Attempts)[0]]++
-	}
-	if firsts["peer:p0"] <= firsts["peer:p3"] {
-		t.Errorf("all connected, first picks %v: the heaviest peer should lead", firsts)
+	for _, mark := range marks {
+		t.Run(mark.name, func(t *testing.T) {
+			names := []string{"p0", "p1", "p2", "p3"}
+			f := newFleet(t, names...)
+			var peers []Peer
+			for i, n := range names {
+				p := load(f.peer(n, warm("m")), i, 10) // spare 1.0, 0.9, 0.8, 0.7: p0 the heaviest
+				mark.set(&p, i < 2)
+				peers = append(peers, p)
+			}
+			s := &Snapshot{Peers: peers, Tune: Tuning{MaxMeshAttempts: 4}}
+			req := request("m", prefs(inference.PrivacyMesh, inference.PriorityBalanced, inference.RouteExplicit))
+			for seed := range uint64(200) {
+				got := f.render(Decide(req, s, now, seeded(seed)).Attempts)
+				if len(got) != 4 || !slices.Contains(got[:2], "peer:p2") || !slices.Contains(got[:2], "peer:p3") ||
+					!slices.Contains(got[2:], "peer:p0") || !slices.Contains(got[2:], "peer:p1") {
+					t.Fatalf("seed %d: attempts %q, want p2 and p3 first, then the %s p0 and p1", seed, got, mark.name)
+				}
+			}
+			// The zero value: the order is by weight as before.
+			for i := range peers {
+				mark.set(&peers[i], false)
+			}
+			firsts := map[string]int{}
+			for seed := range uint64(200) {
+				firsts[f.render(Decide(req, s, now, seeded(seed)).Attempts)[0]]++
+			}
+			if firsts["peer:p0"] <= firsts["peer:p3"] {
+				t.Errorf("none %s, first picks %v: the heaviest peer should lead", mark.name, firsts)
+			}
+		})
 	}
 }
 

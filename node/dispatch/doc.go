@@ -3,7 +3,11 @@
 // the attempts in order across the three tiers (local backend, a peer, the cloud):
 //
 //   - a failure before the first token moves the whole request to the next target
-//     (failover), with nothing kept of the failed attempt;
+//     (failover), with nothing kept of the failed attempt; the peers it goes on to are
+//     decided again then (run.refreshed), so that a request does not spend its attempts
+//     on peers that others found stalled or gone while it waited; and a peer holding a
+//     request of this node silent past Config.SilentAfter is tried after the others
+//     (route.Peer.Silent);
 //   - a failure after tokens streamed resumes on the next target when both serve the model
 //     deterministically, the way the viability gate picks (migrate.go): the new target
 //     replays the tokens the client has (or regenerates them), they come back first,

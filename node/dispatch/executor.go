@@ -66,6 +66,12 @@ type Config struct {
 	// peer counts as connected. Routing tries clean connected peers first
 	// (route.Peer.Unconnected).
 	Connected func(peer.ID) bool
+	// SilentAfter is how long a request of this node may wait on a peer for its first
+	// token before the peer counts as silent, tried after the others until the request
+	// hears from it or ends (route.Peer.Silent): a frozen peer is passed over by the
+	// requests that come after the first one it holds, not met by each of them until
+	// their first-token timeouts. 0: DefaultSilentAfter.
+	SilentAfter time.Duration
 	// Bandwidth is the measured bandwidth with a peer, bytes/s each way (0: unknown), for
 	// the gate's live transfer (handover.go); it may probe the peer first, within the
 	// probes' bounds. nil: none measured, and no live transfer is ever picked.
@@ -108,6 +114,12 @@ type Config struct {
 	Seed uint64
 }
 
+// DefaultSilentAfter (1 s) is far past a healthy peer's first token for a prompt of a few
+// hundred tokens (tens of milliseconds on a LAN), and far short of the first-token
+// timeout (30 s, which a cold model's load may need). A peer busy with a long prefill may
+// count as silent too: it is then only tried after the others, which is where it belongs.
+const DefaultSilentAfter = time.Second
+
 // VerifyOff as a sample rate turns verification off.
 const VerifyOff = -1.0
 
@@ -137,8 +149,11 @@ type Executor struct {
 	peerRates map[rateKey]peerRate
 	keys      map[peer.ID]string // peer ID strings (encoding one costs ~1.5 µs)
 	inflight  map[peer.ID]int    // requests this node has running on each peer
-	scratch   route.Scratch      // Decide's working memory, used under mu
-	closed    bool               // Close has begun: no more background work starts
+	// waiting are, per peer, when each of this node's requests that has not yet heard its
+	// first token from it began (at most perPeerLimit a peer; Silent).
+	waiting map[peer.ID][]time.Time
+	scratch route.Scratch // Decide's working memory, used under mu
+	closed  bool          // Close has begun: no more background work starts
 
 	// Background work runs under bg: local loads that a speculative request started and no
 	// longer waits for (the cloud won) until done, verifications (verify.go) and meter
@@ -171,6 +186,9 @@ func New(cfg Config) (*Executor, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.SilentAfter <= 0 {
+		cfg.SilentAfter = DefaultSilentAfter
+	}
 	if cfg.Latency == nil {
 		cfg.Latency = func(peer.ID) time.Duration { return 0 }
 	}
@@ -183,7 +201,8 @@ func New(cfg Config) (*Executor, error) {
 		rng:      rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 		localTPS: map[string]float64{}, localCold: map[string]time.Duration{},
 		tokenRatio: map[string]float64{}, peerRates: map[rateKey]peerRate{},
-		keys: map[peer.ID]string{}, inflight: map[peer.ID]int{}, bg: bg, bgCancel: cancel,
+		keys: map[peer.ID]string{}, inflight: map[peer.ID]int{}, waiting: map[peer.ID][]time.Time{},
+		bg: bg, bgCancel: cancel,
 	}, nil
 }
 
@@ -311,7 +330,8 @@ func (d *Executor) snapshot(ctx context.Context, now time.Time) (s *route.Snapsh
 			key = e.Peer.String()
 			d.keys[e.Peer] = key
 		}
-		s.Peers = append(s.Peers, route.Peer{Entry: e, Key: key, RTT: latency[i], Unconnected: unconnected[i]})
+		s.Peers = append(s.Peers, route.Peer{Entry: e, Key: key, RTT: latency[i], Unconnected: unconnected[i],
+			Silent: d.silentLocked(e.Peer, now)})
 	}
 	if cloud {
 		s.Cloud = route.Cloud{
@@ -442,6 +462,42 @@ func (d *Executor) hold(p peer.ID) (release func()) {
 		}
 		d.mu.Unlock()
 	}
+}
+
+// await notes a request of this node on peer p waiting for its first token, until the
+// returned function is called (at the first token, or the end; more calls do nothing).
+func (d *Executor) await(p peer.ID) (heard func()) {
+	began := d.now()
+	d.mu.Lock()
+	d.waiting[p] = append(d.waiting[p], began)
+	d.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			w := d.waiting[p]
+			if k := slices.Index(w, began); k >= 0 {
+				w = slices.Delete(w, k, k+1)
+			}
+			if len(w) == 0 {
+				delete(d.waiting, p)
+			} else {
+				d.waiting[p] = w
+			}
+		})
+	}
+}
+
+// silentLocked reports whether a request of this node has waited on p for its first token
+// for SilentAfter or longer.
+func (d *Executor) silentLocked(p peer.ID, now time.Time) bool {
+	for _, began := range d.waiting[p] {
+		if now.Sub(began) >= d.cfg.SilentAfter {
+			return true
+		}
+	}
+	return false
 }
 
 // modelIn returns what v announces of model, and whether it announces it.

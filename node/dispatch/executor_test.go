@@ -3,6 +3,8 @@ package dispatch
 import (
 	"context"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/inference/synth"
+	"github.com/meshinfer/meshinfer/mesh/registry"
 	"github.com/meshinfer/meshinfer/reputation"
 )
 
@@ -242,3 +245,112 @@ func TestSpeculationLocalWins(t *testing.T) {
 
 // id is the string form of the test peer ID p.
 func id(p peer.ID) string { return p.String() }
+
+// A request whose peer failed before streaming takes its next peers from a decision made
+// then, not from the one made when it began: a peer that other requests found gone in the
+// meantime is passed over, and one that came since is tried. Whichever of a and b the
+// request draws first fails after the other was found gone and c joined; the request must
+// complete on c. Decided once, its second attempt would go to the gone peer.
+func TestFailoverDecidesAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b, c := newTarget(t, model), newTarget(t, model), newTarget(t, model)
+		gone := inference.Errorf(inference.CodeUnavailable, "peer gone")
+		a.failBefore, b.failBefore = gone, gone
+		rep := newRep(t)
+		var joined atomic.Bool
+		reg := registryFunc(func(time.Time) []registry.Entry {
+			if joined.Load() {
+				return registryOf(model, "a", "b", "c")
+			}
+			return registryOf(model, "a", "b")
+		})
+		ps := peerFunc(func(ctx context.Context, p peer.ID, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
+			if p != "c" && !joined.Load() {
+				// While the first attempt runs, another request finds the other peer gone,
+				// and c joins.
+				other := map[peer.ID]peer.ID{"a": "b", "b": "a"}[p]
+				rep.Record(reputation.Target{Model: model, Peer: other.String()}, reputation.Unavailable, time.Now())
+				joined.Store(true)
+			}
+			return peers{"a": a, "b": b, "c": c}.Generate(ctx, p, req, emit)
+		})
+		d := newExecutor(t, Config{Peers: ps, Registry: reg, Rep: rep, Seed: 1})
+		req := chat(model, 8)
+		want := reference(t, model, req)
+		got, _, at, err := collect(d, req)
+		if err != nil || at.Peer != id("c") || texts(got) != texts(want) {
+			t.Fatalf("%v, served at %+v, got %s; want c's whole stream", err, at, texts(got))
+		}
+		if n := a.calledTimes() + b.calledTimes(); n != 1 {
+			t.Fatalf("a and b were tried %d times, want once: the gone peer was tried", n)
+		}
+	})
+}
+
+// registryFunc is a registry that answers with a function.
+type registryFunc func(time.Time) []registry.Entry
+
+func (f registryFunc) Entries(now time.Time) []registry.Entry { return f(now) }
+
+// peerFunc is a peer client that answers with a function.
+type peerFunc func(ctx context.Context, p peer.ID, req *inference.Request, emit func(inference.Token) error) (inference.Result, error)
+
+func (f peerFunc) Generate(ctx context.Context, p peer.ID, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
+	return f(ctx, p, req, emit)
+}
+
+// A peer holding a request of this node past SilentAfter without a first token is tried
+// after the others: the requests that follow go to the other peer, not to the frozen one
+// until the first one's timeout shows it. Once the waiting request ends, the peer is a
+// candidate like any other again.
+func TestSilentPeerTriedLast(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := newTarget(t, model), newTarget(t, model)
+		thaw := make(chan struct{})
+		var thawOnce sync.Once
+		thawed := func() { thawOnce.Do(func() { close(thaw) }) }
+		defer thawed()          // also when the test fails: the first request ends
+		var frozen atomic.Value // the peer that got the first request
+		var later atomic.Int64  // requests the frozen peer got after it
+		ps := peerFunc(func(ctx context.Context, p peer.ID, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
+			if frozen.CompareAndSwap(nil, p) {
+				select {
+				case <-thaw:
+				case <-ctx.Done():
+					return inference.Result{}, ctx.Err()
+				}
+			} else if frozen.Load() == p {
+				later.Add(1)
+				return inference.Result{}, inference.Errorf(inference.CodeTimeout, "frozen")
+			}
+			return peers{"a": a, "b": b}.Generate(ctx, p, req, emit)
+		})
+		d := newExecutor(t, Config{Peers: ps, Registry: registryOf(model, "a", "b"), Rep: newRep(t), Seed: 1})
+		req := chat(model, 4)
+		done := make(chan error, 1)
+		go func() {
+			_, _, _, err := collect(d, req)
+			done <- err
+		}()
+		synctest.Wait() // the first request waits on its peer
+		time.Sleep(DefaultSilentAfter)
+		for i := range 20 {
+			if _, _, at, err := collect(d, req); err != nil || at.Attempts != 1 {
+				t.Fatalf("request %d beside a silent peer: %v at %+v; want the other peer, first", i, err, at)
+			}
+		}
+		if n := later.Load(); n != 0 {
+			t.Fatalf("the silent peer was tried %d times", n)
+		}
+		thawed()
+		if err := <-done; err != nil {
+			t.Fatalf("the first request: %v", err)
+		}
+		snap, _ := d.snapshot(context.Background(), time.Now())
+		for _, p := range snap.Peers {
+			if p.Silent {
+				t.Errorf("peer %s still silent with no request waiting on it", p.Entry.Peer)
+			}
+		}
+	})
+}

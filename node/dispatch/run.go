@@ -117,6 +117,12 @@ func (r *run) serve(ctx context.Context, dec route.Decision) (inference.Result, 
 				attempts = slices.Insert(slices.Clone(attempts), i+1, next)
 			}
 		}
+		// A request nothing has reached yet takes its next peers from a decision made now,
+		// not from the one made when it began: in the seconds a silent peer cost, other
+		// requests may have found peers stalled, gone or full.
+		if len(r.sent) == 0 {
+			attempts = r.refreshed(ctx, attempts, i)
+		}
 		// A stream cut mid-way goes on the way the viability gate picks (migrate.go).
 		if len(r.sent) > 0 {
 			var ok bool
@@ -148,6 +154,43 @@ func (r *run) replan(ctx context.Context, failed route.Target) (route.Target, bo
 		}
 	}
 	return route.Target{}, false
+}
+
+// refreshed returns attempts with its single peers after i decided again, as of now: the
+// same number at most, the peers of attempts[:i+1] left out, the other targets where they
+// were. The executor's view of the mesh then is what the next attempts go on: peers that
+// other requests found silent or gone since are cooling down, peers with perPeerLimit of
+// this node's requests running are left out, and peers that came since are candidates. A
+// request thus spends its attempts on the peers that are best now, not on those that were
+// when it began, which may be seconds ago (a first-token timeout).
+func (r *run) refreshed(ctx context.Context, attempts []route.Target, i int) []route.Target {
+	single := func(t route.Target) bool { return t.Tier == inference.TierMesh && len(t.Stages) == 0 }
+	if !slices.ContainsFunc(attempts[i+1:], single) {
+		return attempts
+	}
+	now := r.d.now()
+	snap, _ := r.d.snapshot(ctx, now)
+	dec := r.d.decide(&r.req, snap, now)
+	tried := func(t route.Target) bool {
+		return slices.ContainsFunc(attempts[:i+1], func(u route.Target) bool { return single(u) && u.Peer == t.Peer })
+	}
+	var fresh []route.Target
+	for _, t := range dec.Attempts {
+		if single(t) && !tried(t) {
+			fresh = append(fresh, t)
+		}
+	}
+	out := slices.Clone(attempts[:i+1])
+	for _, t := range attempts[i+1:] {
+		switch {
+		case !single(t):
+			out = append(out, t)
+		case len(fresh) > 0:
+			out, fresh = append(out, fresh[0]), fresh[1:]
+		}
+	}
+	r.snap = snap // the peers' vectors as the next attempts were decided on
+	return out
 }
 
 // errResumeMismatch stops an attempt whose regenerated prefix differs from what the client
@@ -292,10 +335,16 @@ func (d *Executor) transportFor(req *inference.Request) inference.Transport {
 // via, when not nil, is set to the transport the attempt ended up on.
 func (d *Executor) peerGenerate(ctx context.Context, p peer.ID, req *inference.Request, emit func(inference.Token) error, via *inference.Transport) (inference.Result, error) {
 	defer d.hold(p)()
-	if d.transportFor(req) == inference.TransportWebRTC {
-		return d.viaWebRTC(ctx, p, req, emit, via)
+	heard := d.await(p)
+	defer heard()
+	emitHeard := func(tok inference.Token) error {
+		heard()
+		return emit(tok)
 	}
-	return d.cfg.Peers.Generate(ctx, p, req, emit)
+	if d.transportFor(req) == inference.TransportWebRTC {
+		return d.viaWebRTC(ctx, p, req, emitHeard, via)
+	}
+	return d.cfg.Peers.Generate(ctx, p, req, emitHeard)
 }
 
 // replaying is the run's request continuing the stream the client has (Request.Replay):
