@@ -31,6 +31,10 @@ type Client struct {
 
 	mu   sync.Mutex
 	pool map[peer.ID][]pooled // idle ReuseID streams, the most recent last
+	// swept is when every peer's expired streams were last closed (sweepLocked): a peer
+	// this node asks nothing more (it left) would otherwise keep its streams, and with them
+	// its connection's memory, for the life of the process.
+	swept time.Time
 }
 
 type pooled struct {
@@ -150,8 +154,10 @@ func (c *Client) open(ctx context.Context, p peer.ID) (network.Stream, error) {
 // take returns the most recent idle pooled stream to p, or nil. Expired ones are closed
 // (after the lock: a close writes).
 func (c *Client) take(p peer.ID) network.Stream {
+	now := time.Now()
 	c.mu.Lock()
-	live, expired := c.liveLocked(p, time.Now())
+	live, expired := c.liveLocked(p, now)
+	expired = c.sweepLocked(now, expired)
 	var st network.Stream
 	if n := len(live); n > 0 {
 		st, live = live[n-1].st, live[:n-1]
@@ -174,8 +180,25 @@ func (c *Client) put(p peer.ID, st network.Stream) {
 		expired = append(expired, st)
 	}
 	c.setLocked(p, live)
+	expired = c.sweepLocked(now, expired)
 	c.mu.Unlock()
 	closeAll(expired)
+}
+
+// sweepLocked appends to expired the expired streams of every peer, and drops them from
+// the pool, once every poolIdle: so a peer's idle streams go within twice poolIdle even if
+// it is never asked again. c.mu is held.
+func (c *Client) sweepLocked(now time.Time, expired []network.Stream) []network.Stream {
+	if now.Sub(c.swept) < poolIdle {
+		return expired
+	}
+	c.swept = now
+	for p := range c.pool {
+		live, gone := c.liveLocked(p, now)
+		c.setLocked(p, live)
+		expired = append(expired, gone...)
+	}
+	return expired
 }
 
 // liveLocked splits p's pooled streams into those idle for less than poolIdle, oldest

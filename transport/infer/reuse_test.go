@@ -3,9 +3,11 @@ package infer
 import (
 	"context"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
 
@@ -142,4 +144,33 @@ func TestFrameBeforeTerminalIsProtocolError(t *testing.T) {
 		s := srv.Stats()
 		return s.ProtocolErrors == 1 && s.InFlight == 0 && openStreams(sh, ch.ID(), ReuseID) == 0
 	})
+}
+
+// A peer this node never asks again (it left) does not keep its idle streams, nor its
+// connection with them: every poolIdle, a put or take closes every peer's expired ones.
+func TestPoolForgetsPeersNeverAskedAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := &Client{pool: map[peer.ID][]pooled{}}
+		gone, other := &closeCounter{}, &closeCounter{}
+		c.put("gone", gone)
+		time.Sleep(poolIdle)
+		c.put("other", other)
+		if gone.closed != 1 || c.pooledTo("gone") != 0 {
+			t.Fatalf("idle for %v, the stream of a peer never asked again: closed %d times, %d pooled; want closed, none", poolIdle, gone.closed, c.pooledTo("gone"))
+		}
+		if other.closed != 0 || c.pooledTo("other") != 1 {
+			t.Fatalf("a fresh stream: closed %d times, %d pooled; want kept", other.closed, c.pooledTo("other"))
+		}
+	})
+}
+
+// closeCounter is a stream that only counts its closes.
+type closeCounter struct {
+	network.Stream
+	closed int
+}
+
+func (s *closeCounter) Close() error {
+	s.closed++
+	return nil
 }
