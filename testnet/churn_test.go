@@ -345,28 +345,43 @@ type churnTally struct {
 // than 99 % completed (F19's and L4's goal).
 func tallyRuns(t *testing.T, runs []churnRun) churnTally {
 	t.Helper()
-	tl := churnTally{total: len(runs), codes: map[string]int{}}
+	tl := churnTally{codes: map[string]int{}}
 	for _, r := range runs {
-		tl.slowest = max(tl.slowest, r.took)
-		switch {
-		case r.bad != "":
-			t.Errorf("a request did not end exactly once, complete or with a typed error: %s", r.bad)
-		case r.stuck:
-			tl.stuck++
-		case r.code != "":
-			tl.codes[r.code]++
-			t.Logf("request ended with %s after %v: %s", r.code, r.took.Round(time.Millisecond), r.msg)
-		default:
-			tl.ok++
-		}
+		tl.add(t, r)
 	}
+	tl.check(t)
+	return tl
+}
+
+// add counts how r ended, and fails t if it did not end exactly once, complete or with a
+// typed error.
+func (tl *churnTally) add(t *testing.T, r churnRun) {
+	t.Helper()
+	tl.total++
+	tl.slowest = max(tl.slowest, r.took)
+	switch {
+	case r.bad != "":
+		t.Errorf("a request did not end exactly once, complete or with a typed error: %s", r.bad)
+	case r.stuck:
+		tl.stuck++
+	case r.code != "":
+		tl.codes[r.code]++
+		t.Logf("request ended with %s after %v: %s", r.code, r.took.Round(time.Millisecond), r.msg)
+	default:
+		tl.ok++
+	}
+}
+
+// check fails t for requests still open at churnTimeout and when fewer than 99 % of those
+// counted completed.
+func (tl *churnTally) check(t *testing.T) {
+	t.Helper()
 	if tl.stuck > 0 {
 		t.Errorf("%d of %d requests still open at their %v timeout", tl.stuck, tl.total, churnTimeout)
 	}
 	if tl.ok*100 < tl.total*99 {
 		t.Errorf("%d of %d requests succeeded (%.2f %%), want ≥ 99 %%; typed errors %v", tl.ok, tl.total, 100*float64(tl.ok)/float64(max(tl.total, 1)), tl.codes)
 	}
-	return tl
 }
 
 // churnRun is how one request ended, as its client read it.
