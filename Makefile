@@ -38,6 +38,7 @@ FUZZ_TARGETS := \
 	./mesh/caps/:FuzzDecode ./mesh/caps/:FuzzVerifySignature ./reputation/:FuzzStoreOps \
 	./mesh/probe/:FuzzParseMeminfo ./mesh/probe/:FuzzParseNVIDIASMI ./mesh/probe/:FuzzParseCPUInfo \
 	./mesh/receipts/:FuzzParse ./mesh/receipts/:FuzzParseTask ./mesh/receipts/:FuzzTaskEnvelope \
+	./mesh/receipts/:FuzzParseStage \
 	./mesh/participation/:FuzzDecodeOverrides ./mesh/participation/:FuzzDecodeConsent \
 	./mesh/participation/:FuzzPolicyHysteresis ./mesh/route/:FuzzRouterSelect \
 	./node/dispatch/:FuzzVerifierQuorum \
@@ -45,9 +46,10 @@ FUZZ_TARGETS := \
 	./inference/upstream/:FuzzSSE ./internal/frame/:FuzzReader ./node/console/:FuzzStatusQuery \
 	./transport/infer/:FuzzRequestFrame ./transport/infer/:FuzzResponseFrame \
 	./transport/infer/:FuzzServeStream ./transport/infer/:FuzzAnswerStream \
+	./transport/infer/:FuzzKVFrame ./transport/infer/:FuzzGoFrame ./transport/infer/:FuzzMovedReadyFrame \
 	./internal/jsonlog/:FuzzScan ./internal/sse/:FuzzReaderSplit \
 	./transport/openai/:FuzzChatCompletionBody ./transport/webrtc/:FuzzDecodeSignal \
-	./transport/webrtc/:FuzzSanitizeSDP ./transport/stage/:FuzzStageFrame \
+	./transport/webrtc/:FuzzSanitizeSDP ./transport/webrtc/:FuzzSignalReader ./transport/stage/:FuzzStageFrame \
 	./transport/gateway/:FuzzDecodeKeys ./transport/gateway/:FuzzParseEvent \
 	./transport/gateway/:FuzzKeyFromHeader ./transport/gateway/:FuzzDecodeClientMessage \
 	./transport/gateway/:FuzzEventWriter ./transport/gateway/:FuzzWSFrames \

@@ -120,3 +120,56 @@ func TestCommandIsOneCell(t *testing.T) {
 		t.Errorf("command\n%s\nwant\n%s", got, want)
 	}
 }
+
+// TestMakeFuzzRunsEveryTarget: `make fuzz` (the Makefile's FUZZ_TARGETS) fuzzes every fuzz
+// target in the repository, and names none that does not exist: a target added without
+// its line would only ever run its seeds.
+func TestMakeFuzzRunsEveryTarget(t *testing.T) {
+	root := filepath.Join("..", "..")
+	mk, err := os.ReadFile(filepath.Join(root, "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := map[string]bool{}
+	for _, m := range regexp.MustCompile(`\./([\w/]*?)/?:(Fuzz\w+)`).FindAllStringSubmatch(string(mk), -1) {
+		listed[m[1]+":"+m[2]] = true
+	}
+	if len(listed) == 0 {
+		t.Fatal("no FUZZ_TARGETS in the Makefile")
+	}
+	fuzz := regexp.MustCompile(`(?m)^func (Fuzz\w+)\(`)
+	found := map[string]bool{}
+	err = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && strings.HasPrefix(d.Name(), ".") && path != root {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		dir, _ := filepath.Rel(root, filepath.Dir(path))
+		for _, m := range fuzz.FindAllStringSubmatch(string(src), -1) {
+			found[filepath.ToSlash(dir)+":"+m[1]] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range found {
+		if !listed[k] {
+			t.Errorf("fuzz target %s is not in the Makefile's FUZZ_TARGETS", k)
+		}
+	}
+	for k := range listed {
+		if !found[k] {
+			t.Errorf("FUZZ_TARGETS names %s, which does not exist", k)
+		}
+	}
+}
