@@ -99,6 +99,7 @@ type TargetState struct {
 	CooldownUntil time.Time // zero when no cooldown was set in the current streak
 	Penalty       float64   // points, aged to the query time
 	Streak        int       // consecutive retryable failures
+	LastFailure   time.Time // the latest retryable failure (zero: none)
 }
 
 func (h *targetHealth) cooling(now time.Time) bool { return now.Before(h.cooldownUntil) }
@@ -244,6 +245,7 @@ func (s *Store) TargetHealth(target Target, now time.Time) (TargetState, bool) {
 		CooldownUntil: h.cooldownUntil,
 		Penalty:       h.penaltyAt(&s.p, now),
 		Streak:        h.streak,
+		LastFailure:   h.lastFailure,
 	}, true
 }
 
@@ -345,19 +347,20 @@ func (s *Store) rankLocked(model string, candidates []string, mode RouteMode, no
 	for i, c := range candidates {
 		e := s.entries[c]
 		var pen float64
+		var failed time.Time
 		if e != nil {
 			if h := e.find(model); h != nil {
 				if h.cooling(now) {
 					cooling++
 					continue
 				}
-				pen = h.penaltyAt(&s.p, now)
+				pen, failed = h.penaltyAt(&s.p, now), h.lastFailure
 			}
 		}
 		var cand Candidate
 		if withScores {
 			cand = s.candidateLocked(e, now, tick)
-			cand.Penalty = pen
+			cand.Penalty, cand.LastFailure = pen, failed
 		}
 		if pen == 0 {
 			idx = append(idx, i)

@@ -335,7 +335,7 @@ func TestRankMatchesOrderAndCandidates(t *testing.T) {
 	}
 	for i := range want {
 		st, _ := s.TargetHealth(Target{"m", order[i]}, now)
-		want[i].Penalty = st.Penalty
+		want[i].Penalty, want[i].LastFailure = st.Penalty, st.LastFailure
 		if got[i] != want[i] {
 			t.Fatalf("candidate %d (%s) = %+v, want %+v", i, order[i], got[i], want[i])
 		}

@@ -60,7 +60,8 @@ func TestRankIndicesMatchesOrder(t *testing.T) {
 			t.Fatalf("position %d: index %d (%s), want %d (%s, penalty %v)", j, idx[j], cands[idx[j]], w.index, w.target, w.penalty)
 		}
 		c := s.Candidates([]string{w.target}, now, nil)[0]
-		c.Penalty = w.penalty
+		st, _ := s.TargetHealth(Target{"m", w.target}, now)
+		c.Penalty, c.LastFailure = w.penalty, st.LastFailure
 		if got[j] != c {
 			t.Fatalf("position %d (%s): candidate %+v, want %+v", j, w.target, got[j], c)
 		}

@@ -29,6 +29,10 @@ type Candidate struct {
 	// their given order).
 	Penalty float64
 	Cooling bool
+	// LastFailure is when the (model, target)'s latest retryable failure was recorded
+	// (zero: none): how stale its penalty is. Select ignores it; the router's stale-peer
+	// boost reads it (mesh/route).
+	LastFailure time.Time
 	// Latency and Confidence are what this node measured of the peer's latency: the
 	// geometric moving average of the latencies RecordPerformance was given (the router's
 	// time to first token), 0 when none; and how much that average counts, in [0, 1] (full

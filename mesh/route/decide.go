@@ -530,10 +530,60 @@ func (d *decider) orderMesh(mc []reputation.Candidate, mi []int, keys []string, 
 			conn++
 		}
 	}
+	// The stale-peer boost may lead with a penalized peer (boost); the rest of the
+	// penalized class, from pen on, follows the clean peers as ever.
+	pen := split
+	if k, ok := d.boost(mc, split); ok {
+		mc[pen], mc[k] = mc[k], mc[pen]
+		mi[pen], mi[k] = mi[k], mi[pen]
+		order = append(order, mi[pen])
+		pen++
+	}
 	order = d.orderClass(order, mc[:conn], mi[:conn], keys, limit)
 	order = d.orderClass(order, mc[conn:split], mi[conn:split], keys, limit)
-	order = d.orderClass(order, mc[split:], mi[split:], keys, limit)
-	return order, split > 0 && split < len(mc)
+	order = d.orderClass(order, mc[pen:], mi[pen:], keys, limit)
+	return order, split > 0 && pen < len(mc)
+}
+
+// StaleAfter is how long after its latest failure for a model a penalized peer is explored
+// like a clean one (the stale-peer boost, boost): a minute, so a peer that just failed
+// stays behind the clean ones for that long, and one that recovered is found within
+// minutes, not after its penalty's half-life.
+const StaleAfter = time.Minute
+
+// boost is the stale-peer boost: while some penalized peers' latest failure is StaleAfter
+// old or more, a share of the decisions as large as exploration's (Params.Exploration,
+// 5 %) leads with one of them, drawn uniformly. Otherwise nothing brings a peer that
+// recovered back before its penalty decays (about 17 min at the 5 min half-life), since it
+// is tried only after every clean peer failed (docs/reliability.md F3); with it, a
+// recovered peer earns the successes that clear its penalty within a few minutes at one
+// request a second. A peer still failing costs one attempt a StaleAfter at most: its
+// failure makes it fresh again. mc[split:] are the penalized candidates; it returns the
+// index of the one to lead with. It draws from the random source only when there is such
+// a peer.
+func (d *decider) boost(mc []reputation.Candidate, split int) (int, bool) {
+	if split == 0 {
+		return 0, false // no clean peer: the penalized ones lead anyway
+	}
+	stale := 0
+	for j := split; j < len(mc); j++ {
+		if d.now.Sub(mc[j].LastFailure) >= StaleAfter {
+			stale++
+		}
+	}
+	if stale == 0 || d.rng.Float64() >= d.params.Exploration {
+		return 0, false
+	}
+	k := d.rng.IntN(stale)
+	for j := split; j < len(mc); j++ {
+		if d.now.Sub(mc[j].LastFailure) >= StaleAfter {
+			if k == 0 {
+				return j, true
+			}
+			k--
+		}
+	}
+	return 0, false
 }
 
 // orderClass appends to order, up to limit in all, one class of peers: Select's pick, then

@@ -50,8 +50,12 @@
 // 5 % of picks are uniform over the class's peers (exploration) and the rest are weighted
 // by Weight(score) × performance × spare; the others follow by descending weight, ties by
 // peer ID (its string form), picked in one linear pass, not by sorting every candidate. The
-// list is cut at MaxMeshAttempts (3). When every candidate is cooling (route explicit),
-// they are tried in their given order. A decision whose mesh attempts put a penalized peer
+// list is cut at MaxMeshAttempts (3). The stale-peer boost: while some penalized peer's
+// latest failure for the model is StaleAfter (1 min) old or more, 5 % of the decisions
+// lead with one of them, drawn uniformly, the rest of the order as usual; so a peer that
+// recovered earns the successes that clear its penalty within minutes instead of waiting
+// out its half-life behind the clean ones (docs/reliability.md F3). When every candidate
+// is cooling (route explicit), they are tried in their given order. A decision whose mesh attempts put a penalized peer
 // behind a clean one says so (Decision.Penalized), and the executor counts it as
 // routes_penalized.
 //

@@ -193,114 +193,152 @@ func TestSlowPeerShare(t *testing.T) {
 // end (≤ TTFT timeout + 2 × the quick peers' 0.6 s), and the virtual time after the toxic
 // is removed until its share (estimated from 200 draws every 20 s) is back to 25 %.
 //
-// With the latency toxic the slow peer times out the one time it is tried (exploration
-// picks it before the round trip has shown how far it is): its residual penalty then puts
-// it behind both quick peers (NODE_REP, package doc "Mesh order"), so nothing but the
-// penalty's half-life (5 min, cleared under 0.1 of a failure after about 17 min) brings it
-// back, however quick it is again. The test holds that figure as it stands.
+// With the latency toxic the slow peer times out when it is tried (exploration picks it
+// before the round trip has shown how far it is, and the stale-peer boost once a minute
+// while the toxic lasts): each timeout's residual penalty puts it behind both quick peers
+// (NODE_REP, package doc "Mesh order"), and only the stale-peer boost brings it back
+// before the penalty's half-life would (5 min; about 17 min to clear). Each case runs with
+// f3Seeds random sources; every run must meet the share, score and p99 goals, and regain
+// its share within the case's goalRegain. The figure gives the median and the longest.
 func TestSlowPeerF3Virtual(t *testing.T) {
-	const (
-		requests, heal = 500, 250
-		timeout        = time.Second
-		quickTTFT      = 200 * time.Millisecond
-		quickTotal     = 600 * time.Millisecond
-		quickRTT       = 20 * time.Millisecond
-	)
 	for _, tc := range []struct {
-		name       string
-		rtt, ttft  time.Duration
-		total      time.Duration
-		goalRegain time.Duration // what the rule achieves; the catalogue asks 5 min
+		name      string
+		rtt, ttft time.Duration
+		total     time.Duration
+		// goalRegain is the longest regain allowed over the seeds. The catalogue asks 5 min;
+		// with the latency toxic 30 of 32 runs do, the longest 5m11s: after its penalty
+		// clears, four timeouts' score debit (-16 points, 10 min half-life) still weighs the
+		// peer down (docs/reliability.md F3).
+		goalRegain time.Duration
 	}{
 		{"bandwidth", 130 * time.Millisecond, 800 * time.Millisecond, 1800 * time.Millisecond, 5 * time.Minute},
-		{"latency", 3 * time.Second, 3200 * time.Millisecond, 0, 20 * time.Minute},
+		{"latency", 3 * time.Second, 3200 * time.Millisecond, 0, 6 * time.Minute},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newFleet(t, "a", "b", "slow")
-			rep := newStore(t)
-			peers := []Peer{f.peer("a", warm("m")), f.peer("slow", warm("m")), f.peer("b", warm("m"))}
-			rtt := map[string]time.Duration{"a": quickRTT, "b": quickRTT, "slow": tc.rtt}
-			s := &Snapshot{Peers: peers, Rep: rep}
-			req := request("m", prefs(inference.PrivacyMesh, inference.PriorityBalanced, inference.RouteExplicit))
-			rng, probe := seeded(5), seeded(6)
-			at := now
-			slowShare := func() float64 { // the slow peer's chance to lead a decision now
-				hits := 0
-				for range 200 {
-					if f.render(Decide(req, s, at, probe).Attempts)[0] == "peer:slow" {
-						hits++
-					}
+			var regains []time.Duration
+			within5 := 0
+			for seed := range uint64(f3Seeds) {
+				r := playF3(t, tc.rtt, tc.ttft, tc.total, seed)
+				if r.share > reputation.DefaultExploration+0.02 {
+					t.Errorf("seed %d: slow peer tried in %.3f of the requests, want ≤ %.2f", seed, r.share, reputation.DefaultExploration+0.02)
 				}
-				return float64(hits) / 200
-			}
-			var totals []time.Duration
-			slowTried, timeouts, minScore := 0, 0, 100.0
-			regained := time.Duration(-1)
-			// Requests go on past 500 while the share has not come back, to measure when
-			// it does, for at most 40 minutes.
-			for k := 0; k < requests || regained < 0 && k < heal+2400; k++ {
-				toxic := k < heal
-				for i := range s.Peers {
-					name := f.names[s.Peers[i].Entry.Peer]
-					want := rtt[name]
-					if name == "slow" && !toxic {
-						want = quickRTT
-					}
-					if s.Peers[i].RTT == 0 {
-						s.Peers[i].RTT = want
-					}
-					s.Peers[i].RTT += (want - s.Peers[i].RTT) / 10
+				if r.minScore < reputation.ExcludeBelow {
+					t.Errorf("seed %d: slow peer's score fell to %.1f", seed, r.minScore)
 				}
-				var total time.Duration
-				tried := false
-				for _, target := range Decide(req, s, at, rng).Attempts {
-					name, key := f.names[target.Peer], target.Peer.String()
-					ttft, took := quickTTFT, quickTotal
-					if name == "slow" {
-						tried = true
-						if toxic {
-							ttft, took = tc.ttft, tc.total
-						}
-					}
-					if ttft > timeout {
-						timeouts++
-						total += timeout
-						rep.Record(reputation.Target{Model: "m", Peer: key}, reputation.Timeout, at.Add(total))
-						continue
-					}
-					total += took
-					rep.Record(reputation.Target{Model: "m", Peer: key}, reputation.Success, at.Add(total))
-					rep.RecordPerformance(key, ttft, 15/(took-ttft).Seconds(), at.Add(total))
-					break
+				if r.p99 > f3Timeout+2*f3QuickTotal {
+					t.Errorf("seed %d: p99 end to end %v, want ≤ %v", seed, r.p99, f3Timeout+2*f3QuickTotal)
 				}
-				if tried && k >= 50 && toxic {
-					slowTried++
+				if r.regained < 0 || r.regained > tc.goalRegain {
+					t.Errorf("seed %d: slow peer's share not back to 25 %% within %v of the toxic's removal (%v)", seed, tc.goalRegain, r.regained)
 				}
-				if toxic {
-					totals = append(totals, total)
+				if r.regained >= 0 && r.regained <= 5*time.Minute {
+					within5++
 				}
-				minScore = min(minScore, rep.Score(f.key("slow"), at))
-				at = at.Add(time.Second)
-				if !toxic && regained < 0 && k%20 == 0 && slowShare() >= 0.25 {
-					regained = time.Duration(k-heal+1) * time.Second
+				regains = append(regains, r.regained)
+				if seed == 0 {
+					t.Logf("seed 0: slow peer tried in %.1f %% of requests 51-%d (goal ≤ %.0f %%), %d timeouts, lowest score %.1f (goal ≥ 40), p99 end to end %v (goal ≤ %v)",
+						100*r.share, f3Heal, 100*(reputation.DefaultExploration+0.02), r.timeouts, r.minScore, r.p99, f3Timeout+2*f3QuickTotal)
 				}
 			}
-			share := float64(slowTried) / (heal - 50)
-			p99 := percentile(totals, 0.99)
-			t.Logf("figure F3: %s toxic (virtual time): slow peer tried in %.1f %% of requests 51-%d (goal ≤ %.0f %%), "+
-				"%d timeouts, lowest score %.1f (goal ≥ 40), p99 end to end %v (goal ≤ %v), share ≥ 25 %% again %v after the toxic went",
-				tc.name, 100*share, heal, 100*(reputation.DefaultExploration+0.02), timeouts, minScore, p99, timeout+2*quickTotal, regained)
-			if share > reputation.DefaultExploration+0.02 {
-				t.Errorf("slow peer tried in %.3f of the requests, want ≤ %.2f", share, reputation.DefaultExploration+0.02)
-			}
-			if minScore < reputation.ExcludeBelow {
-				t.Errorf("slow peer's score fell to %.1f", minScore)
-			}
-			if regained < 0 || regained > tc.goalRegain {
-				t.Errorf("slow peer's share not back to 25 %% within %v of the toxic's removal (%v)", tc.goalRegain, regained)
-			}
+			slices.Sort(regains)
+			t.Logf("figure F3: %s toxic (virtual time, %d seeds): share, score and p99 within their goals in every run; share ≥ 25 %% again after %v (median), %v at most, within 5 min in %d of %d",
+				tc.name, f3Seeds, regains[len(regains)/2], regains[len(regains)-1], within5, f3Seeds)
 		})
 	}
+}
+
+// F3's play, as TestSlowPeerF3Virtual describes it.
+const (
+	f3Seeds            = 32
+	f3Requests, f3Heal = 500, 250
+	f3Timeout          = time.Second
+	f3QuickTTFT        = 200 * time.Millisecond
+	f3QuickTotal       = 600 * time.Millisecond
+	f3QuickRTT         = 20 * time.Millisecond
+)
+
+// f3Run is what one play of F3 measured.
+type f3Run struct {
+	share, minScore float64
+	timeouts        int
+	p99, regained   time.Duration // regained: -1 when the share never came back
+}
+
+// playF3 plays F3 once with the slow peer's round trip, first token and total under the
+// toxic, deciding with the random source seed.
+func playF3(t *testing.T, slowRTT, slowTTFT, slowTotal time.Duration, seed uint64) f3Run {
+	f := newFleet(t, "a", "b", "slow")
+	rep := newStore(t)
+	peers := []Peer{f.peer("a", warm("m")), f.peer("slow", warm("m")), f.peer("b", warm("m"))}
+	rtt := map[string]time.Duration{"a": f3QuickRTT, "b": f3QuickRTT, "slow": slowRTT}
+	s := &Snapshot{Peers: peers, Rep: rep}
+	req := request("m", prefs(inference.PrivacyMesh, inference.PriorityBalanced, inference.RouteExplicit))
+	rng, probe := seeded(100+seed), seeded(6)
+	at := now
+	slowShare := func() float64 { // the slow peer's chance to lead a decision now
+		hits := 0
+		for range 200 {
+			if f.render(Decide(req, s, at, probe).Attempts)[0] == "peer:slow" {
+				hits++
+			}
+		}
+		return float64(hits) / 200
+	}
+	var totals []time.Duration
+	r := f3Run{minScore: 100, regained: -1}
+	slowTried := 0
+	// Requests go on past 500 while the share has not come back, to measure when it
+	// does, for at most 40 minutes.
+	for k := 0; k < f3Requests || r.regained < 0 && k < f3Heal+2400; k++ {
+		toxic := k < f3Heal
+		for i := range s.Peers {
+			name := f.names[s.Peers[i].Entry.Peer]
+			want := rtt[name]
+			if name == "slow" && !toxic {
+				want = f3QuickRTT
+			}
+			if s.Peers[i].RTT == 0 {
+				s.Peers[i].RTT = want
+			}
+			s.Peers[i].RTT += (want - s.Peers[i].RTT) / 10
+		}
+		var total time.Duration
+		tried := false
+		for _, target := range Decide(req, s, at, rng).Attempts {
+			name, key := f.names[target.Peer], target.Peer.String()
+			ttft, took := f3QuickTTFT, f3QuickTotal
+			if name == "slow" {
+				tried = true
+				if toxic {
+					ttft, took = slowTTFT, slowTotal
+				}
+			}
+			if ttft > f3Timeout {
+				r.timeouts++
+				total += f3Timeout
+				rep.Record(reputation.Target{Model: "m", Peer: key}, reputation.Timeout, at.Add(total))
+				continue
+			}
+			total += took
+			rep.Record(reputation.Target{Model: "m", Peer: key}, reputation.Success, at.Add(total))
+			rep.RecordPerformance(key, ttft, 15/(took-ttft).Seconds(), at.Add(total))
+			break
+		}
+		if tried && k >= 50 && toxic {
+			slowTried++
+		}
+		if toxic {
+			totals = append(totals, total)
+		}
+		r.minScore = min(r.minScore, rep.Score(f.key("slow"), at))
+		at = at.Add(time.Second)
+		if !toxic && r.regained < 0 && k%20 == 0 && slowShare() >= 0.25 {
+			r.regained = time.Duration(k-f3Heal+1) * time.Second
+		}
+	}
+	r.share = float64(slowTried) / (f3Heal - 50)
+	r.p99 = percentile(totals, 0.99)
+	return r
 }
 
 // percentile returns the q-quantile of ds (nearest rank); 0 for none.

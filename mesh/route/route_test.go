@@ -570,16 +570,32 @@ func TestRecoveredPeerWaitsBehindCleanOnes(t *testing.T) {
 			t.Fatalf("seed %d while a cools: attempts %q", sd, got)
 		}
 	}
-	// Out of cooldown, still penalized: a comes last, every time.
-	at = now.Add(time.Minute)
+	// Out of cooldown, still penalized: a comes last, every time, for StaleAfter.
+	at = now.Add(StaleAfter - time.Second)
 	if st, _ := rep.TargetHealth(a, at); st.Cooling || st.Penalty == 0 {
-		t.Fatalf("a at +1 min: %+v, want penalized and not cooling", st)
+		t.Fatalf("a at +%v: %+v, want penalized and not cooling", at.Sub(now), st)
 	}
 	for sd := range uint64(300) {
 		dec := Decide(req, s, at, seeded(sd))
 		if got := f.render(dec.Attempts); len(got) != 3 || got[2] != "peer:a" || !dec.Penalized {
 			t.Fatalf("seed %d with a penalized: attempts %q (penalized %v), want a last", sd, got, dec.Penalized)
 		}
+	}
+	// Its failure StaleAfter old, the stale-peer boost leads with it in about Exploration
+	// (5 %) of the decisions, and puts it last in the others.
+	at = now.Add(StaleAfter)
+	led := 0
+	for sd := range uint64(1000) {
+		dec := Decide(req, s, at, seeded(sd))
+		switch got := f.render(dec.Attempts); {
+		case len(got) == 3 && got[0] == "peer:a" && !dec.Penalized:
+			led++
+		case len(got) != 3 || got[2] != "peer:a" || !dec.Penalized:
+			t.Fatalf("seed %d with a's penalty stale: attempts %q (penalized %v), want a first or last", sd, got, dec.Penalized)
+		}
+	}
+	if led < 25 || led > 80 {
+		t.Fatalf("a led %d of 1000 decisions once its failure was stale, want about %v", led, 1000*reputation.DefaultExploration)
 	}
 	// Successes clear the penalty: a is first again at some seeds, and nothing is penalized.
 	for i := 0; ; i++ {
