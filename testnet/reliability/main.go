@@ -52,7 +52,7 @@ func main() {
 func run() int {
 	out := flag.String("o", "", "also write the table to this file")
 	only := flag.String("case", "", "run only the cases whose id matches this regexp (e.g. '^(F4|L6)$')")
-	fuzztime := flag.Duration("fuzztime", 0, "fuzz each Z case's targets this long after their seeds (0: seeds only)")
+	fuzztime := flag.Duration("fuzztime", 0, "fuzz each Z case this long after its targets' seeds, shared among its targets (0: seeds only)")
 	verbose := flag.Bool("v", false, "pass go test's stderr through")
 	flag.Parse()
 
@@ -103,12 +103,14 @@ func run() int {
 	fuzzed := map[string]*result{}
 	if *fuzztime > 0 {
 		for _, c := range cases {
+			// A case's targets share its time (the catalogue's T3: 12 × 60 s).
+			per := *fuzztime / time.Duration(max(fuzzTargets(c), 1))
 			for _, r := range c.Runs {
 				for _, t := range r.Tests {
 					if !strings.HasPrefix(t, "Fuzz") || ctx.Err() != nil {
 						continue
 					}
-					args := fuzzArgs(r.Pkg, t, *fuzztime)
+					args := fuzzArgs(r.Pkg, t, per)
 					t0 := time.Now()
 					fmt.Fprintf(os.Stderr, "go %s\n", strings.Join(args, " "))
 					res, err := goTest(ctx, dir, args, stderr)
@@ -152,7 +154,20 @@ func fuzzNote(d time.Duration) string {
 	if d == 0 {
 		return "fuzz targets: seeds only"
 	}
-	return "fuzz targets: seeds, then " + d.String() + " each"
+	return "fuzz targets: seeds, then " + d.String() + " a case, shared among its targets"
+}
+
+// fuzzTargets counts c's fuzz targets.
+func fuzzTargets(c Case) int {
+	n := 0
+	for _, r := range c.Runs {
+		for _, t := range r.Tests {
+			if strings.HasPrefix(t, "Fuzz") {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // moduleRoot is where go.mod is: the packages of the case table are relative to it.
