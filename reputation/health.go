@@ -98,7 +98,7 @@ type TargetState struct {
 	Cooling       bool
 	CooldownUntil time.Time // zero when no cooldown was set in the current streak
 	Penalty       float64   // points, aged to the query time
-	Streak        int       // consecutive retryable failures
+	Streak        int       // retryable failures in a row (those while cooling count once)
 	LastFailure   time.Time // the latest retryable failure (zero: none)
 }
 
