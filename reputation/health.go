@@ -89,7 +89,7 @@ type targetHealth struct {
 	decayedAt     time.Time // when penalty was last aged
 	cooldownUntil time.Time // cooling while now is before it; never moves back in a streak
 	lastFailure   time.Time
-	streak        int       // consecutive retryable failures, <= maxStreak
+	streak        int       // retryable failures in a row, a burst while cooling once; <= maxStreak
 	touched       time.Time // last Record; orders eviction
 }
 
@@ -145,7 +145,7 @@ func (h *targetHealth) disposable(p *Params, now time.Time) bool {
 	return h.idle(p, now) || !h.cooling(now) && now.Sub(h.touched) >= p.Retain
 }
 
-// cooldown returns the cooldown for the n-th consecutive failure (n >= 1):
+// cooldown returns the cooldown for the n-th failure in a row (n >= 1):
 // CooldownBase·2^(n-1), capped at CooldownMax.
 func cooldown(p *Params, n int) time.Duration {
 	d := p.CooldownBase

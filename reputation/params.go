@@ -194,7 +194,7 @@ type Params struct {
 	// Target health (process-local, per model and serving target).
 
 	// CooldownBase is the cooldown after the first retryable failure in a streak (duration,
-	// > 0). Each further consecutive failure doubles it.
+	// > 0). Each further failure in a row after a cooldown ended doubles it.
 	CooldownBase time.Duration
 	// CooldownMax caps the doubled cooldown (duration, >= CooldownBase).
 	CooldownMax time.Duration

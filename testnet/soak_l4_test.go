@@ -233,7 +233,7 @@ loop:
 	if s.peakScores > capEntries || s.peakTargets > capEntries {
 		t.Errorf("reputation store past its cap: %d scores, %d health records, cap %d", s.peakScores, s.peakTargets, capEntries)
 	}
-	t.Logf("figure L4: a request every %v for %v (%d sent, %.1f req/s; %d ticks at the %d in-flight bound), %d faults (%d kills each replaced, %d stalls of %v; %d faults skipped, %d dropped while others waited, %d kills held as a stall while %d killed peer was still fresh): "+
+	t.Logf("figure L4: a request every %v for %v (%d sent, %.1f req/s; %d ticks at the %d in-flight bound), %d faults (%d kills each replaced, %d stalls of %v; %d faults skipped, %d dropped while others waited, %d kills held as a stall while %d killed peers were still fresh): "+
 		"%d of %d requests succeeded (%.2f %%), typed errors %v, 0 ended twice or without an end, %d stuck beyond %v (slowest %v); "+
 		"heap slope %+.3f MiB/min over %d samples after a %v warm-up (%.1f → %.1f MiB quiet, peak %.1f MiB); goroutines %d → %d (%+.2f %%, bound ±%d; connections of all nodes %d → %d); %s; "+
 		"reputation peak %d scores and %d health records, cap %d; the router's peerstore holds %d peers (%d nodes ever started, %d killed)",

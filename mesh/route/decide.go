@@ -565,9 +565,10 @@ func (d *decider) boost(mc []reputation.Candidate, split int) (int, bool) {
 	if split == 0 {
 		return 0, false // no clean peer: the penalized ones lead anyway
 	}
+	isStale := func(c reputation.Candidate) bool { return d.now.Sub(c.LastFailure) >= StaleAfter }
 	stale := 0
-	for j := split; j < len(mc); j++ {
-		if d.now.Sub(mc[j].LastFailure) >= StaleAfter {
+	for _, c := range mc[split:] {
+		if isStale(c) {
 			stale++
 		}
 	}
@@ -576,7 +577,7 @@ func (d *decider) boost(mc []reputation.Candidate, split int) (int, bool) {
 	}
 	k := d.rng.IntN(stale)
 	for j := split; j < len(mc); j++ {
-		if d.now.Sub(mc[j].LastFailure) >= StaleAfter {
+		if isStale(mc[j]) {
 			if k == 0 {
 				return j, true
 			}
