@@ -94,10 +94,16 @@ func drainMidStream(t *testing.T, tn *Testnet, gate *tokenGate, body string, hea
 			t.Errorf("token %d from %q, not a peer", n, route)
 			return
 		}
+		// The router probes the serving peer as the attempt starts (a paused peer answers
+		// no probe, and the gate needs that leg): the test drains only once it has, rather
+		// than racing the probe on a loaded machine.
+		nd := tn.Node(drained)
+		within(t, 10*time.Second, "the router measures the serving peer's bandwidth", func() bool {
+			return measuredBothWays(tn.Node(0), nd)
+		})
 		if err := drainBattery(tn, drained); err != nil {
 			t.Error(err)
 		}
-		nd := tn.Node(drained)
 		within(t, 3*heartbeat, "the node pauses itself", func() bool {
 			return nd.Status().Participation.Admission == "paused"
 		})
@@ -109,6 +115,16 @@ func drainMidStream(t *testing.T, tn *Testnet, gate *tokenGate, body string, hea
 		t.Fatalf("the stream differs from an uninterrupted run\n got %q\nwant %q", r.text(), want)
 	}
 	return r, drained
+}
+
+// measuredBothWays reports whether n has measured its bandwidth with p each way.
+func measuredBothWays(n, p *node.Node) bool {
+	for _, e := range n.Peers() {
+		if e.PeerID == p.ID().String() {
+			return e.BandwidthMbps != nil && e.BandwidthMbps.Down > 0 && e.BandwidthMbps.Up > 0
+		}
+	}
+	return false
 }
 
 // handoverMesh starts a router (node 0, serving nothing) and two peers serving model,
