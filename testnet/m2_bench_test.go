@@ -58,9 +58,8 @@ import (
 // estimates them scaled by the model's measured tokens per estimated token, the tokens,
 // the KV bytes (those tokens × synth-small's 8 KiB, as the executor counts them from the
 // announced kv_bytes_per_token), the bandwidth measured from the first rows relayed, B's
-// round trip (ping), its prefill rate at the session's length (route.PrefillFit over
-// earlier streams of four lengths) and decode rate, and the cloud's measured time to first
-// token (also by prompt length, the same fit) and rate. Metrics:
+// round trip (ping) and its prefill and decode rates measured on earlier streams, and the
+// cloud's measured time to first token (also per prompt token) and rate. Metrics:
 // "fastest" the share of cases where what the gate's choice leads to measured fastest (by
 // median); "not-measurably-slower" where it measured fastest or its runs are not
 // measurably slower than the fastest's (m2Slower: the two differ by less than this
@@ -124,43 +123,17 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 		}
 		return first.Sub(start), float64(n-1) / last.Sub(first).Seconds(), res.Usage.PromptTokens
 	}
-	// Earlier streams of four prompt lengths, as the executor sees over its requests: B's
-	// first token less the round trip, and the cloud's first token, against the prompt's
-	// tokens (route.PrefillFit), their decode rates and the token ratio averaged (EWMA,
-	// weight 1/4, as node/dispatch averages them); the cloud's time to first token from
-	// the shortest prompt.
-	timed(ha, m2Request(16, 40)) // loads the model on A
-	var (
-		fitB, fitC                route.PrefillFit
-		decodeB, cloudRate, ratio float64
-		cloudTTFT                 time.Duration
-	)
-	ewma := func(avg, x float64) float64 {
-		if avg == 0 {
-			return x
-		}
-		return avg + (x-avg)/4
-	}
-	for _, words := range []int{16, 60, 120, 200} {
-		req := m2Request(words, 24)
-		ttft, rate, served := timed(hb, req)
-		if served >= 32 { // the executor's minPrefillSample
-			fitB.Add(served, ttft-rtt)
-		}
-		decodeB = ewma(decodeB, rate)
-		ratio = ewma(ratio, float64(served)/float64(route.PromptTokens(req)))
-		ttft, rate, _ = timed(hc, req)
-		fitC.Add(served, ttft)
-		cloudRate = ewma(cloudRate, rate)
-		if cloudTTFT == 0 {
-			cloudTTFT = ttft
-		}
-	}
-	for _, n := range []int{250, 500, 900} {
-		b.Logf("measured for %d prompt tokens: B prefills %.0f tokens/s, the cloud's first token %v", n, float64(n)/fitB.At(n).Seconds(), fitC.At(n).Round(time.Millisecond))
-	}
-	b.Logf("measured: RTT to B %v, B decodes %.0f tokens/s, the cloud %v to first token on a short prompt and %.0f tokens/s; %.2f tokens per estimated token",
-		rtt, decodeB, cloudTTFT, cloudRate, ratio)
+	short, long := m2Request(16, 40), m2Request(120, 8)
+	timed(ha, short) // loads the model on A
+	_, decodeB, _ := timed(hb, short)
+	ttftB, _, served := timed(hb, long)
+	ratio := float64(served) / float64(route.PromptTokens(long))
+	prefillB := float64(served) / (ttftB - rtt).Seconds()
+	cloudTTFT, cloudRate, _ := timed(hc, short)
+	cloudLong, _, _ := timed(hc, long)
+	cloudPerToken := cloudLong.Seconds() / float64(served)
+	b.Logf("measured: RTT to B %v, B prefills %.0f and decodes %.0f tokens/s, the cloud %v to first token (%.2f ms a prompt token) and %.0f tokens/s; %.2f tokens per estimated token",
+		rtt, prefillB, decodeB, cloudTTFT, cloudPerToken*1e3, cloudRate, ratio)
 
 	rng := rand.New(rand.NewPCG(17, 23)) // the same cases every run
 	// What the executor can do from a cut: hand over live, send B the request with the
@@ -226,8 +199,8 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 			in := route.GateInput{
 				PromptTokens: prompt, Generated: 4, Remaining: rest, Deterministic: true,
 				SourceUp: true, KVBytes: int64(prompt+4) * 8 << 10, Bandwidth: sample.measured,
-				Replacement: true, RTT: rtt, PrefillRate: float64(prompt+4) / fitB.At(prompt+4).Seconds(), DecodeRate: decodeB,
-				Cloud: true, CloudTTFT: cloudTTFT, CloudRate: cloudRate, CloudTTFTPerToken: fitC.At(prompt).Seconds() / float64(prompt),
+				Replacement: true, RTT: rtt, PrefillRate: prefillB, DecodeRate: decodeB,
+				Cloud: true, CloudTTFT: cloudTTFT, CloudRate: cloudRate, CloudTTFTPerToken: cloudPerToken,
 			}
 			dec := route.Gate(in)
 			chose := action(dec.Choice)

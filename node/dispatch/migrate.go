@@ -114,9 +114,7 @@ func (r *run) session(ctx context.Context) route.GateInput {
 		Remaining:     max(r.req.EffectiveMaxTokens()-len(r.sent), 0),
 		Deterministic: r.sentDet,
 		CloudTTFT:     r.snap.Cloud.TTFT, CloudRate: r.snap.Cloud.TokensPerSec,
-	}
-	if in.PromptTokens > 0 {
-		in.CloudTTFTPerToken = r.snap.Cloud.Prefill.At(in.PromptTokens).Seconds() / float64(in.PromptTokens)
+		CloudTTFTPerToken: r.snap.Cloud.TTFTPerToken,
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		in.Budget = max(dl.Sub(r.d.now()), time.Nanosecond)
@@ -152,7 +150,7 @@ func (r *run) measured(t route.Target, in *route.GateInput) {
 		}
 		p := r.snap.Peers[k]
 		in.RTT = p.RTT
-		in.PrefillRate, in.DecodeRate = r.d.measuredRates(p.Key, r.req.Model, in.PromptTokens+in.Generated)
+		in.PrefillRate, in.DecodeRate = r.d.measuredRates(p.Key, r.req.Model)
 		if in.DecodeRate == 0 {
 			in.DecodeRate = r.snap.PeerTokensPerSec(p.Key, r.d.now())
 		}
