@@ -65,7 +65,7 @@ import (
 // measurably slower than the fastest's (m2Slower: the two differ by less than this
 // machine's run-to-run noise can show); "within-10%" where it measured within 10 % of the
 // fastest; "slower-than-cloud" the share where it measured over 10 % slower than the cloud
-// restart. Cases: 40, or $M2_CASES (the catalogue's 200 take about an hour on 2 cores);
+// restart. Cases: 40, or $M2_CASES (the catalogue's 200 take about 95 min on 2 cores);
 // each is logged.
 func BenchmarkM2GateAccuracy(b *testing.B) {
 	cases := 40
