@@ -249,6 +249,12 @@ func m2Run(b *testing.B, c *infer.Client, servers map[host.Host]*infer.Server, h
 	ctx := context.Background()
 	actx, cancelA := context.WithCancel(ctx)
 	defer cancelA()
+	var grace *time.Timer
+	defer func() {
+		if grace != nil {
+			grace.Stop()
+		}
+	}()
 	var (
 		cutAt time.Time
 		ids   []int
@@ -267,8 +273,8 @@ func m2Run(b *testing.B, c *infer.Client, servers map[host.Host]*infer.Server, h
 			cutAt = time.Now()
 			if o == route.MoveLiveTransfer {
 				servers[ha].HandOver()
-				grace := time.AfterFunc(moveGrace, cancelA) // a leaving node's time is bounded
-				defer grace.Stop()
+				// A leaving node's time is bounded; stopped when the run returns.
+				grace = time.AfterFunc(moveGrace, cancelA)
 			} else {
 				cancelA()
 			}
@@ -288,11 +294,17 @@ func m2Run(b *testing.B, c *infer.Client, servers map[host.Host]*infer.Server, h
 				}
 				t0 = time.Now()
 			}
-			// The shaper: the rows take their time at the case's bandwidth.
+			// The shaper: the rows take their time at the case's bandwidth, unless the
+			// leaving node's time runs out first (the client calls Send on its read loop,
+			// so a sleep past the cut would hold the cut back).
 			n := int64(len(rows.Data) * 4)
 			sent += n
 			if wait := time.Until(t0.Add(time.Duration(float64(sent) / bw * float64(time.Second)))); wait > 0 {
-				time.Sleep(wait)
+				select {
+				case <-time.After(wait):
+				case <-actx.Done():
+					return actx.Err()
+				}
 			}
 			if el := time.Since(t0); el > 0 && out.measured == 0 && sent >= 64<<10 {
 				out.measured = float64(sent) / el.Seconds()
