@@ -103,23 +103,21 @@ func run() int {
 	fuzzed := map[string]*result{}
 	if *fuzztime > 0 {
 		for _, c := range cases {
-			// A case's targets share its time (the catalogue's T3: 12 × 60 s).
-			per := *fuzztime / time.Duration(max(fuzzTargets(c), 1))
-			for _, r := range c.Runs {
-				for _, t := range r.Tests {
-					if !strings.HasPrefix(t, "Fuzz") || ctx.Err() != nil {
-						continue
-					}
-					args := fuzzArgs(r.Pkg, t, per)
-					t0 := time.Now()
-					fmt.Fprintf(os.Stderr, "go %s\n", strings.Join(args, " "))
-					res, err := goTest(ctx, dir, args, stderr)
-					if err != nil {
-						res = &result{PkgFail: true, PkgLog: []string{err.Error()}}
-					}
-					fmt.Fprintf(os.Stderr, "  %v\n", time.Since(t0).Round(time.Second))
-					fuzzed[r.Pkg+" "+t] = res
+			targets := fuzzTargets(c)
+			for _, ft := range targets {
+				if ctx.Err() != nil {
+					break
 				}
+				// A case's targets share its time (the catalogue's T3: 12 × 60 s).
+				args := fuzzArgs(ft.pkg, ft.name, *fuzztime/time.Duration(len(targets)))
+				t0 := time.Now()
+				fmt.Fprintf(os.Stderr, "go %s\n", strings.Join(args, " "))
+				res, err := goTest(ctx, dir, args, stderr)
+				if err != nil {
+					res = &result{PkgFail: true, PkgLog: []string{err.Error()}}
+				}
+				fmt.Fprintf(os.Stderr, "  %v\n", time.Since(t0).Round(time.Second))
+				fuzzed[ft.pkg+" "+ft.name] = res
 			}
 		}
 	}
@@ -157,17 +155,20 @@ func fuzzNote(d time.Duration) string {
 	return "fuzz targets: seeds, then " + d.String() + " a case, shared among its targets"
 }
 
-// fuzzTargets counts c's fuzz targets.
-func fuzzTargets(c Case) int {
-	n := 0
+// fuzzTarget is a fuzz target of a case: its package and its name.
+type fuzzTarget struct{ pkg, name string }
+
+// fuzzTargets lists c's fuzz targets, in the case table's order.
+func fuzzTargets(c Case) []fuzzTarget {
+	var out []fuzzTarget
 	for _, r := range c.Runs {
 		for _, t := range r.Tests {
 			if strings.HasPrefix(t, "Fuzz") {
-				n++
+				out = append(out, fuzzTarget{r.Pkg, t})
 			}
 		}
 	}
-	return n
+	return out
 }
 
 // moduleRoot is where go.mod is: the packages of the case table are relative to it.
