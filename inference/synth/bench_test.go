@@ -248,3 +248,35 @@ func median(v []float64) float64 {
 	}
 	return v[len(v)/2]
 }
+
+// BenchmarkLongAttention measures attention split by heads (attend) at a long context: one
+// op is a pass of 16 positions of synth-base's layers at positions 4,080 to 4,095, the
+// last block of a full-window prompt. The reference, run in the same benchmark, is the same
+// pass with attention on one goroutine; the metric split-ratio is the split pass's time ÷
+// the reference's (below 1 is faster; the matrix products are split in both).
+func BenchmarkLongAttention(b *testing.B) {
+	p, _ := LookupPreset("synth-base")
+	w, err := materialize(context.Background(), p, whole(p))
+	if err != nil {
+		b.Fatal(err)
+	}
+	pass := func(workers int) time.Duration {
+		st := newStack(w, 0, p.Layers, p.Context)
+		st.scores = st.scores[:min(workers, len(st.scores))]
+		st.pos = p.Context - blockSize // the cache's content does not change the work
+		x := make([]float32, blockSize*p.Dim)
+		w.embed(x, make([]int, blockSize), st.pos)
+		start := time.Now()
+		if err := st.forward(context.Background(), x, blockSize); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	var split, one time.Duration
+	for b.Loop() {
+		split += pass(p.Heads)
+		one += pass(1)
+	}
+	b.ReportMetric(float64(split)/float64(one), "split-ratio")
+	b.ReportMetric(float64(split.Milliseconds())/float64(b.N), "split-ms/op")
+}

@@ -26,14 +26,16 @@
 //
 //	name          d_model  layers  heads  ffn   vocab  context  parameters
 //	synth-tiny         64       2      4   256    512      512     196,928
-//	synth-small       256       4      8  1024   2048     1024   4,458,752
-//	synth-base        512       8      8  2048   4096     1024  29,893,120
+//	synth-small       256       4      8  1024   2048     4096   5,245,184
+//	synth-base        512       8      8  2048   4096     4096  31,465,984
 //	synth-large       768      16     12  3072   4096     1024 120,349,440
 //
-// Memory is 4 bytes per parameter (synth-base: 120 MB; synth-large: 481 MB) once loaded,
+// Memory is 4 bytes per parameter (synth-base: 126 MB; synth-large: 481 MB) once loaded,
 // plus per request a KV cache of 2·layers·d_model·4 bytes per position of prompt and budget
-// (synth-base: 32 KiB per position, 32 MiB at a full context; synth-large: 96 KiB and 96
-// MiB). synth-large is the model a node's memory budget is not meant to hold whole: it runs
+// (synth-base: 32 KiB per position, 128 MiB at a full context; synth-large: 96 KiB and 96
+// MiB). synth-small's and synth-base's windows are 4,096 tokens, so that a generation can be
+// moved at a long context (issue 17's M1 and M2); the window only sizes the position table,
+// and the first 1,024 positions have the values they had when it was 1,024. synth-large is the model a node's memory budget is not meant to hold whole: it runs
 // sharded (see Shards), at 8 to 9 tokens/s on a busy 2-core machine, split or not.
 //
 // # Shards
@@ -72,8 +74,8 @@
 // length·d_model·4 bytes) and the logits.
 //
 //	model        one layer  head     whole    KV per position, all layers
-//	synth-small    3.1 MB    5.2 MB   17.8 MB   8 KiB
-//	synth-base    12.6 MB   18.9 MB  119.6 MB  32 KiB
+//	synth-small    3.1 MB    8.4 MB   21.0 MB   8 KiB
+//	synth-base    12.6 MB   25.2 MB  125.9 MB  32 KiB
 //	synth-large   28.3 MB   28.3 MB  481.4 MB  96 KiB
 //
 // synth-large in two stages of 8 layers takes 226.5 MB and 48 KiB per position on each

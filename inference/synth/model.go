@@ -242,9 +242,9 @@ type stack struct {
 
 	kc, vc [][]float32 // per layer: [capacity][Dim] keys and values
 
-	xn, q, att, proj []float32 // [blockSize][Dim]
-	ff               []float32 // [blockSize][FFN]
-	scores           []float64 // [capacity]
+	xn, q, att, proj []float32   // [blockSize][Dim]
+	ff               []float32   // [blockSize][FFN]
+	scores           [][]float64 // per attention worker: [capacity]
 }
 
 // newStack allocates a run of layers [lo, hi), which w holds, with room for capacity
@@ -263,7 +263,11 @@ func newStack(w *weights, lo, hi, capacity int) *stack {
 		att:      make([]float32, blockSize*d),
 		proj:     make([]float32, blockSize*d),
 		ff:       make([]float32, blockSize*p.FFN),
-		scores:   make([]float64, capacity),
+	}
+	// One row of attention scores for each goroutine attend may split the heads over.
+	s.scores = make([][]float64, max(1, min(runtime.GOMAXPROCS(0), p.Heads)))
+	for i := range s.scores {
+		s.scores[i] = make([]float64, capacity)
 	}
 	for l := range s.kc {
 		s.kc[l] = make([]float32, capacity*d)
@@ -321,15 +325,36 @@ func (s *stack) block(x []float32, B int) {
 }
 
 // attend computes causal multi-head attention for the B queries at positions s.pos…,
-// whose keys and values are already in the cache.
+// whose keys and values are already in the cache. Long attention (over parallelMinWork
+// multiply-adds: a long prompt's blocks, a decode step at a long context) is split by heads
+// over as many goroutines as s.scores has rows (GOMAXPROCS when the stack was made), which all end before attend returns; each
+// head's output is computed by the same operations however heads are split, so the split
+// never changes a bit.
 func (s *stack) attend(out, q, kc, vc []float32, B int) {
+	heads, workers := s.p.Heads, len(s.scores)
+	if B*(s.pos+B)*s.p.Dim*2 < parallelMinWork || workers < 2 {
+		s.attendHeads(out, q, kc, vc, B, 0, heads, s.scores[0])
+		return
+	}
+	chunk := (heads + workers - 1) / workers
+	var wg sync.WaitGroup
+	for w, lo := 1, chunk; lo < heads; w, lo = w+1, lo+chunk {
+		hi := min(lo+chunk, heads)
+		wg.Go(func() { s.attendHeads(out, q, kc, vc, B, lo, hi, s.scores[w]) })
+	}
+	s.attendHeads(out, q, kc, vc, B, 0, chunk, s.scores[0])
+	wg.Wait()
+}
+
+// attendHeads is attend for heads [lo, hi), with scores as scratch.
+func (s *stack) attendHeads(out, q, kc, vc []float32, B, lo, hi int, scratch []float64) {
 	p := s.p
 	d, dh := p.Dim, p.Dim/p.Heads
 	scale := 1 / math.Sqrt(float64(dh))
 	for b := range B {
 		t := s.pos + b // the query's position: it sees keys 0…t
-		scores := s.scores[:t+1]
-		for h := range p.Heads {
+		scores := scratch[:t+1]
+		for h := lo; h < hi; h++ {
 			off := h * dh
 			qh := q[b*d+off : b*d+off+dh]
 			best := math.Inf(-1)

@@ -51,8 +51,8 @@ func (p Preset) Shape() inference.ModelShape {
 func presets() []Preset {
 	return []Preset{
 		{Name: "synth-tiny", Dim: 64, Layers: 2, Heads: 4, FFN: 256, Vocab: 512, Context: 512},
-		{Name: "synth-small", Dim: 256, Layers: 4, Heads: 8, FFN: 1024, Vocab: 2048, Context: 1024},
-		{Name: "synth-base", Dim: 512, Layers: 8, Heads: 8, FFN: 2048, Vocab: 4096, Context: 1024},
+		{Name: "synth-small", Dim: 256, Layers: 4, Heads: 8, FFN: 1024, Vocab: 2048, Context: 4096},
+		{Name: "synth-base", Dim: 512, Layers: 8, Heads: 8, FFN: 2048, Vocab: 4096, Context: 4096},
 		{Name: "synth-large", Dim: 768, Layers: 16, Heads: 12, FFN: 3072, Vocab: 4096, Context: 1024},
 	}
 }

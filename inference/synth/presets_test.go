@@ -17,8 +17,8 @@ func TestPresets(t *testing.T) {
 		min, max int // the size class the issue asks for
 	}{
 		{"synth-tiny", 196_928, 0, 1_000_000},
-		{"synth-small", 4_458_752, 1_000_000, 10_000_000},
-		{"synth-base", 29_893_120, 10_000_000, 100_000_000},
+		{"synth-small", 5_245_184, 1_000_000, 10_000_000},
+		{"synth-base", 31_465_984, 10_000_000, 100_000_000},
 		{"synth-large", 120_349_440, 100_000_000, 1_000_000_000},
 	}
 	ps := Presets()
@@ -101,6 +101,45 @@ func TestFeedSplitInvariant(t *testing.T) {
 		for i := range want {
 			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
 				t.Fatalf("logit %d: %g in calls of %d positions, %g in one call", i, got[i], split, want[i])
+			}
+		}
+	}
+}
+
+// TestAttentionSplitInvariant: attention split by heads over goroutines (a long prompt's
+// blocks) gives the same bits as one goroutine, for 2 and 3 goroutines (3 does not divide
+// the 4 heads). The model is one narrow layer, so that blocks from position 496 on are past
+// parallelMinWork at little cost.
+func TestAttentionSplitInvariant(t *testing.T) {
+	p := Preset{Name: "attention-split", Dim: 64, Layers: 1, Heads: 4, FFN: 64, Vocab: 300, Context: 1024}
+	w, err := materialize(context.Background(), p, whole(p))
+	if err != nil {
+		t.Fatalf("materialize: %v", err)
+	}
+	tokens := make([]int, 560)
+	for i := range tokens {
+		tokens[i] = i * 13 % p.Vocab
+	}
+	run := func(workers int) []float32 {
+		d := p.Dim
+		x := make([]float32, len(tokens)*d)
+		w.embed(x, tokens, 0)
+		st := newStack(w, 0, p.Layers, len(tokens))
+		st.scores = make([][]float64, workers)
+		for i := range st.scores {
+			st.scores[i] = make([]float64, len(tokens))
+		}
+		if err := st.forward(context.Background(), x, len(tokens)); err != nil {
+			t.Fatalf("forward: %v", err)
+		}
+		return x
+	}
+	want := run(1)
+	for _, workers := range []int{2, 3} {
+		got := run(workers)
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("%d goroutines: value %d is %g, one goroutine gives %g", workers, i, got[i], want[i])
 			}
 		}
 	}

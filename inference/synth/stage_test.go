@@ -30,8 +30,8 @@ func TestShape(t *testing.T) {
 		model string
 		want  inference.ModelShape
 	}{
-		{"synth-small", inference.ModelShape{Layers: 4, Width: 256, Params: 4_458_752, WeightBytes: 17_835_008,
-			LayerBytes: 3_147_776, HeadBytes: 5_243_904, KVBytesPerToken: 8192, Context: 1024}},
+		{"synth-small", inference.ModelShape{Layers: 4, Width: 256, Params: 5_245_184, WeightBytes: 20_980_736,
+			LayerBytes: 3_147_776, HeadBytes: 8_389_632, KVBytesPerToken: 8192, Context: 4096}},
 		{"synth-large", inference.ModelShape{Layers: 16, Width: 768, Params: 120_349_440, WeightBytes: 481_397_760,
 			LayerBytes: 28_317_696, HeadBytes: 28_314_624, KVBytesPerToken: 98_304, Context: 1024}},
 	}
