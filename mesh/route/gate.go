@@ -57,9 +57,12 @@ import (
 //     replay).
 //  3. With the cloud possible, the generation moves to the cloud at once, no migration
 //     attempted, when no migration is strictly faster than the cloud restart, or when the
-//     best one would take more than MaxMoveBudgetShare of the remaining budget (the
-//     request's deadline, GateInput.Budget; 0 is none): a migration that eats most of what
-//     is left has no room for its own failure.
+//     best one's move would take more than MaxMoveBudgetShare of the remaining budget (the
+//     request's deadline, GateInput.Budget; 0 is none): a move that eats most of what is
+//     left has no room for its own failure. A move is the part of a migration's estimate
+//     before the stream goes on with new tokens (GateDecision.Moves): moving the KV state,
+//     or rebuilding it by prefill (and, for restart_peer, decoding the tokens sent again);
+//     the tokens still to generate take their time wherever they are generated.
 //  4. Without the cloud, the best migration is taken, even one that may not end within the
 //     budget (rest is the completion budget left, an upper bound: the model may stop
 //     sooner, and ending the request now is no better than trying); when no migration is
@@ -134,6 +137,9 @@ type GateDecision struct {
 	// Options are the estimates of live_transfer, replay, restart_peer, restart_cloud, in
 	// that order; 0 for an option that is not possible.
 	Options [4]time.Duration
+	// Moves are the moves of live_transfer, replay and restart_peer (rule 3): each
+	// Options' part before the stream goes on; 0 for an option that is not possible.
+	Moves [3]time.Duration
 	// Why says in words why Choice, for logs and status.
 	Why string
 }
@@ -164,11 +170,16 @@ func Gate(in GateInput) GateDecision {
 	var d GateDecision
 	if in.Replacement {
 		if in.SourceUp && in.Bandwidth > 0 {
-			d.Options[0] = possible(rtt + perRate(float64(max(in.KVBytes, 0)), in.Bandwidth) + perRate(float64(rest), decode))
+			d.Moves[0] = possible(rtt + perRate(float64(max(in.KVBytes, 0)), in.Bandwidth))
 		}
-		d.Options[1] = possible(rtt + perRate(float64(prompt+gen), prefill) + perRate(float64(rest), decode))
+		d.Moves[1] = possible(rtt + perRate(float64(prompt+gen), prefill))
 		if in.Deterministic {
-			d.Options[2] = possible(rtt + perRate(float64(prompt), prefill) + perRate(float64(gen+rest), decode))
+			d.Moves[2] = possible(rtt + perRate(float64(prompt), prefill) + perRate(float64(gen), decode))
+		}
+		for i, mv := range d.Moves {
+			if mv > 0 {
+				d.Options[i] = mv + perRate(float64(rest), decode)
+			}
 		}
 	}
 	if in.Cloud {
@@ -195,9 +206,9 @@ func Gate(in GateInput) GateDecision {
 	case in.Cloud && d.Options[best] >= cloud:
 		d.Choice, d.Estimate = MoveRestartCloud, cloud
 		d.Why = fmt.Sprintf("%s (%v) is not faster than a cloud restart (%v)", gateOrder[best], d.Options[best], cloud)
-	case in.Cloud && in.Budget > 0 && float64(d.Options[best]) > MaxMoveBudgetShare*float64(in.Budget):
+	case in.Cloud && in.Budget > 0 && float64(d.Moves[best]) > MaxMoveBudgetShare*float64(in.Budget):
 		d.Choice, d.Estimate = MoveRestartCloud, cloud
-		d.Why = fmt.Sprintf("%s (%v) would take over %.0f %% of the %v left", gateOrder[best], d.Options[best], 100*MaxMoveBudgetShare, in.Budget)
+		d.Why = fmt.Sprintf("%s's move (%v) would take over %.0f %% of the %v left", gateOrder[best], d.Moves[best], 100*MaxMoveBudgetShare, in.Budget)
 	case best < 0:
 		d.Choice, d.Why = MoveNone, "no peer can take the session and the cloud is not allowed"
 	default:

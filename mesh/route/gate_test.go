@@ -36,9 +36,17 @@ func TestGate(t *testing.T) {
 			MoveRestartCloud, ms(400) + 5*time.Second},
 		{"slow replacement, privacy mesh: migrate anyway", with(func(in *GateInput) { in.DecodeRate = 10; in.Cloud = false }),
 			MoveLiveTransfer, ms(20+167.772) + 10*time.Second},
-		{"tight budget: cloud at once", with(func(in *GateInput) { in.Budget = 10 * time.Second }), MoveRestartCloud, ms(400) + 5*time.Second},
-		{"loose budget: migrate", with(func(in *GateInput) { in.Budget = 20 * time.Second }), MoveLiveTransfer, ms(20+167.772) + 5*time.Second},
-		{"budget too short, no cloud: migrate anyway", with(func(in *GateInput) { in.Budget = 5 * time.Second; in.Cloud = false }), MoveLiveTransfer, ms(20+167.772) + 5*time.Second},
+		// A killed source, a slow prefill and 10 tokens to go: replay's move is 20 ms + 300 ÷
+		// 150 (2.02 s), then 10 ÷ 20 (500 ms): 2.52 s; the cloud 400 ms + 110 ÷ 40 = 3.15 s.
+		// With 3.5 s left the move would take over half of it: the cloud at once, which ends
+		// within the budget; with 5 s left, the replay.
+		{"tight budget: cloud at once", with(func(in *GateInput) { tightBudget(in, 3500*time.Millisecond) }), MoveRestartCloud, ms(400) + 2750*time.Millisecond},
+		{"loose budget: migrate", with(func(in *GateInput) { tightBudget(in, 5*time.Second) }), MoveReplay, ms(20+2000) + 500*time.Millisecond},
+		{"budget too short, no cloud: migrate anyway", with(func(in *GateInput) { tightBudget(in, 3500*time.Millisecond); in.Cloud = false }),
+			MoveReplay, ms(20+2000) + 500*time.Millisecond},
+		// The rest of the generation is no part of the move: 100 tokens to go at 20 a second
+		// (5 s) with 10 s left, but live transfer's move is 188 ms.
+		{"long rest, short move: migrate", with(func(in *GateInput) { in.Budget = 10 * time.Second }), MoveLiveTransfer, ms(20+167.772) + 5*time.Second},
 		{"cold replacement: cloud", with(func(in *GateInput) { in.ColdStart = 2 * time.Second }), MoveRestartCloud, ms(400) + 5*time.Second},
 		{"no replacement: cloud", with(func(in *GateInput) { in.Replacement = false }), MoveRestartCloud, ms(400) + 5*time.Second},
 		{"no replacement, no cloud: none", with(func(in *GateInput) { in.Replacement = false; in.Cloud = false }), MoveNone, 0},
@@ -74,7 +82,7 @@ func TestGate(t *testing.T) {
 
 // Over random inputs the gate never migrates when a migration is not strictly faster than
 // the cloud, never sends anything to a cloud the request does not allow, never leaves more
-// than MaxMoveBudgetShare of the budget to a migration the cloud could replace, and always
+// than MaxMoveBudgetShare of the budget to a migration's move when the cloud could take over, and always
 // picks the fastest migration it does take.
 func TestGateProperties(t *testing.T) {
 	rng := rand.New(rand.NewPCG(17, 3))
@@ -111,8 +119,11 @@ func TestGateProperties(t *testing.T) {
 			if in.Cloud && d.Estimate >= cloud {
 				t.Fatalf("case %d: %s (%v) chosen though the cloud takes %v", i, d.Choice, d.Estimate, cloud)
 			}
-			if in.Cloud && in.Budget > 0 && float64(d.Estimate) > MaxMoveBudgetShare*float64(in.Budget) {
-				t.Fatalf("case %d: %s (%v) takes over half the budget %v", i, d.Choice, d.Estimate, in.Budget)
+			if mv := d.Moves[k]; in.Cloud && in.Budget > 0 && float64(mv) > MaxMoveBudgetShare*float64(in.Budget) {
+				t.Fatalf("case %d: %s's move (%v) takes over half the budget %v", i, d.Choice, mv, in.Budget)
+			}
+			if mv := d.Moves[k]; mv <= 0 || mv > d.Estimate {
+				t.Fatalf("case %d: %s's move %v, estimate %v", i, d.Choice, mv, d.Estimate)
 			}
 			if d.Choice == MoveLiveTransfer && (!in.SourceUp || in.Bandwidth <= 0) {
 				t.Fatalf("case %d: live transfer without a source up and a measured bandwidth: %+v", i, in)
@@ -122,6 +133,12 @@ func TestGateProperties(t *testing.T) {
 			}
 		}
 	}
+}
+
+// tightBudget makes in a killed source's session with a slow prefill and 10 tokens to go,
+// and budget left.
+func tightBudget(in *GateInput, budget time.Duration) {
+	in.SourceUp, in.Remaining, in.PrefillRate, in.Budget = false, 10, 150, budget
 }
 
 func absDur(d time.Duration) time.Duration {

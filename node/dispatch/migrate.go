@@ -26,8 +26,8 @@ import (
 //     the cloud and the cloud says it serves the model deterministically (another
 //     meshinfer node's API says so of the built-in models, route.Cloud.Deterministic); the
 //     gate picks it only when it is strictly faster than any migration, or when a
-//     migration would take more than route.MaxMoveBudgetShare of the time left before the
-//     request's deadline;
+//     migration's move (the transfer or the prefill before new tokens) would take more
+//     than route.MaxMoveBudgetShare of the time left before the request's deadline;
 //   - none: nothing can continue the stream (within the deadline): the request ends with
 //     the cut's error.
 //
