@@ -35,11 +35,13 @@ import (
 // of their own: a requester H, the leaving peer A, the replacement B and a "cloud" C
 // (another synth server, a WAN hop away: m2CloudDelay each way through the link proxy,
 // measured as the executor measures its cloud: time to first token and rate). Each case
-// draws a bandwidth (1 to 1,000 Mbit/s, log-uniform), a prompt (about 64 to 900 tokens of
-// synth-small, whose window is 1,024) and a completion (4 tokens before the cut, 8 to 64
-// after); the budget is loose (the OpenAI API sets no deadline). From the same cut, after
-// A's fourth token, each thing the executor can do is run and timed to the completion's
-// last token:
+// draws a bandwidth (1 to 1,000 Mbit/s, log-uniform), a context at the cut (about 64 to
+// 4,032 positions, log-uniform: the prompt and 4 tokens, of synth-small, whose window is
+// 4,096), a completion still to come (8 to 64 tokens) and a budget, the time left before
+// the request's deadline (from the gate's estimate of the cloud restart, tight, to ten
+// times it, loose, log-uniform); the runs themselves are not cut at the budget. From the
+// same cut, after A's fourth token, each thing the executor can do is run and timed to the
+// completion's last token:
 //
 //   - live_transfer: A is asked to hand over (Server.HandOver); H relays its rows to B
 //     through a user-space shaper at the case's bandwidth (the only bulk bytes of a move)
@@ -58,19 +60,26 @@ import (
 // estimates them scaled by the model's measured tokens per estimated token, the tokens,
 // the KV bytes (those tokens × synth-small's 8 KiB, as the executor counts them from the
 // announced kv_bytes_per_token), the bandwidth measured from the first rows relayed, B's
-// round trip (ping) and its prefill and decode rates measured on earlier streams, and the
-// cloud's measured time to first token (also per prompt token) and rate. Metrics:
-// "fastest" the share of cases where what the gate's choice leads to measured fastest (by
-// median); "not-measurably-slower" where it measured fastest or its runs are not
-// measurably slower than the fastest's (m2Slower: the two differ by less than this
-// machine's run-to-run noise can show); "within-10%" where it measured within 10 % of the
-// fastest; "slower-than-cloud" the share where it measured over 10 % slower than the cloud
-// restart. Cases: 40, or $M2_CASES (the catalogue's 200 take about 95 min on 2 cores);
-// each is logged.
+// round trip (ping) and its prefill and decode rates measured on earlier streams (the
+// prefill rate averaged over prompts of about 250, 1,000 and 2,500 tokens, as a moving
+// average over a node's requests is), the cloud's measured time to first token (also per
+// prompt token, averaged likewise) and rate, and the budget. Metrics: "fastest" the share
+// of cases where what the gate's choice leads to measured fastest (by median);
+// "not-measurably-slower" where it measured fastest or its runs are not measurably slower
+// than the fastest's (m2Slower: the two differ by less than this machine's run-to-run
+// noise can show); "within-10%" where it measured within 10 % of the fastest;
+// "slower-than-cloud" the share where it measured over 10 % slower than the cloud restart;
+// "cloud-for-budget" the share where the gate chose the cloud because the best migration's
+// move would take over half the budget (rule 3). Cases: 40, or $M2_CASES, from case 0 or
+// $M2_FIRST (case k is the same whatever range is run, so that the catalogue's 200 can be
+// run in parts); each is logged.
 func BenchmarkM2GateAccuracy(b *testing.B) {
-	cases := 40
+	cases, first := 40, 0
 	if n, err := strconv.Atoi(os.Getenv("M2_CASES")); err == nil && n > 0 {
 		cases = n
+	}
+	if n, err := strconv.Atoi(os.Getenv("M2_FIRST")); err == nil && n > 0 {
+		first = n
 	}
 	const model = "synth-small"
 	// Four hosts' garbage in one process: fewer collections, less noise in each run.
@@ -123,15 +132,23 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 		}
 		return first.Sub(start), float64(n-1) / last.Sub(first).Seconds(), res.Usage.PromptTokens
 	}
-	short, long := m2Request(16, 40), m2Request(120, 8)
+	short := m2Request(16, 40)
 	timed(ha, short) // loads the model on A
 	_, decodeB, _ := timed(hb, short)
-	ttftB, _, served := timed(hb, long)
-	ratio := float64(served) / float64(route.PromptTokens(long))
-	prefillB := float64(served) / (ttftB - rtt).Seconds()
 	cloudTTFT, cloudRate, _ := timed(hc, short)
-	cloudLong, _, _ := timed(hc, long)
-	cloudPerToken := cloudLong.Seconds() / float64(served)
+	// The prefill rates are averages over prompts of several lengths, as the executor's
+	// moving averages are over the requests it has seen: a prefill's rate falls as its
+	// prompt grows (attention), so one length would say little of the others.
+	var prefillB, cloudPerToken, ratio float64
+	lengths := []int{m2Words(250), m2Words(1000), m2Words(2500)}
+	for _, words := range lengths {
+		long := m2Request(words, 8)
+		ttftB, _, served := timed(hb, long)
+		cloudLong, _, _ := timed(hc, long)
+		ratio += float64(served) / float64(route.PromptTokens(long)) / float64(len(lengths))
+		prefillB += float64(served) / (ttftB - rtt).Seconds() / float64(len(lengths))
+		cloudPerToken += cloudLong.Seconds() / float64(served) / float64(len(lengths))
+	}
 	b.Logf("measured: RTT to B %v, B prefills %.0f and decodes %.0f tokens/s, the cloud %v to first token (%.2f ms a prompt token) and %.0f tokens/s; %.2f tokens per estimated token",
 		rtt, prefillB, decodeB, cloudTTFT, cloudPerToken*1e3, cloudRate, ratio)
 
@@ -146,14 +163,20 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 		}
 		return o
 	}
-	var fastest, notSlower, within, slower int
+	var fastest, notSlower, within, slower, budgeted int
 	for b.Loop() {
-		fastest, notSlower, within, slower = 0, 0, 0, 0
-		for k := range cases {
+		fastest, notSlower, within, slower, budgeted = 0, 0, 0, 0, 0
+		for k := range first + cases {
+			// Every case's draws are made, those before first too, so that case k is the
+			// same whatever range is run.
 			bw := math.Pow(10, rng.Float64()*3) * 1e6 / 8 // bytes/s, 1 to 1,000 Mbit/s
-			words := 16 + rng.IntN(215)
+			positions := m2MinContext * math.Pow(m2MaxContext/m2MinContext, rng.Float64())
 			rest := 8 + rng.IntN(57)
-			req := m2Request(words, 4+rest)
+			slack := math.Pow(10, rng.Float64()) // the budget ÷ the cloud restart's estimate
+			if k < first {
+				continue
+			}
+			req := m2Request(m2Words(int(positions)-4), 4+rest)
 			runs := map[route.MoveOption][]time.Duration{}
 			var sample m2Cut
 			// The order of the runs turns with the case, so that no option always runs
@@ -169,10 +192,10 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 			// The options within m2Contest of the quickest run twice more, and each is
 			// timed by its median: one run's noise (another process's time slice, a GC)
 			// is several per cent, as large as the gaps between close options.
-			first := slices.Min([]time.Duration{runs[options[0]][0], runs[options[1]][0], runs[options[2]][0]})
+			quickest := slices.Min([]time.Duration{runs[options[0]][0], runs[options[1]][0], runs[options[2]][0]})
 			var contenders []route.MoveOption
 			for _, o := range order {
-				if float64(runs[o][0]) <= m2Contest*float64(first) {
+				if float64(runs[o][0]) <= m2Contest*float64(quickest) {
 					contenders = append(contenders, o)
 				}
 			}
@@ -202,7 +225,13 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 				Replacement: true, RTT: rtt, PrefillRate: prefillB, DecodeRate: decodeB,
 				Cloud: true, CloudTTFT: cloudTTFT, CloudRate: cloudRate, CloudTTFTPerToken: cloudPerToken,
 			}
+			// The budget: from just the cloud restart's estimate (tight) to ten times it
+			// (loose), log-uniform, as the time left before the request's deadline.
+			in.Budget = time.Duration(slack * float64(route.Gate(in).Options[3]))
 			dec := route.Gate(in)
+			if dec.Choice == route.MoveRestartCloud && strings.Contains(dec.Why, "would take over") {
+				budgeted++
+			}
 			chose := action(dec.Choice)
 			best := slices.MinFunc(options, func(x, y route.MoveOption) int { return int(took[x] - took[y]) })
 			if chose == best {
@@ -217,8 +246,8 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 			if float64(took[chose]) > 1.1*float64(took[route.MoveRestartCloud]) {
 				slower++
 			}
-			b.Logf("case %d: %.1f Mbit/s (measured %.1f), %d prompt tokens, %d to go: gate %s; measured live %v replay %v cloud %v",
-				k, bw*8/1e6, sample.measured*8/1e6, sample.prompt, rest, dec.Choice,
+			b.Logf("case %d: %.1f Mbit/s (measured %.1f), %d prompt tokens, %d to go, budget %v: gate %s (%s); measured live %v replay %v cloud %v",
+				k, bw*8/1e6, sample.measured*8/1e6, sample.prompt, rest, in.Budget.Round(time.Millisecond), dec.Choice, dec.Why,
 				m2Times(runs[route.MoveLiveTransfer]), m2Times(runs[route.MoveReplay]), m2Times(runs[route.MoveRestartCloud]))
 		}
 	}
@@ -226,7 +255,20 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 	b.ReportMetric(float64(notSlower)/float64(cases), "not-measurably-slower")
 	b.ReportMetric(float64(within)/float64(cases), "within-10%")
 	b.ReportMetric(float64(slower)/float64(cases), "slower-than-cloud")
+	b.ReportMetric(float64(budgeted)/float64(cases), "cloud-for-budget")
 }
+
+// The contexts M2 draws at the cut (prompt and the 4 tokens sent), log-uniform: the
+// catalogue's 64 to 4,096, less the longest completion still to come (64 tokens) so that
+// every case fits synth-small's window.
+const (
+	m2MinContext = 64
+	m2MaxContext = 4096 - 64
+)
+
+// m2Words is about how many words of m2Request make a prompt of n tokens (the synthetic
+// tokenizer cuts each into about 3.9 tokens, the chat template adds 3).
+func m2Words(n int) int { return max(1, (n-3)*100/388) }
 
 // moveGrace is how long a leaving node keeps generating while its cache moves: the drain's
 // bound (node.DefaultDrainTimeout).

@@ -19,18 +19,21 @@ import (
 // BenchmarkM1HandoverDowntime measures issue 17's M1 on real hosts over loopback: a
 // requester streams a synth-base generation from peer A, which hands it over after its
 // fourth token; the requester relays A's KV rows to peer B, which goes on. The downtime is
-// the gap between the last token from A and the first new one from B, at a context of 224
-// and of 896 positions (synth-base's window is 1,024: 4,096 does not fit it). For contrast
+// the gap between the last token from A and the first new one from B, at a context of about
+// 256 and of about 4,096 positions (synth-base's window is 4,096). For contrast
 // the same cut is made by replay: A is cut at the fourth token and B prefills the prompt and
 // the tokens sent. Metrics (ratios in one run):
 //
-//   - live-flat: live downtime at 896 ÷ at 224 (goal ≤ 1.5: the stop-and-copy is a few rows,
-//     whatever the context);
+//   - live-flat: live downtime at 4,096 ÷ at 256 (goal ≤ 1.5: the stop-and-copy is a few
+//     rows, whatever the context);
 //   - live-flat-in-intervals: the same in token intervals at each context (a decode step
 //     attends to every earlier position, so the interval grows with the context too);
-//   - live-intervals: live downtime at 896 in token intervals (A's median gap before the
+//   - live-intervals: live downtime at 4,096 in token intervals (A's median gap before the
 //     switch; goal ≤ 2 + one round trip, which on loopback is nothing);
-//   - replay-growth: replay downtime at 896 ÷ at 224 (grows with the context).
+//   - replay-growth: replay downtime at 4,096 ÷ at 256 (grows with the context).
+//
+// One iteration prefills a 4,096-token prompt of synth-base three times (A's, twice, and
+// B's replay): about 3 minutes on 2 cores.
 func BenchmarkM1HandoverDowntime(b *testing.B) {
 	ch, ha, hb := newHost(b), newHost(b), newHost(b)
 	for _, h := range []host.Host{ha, hb} {
@@ -59,7 +62,7 @@ func BenchmarkM1HandoverDowntime(b *testing.B) {
 	// run streams one request of a context of about words·k tokens from A, moved or cut
 	// after the fourth token, and returns the gap at the switch and A's median token gap.
 	run := func(words int, live bool) (gap, interval time.Duration, positions int) {
-		req := m1Request(words, 100)
+		req := m1Request(words, 12)
 		var stamps []time.Time
 		var ids []int
 		actx, cancelA := context.WithCancel(ctx)
@@ -121,7 +124,7 @@ func BenchmarkM1HandoverDowntime(b *testing.B) {
 	var live, replay, interval [2]time.Duration
 	var positions [2]int
 	for b.Loop() {
-		for i, words := range []int{m1Words(224), m1Words(896)} {
+		for i, words := range []int{m1Words(248), m1Words(4076)} {
 			live[i], interval[i], positions[i] = run(words, true)
 			replay[i], _, _ = run(words, false)
 		}
