@@ -13,7 +13,7 @@ import (
 )
 
 // shardNodes starts the mesh of TestPipelineServesAModelNoNodeHolds: a router that serves
-// nothing and three nodes announcing synth-small with budgets of 10, 5 and 5 MiB, so that
+// nothing and three nodes announcing synth-small with budgets of 11, 6 and 6 MiB, so that
 // a request for it runs on a pipeline of three stages (2 + 1 + 1 layers). configure, when
 // set, adjusts the stage nodes' configuration further.
 func shardNodes(t *testing.T, heartbeat time.Duration, configure func(i int, cfg *node.Config)) *Testnet {
@@ -26,7 +26,7 @@ func shardNodes(t *testing.T, heartbeat time.Duration, configure func(i int, cfg
 			return []string{"synth-small"}
 		},
 		Configure: func(i int, cfg *node.Config) {
-			cfg.MemoryBudget = []int64{0, 10 << 20, 5 << 20, 5 << 20}[i]
+			cfg.MemoryBudget = []int64{0, 11 << 20, 6 << 20, 6 << 20}[i]
 			if i > 0 && configure != nil {
 				configure(i, cfg)
 			}

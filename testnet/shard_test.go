@@ -19,9 +19,9 @@ import (
 	"github.com/meshinfer/meshinfer/transport/gateway"
 )
 
-// TestPipelineServesAModelNoNodeHolds: three nodes announce synth-small (18 MB in 4 layers,
-// about 4.5 MB a layer with its share of the embeddings) with memory budgets of 10, 5 and
-// 5 MiB, so none holds it whole: a request for it at a router that serves nothing is planned
+// TestPipelineServesAModelNoNodeHolds: three nodes announce synth-small (21 MB in 4 layers,
+// about 5.2 MB a layer with its share of the embeddings) with memory budgets of 11, 6 and
+// 6 MiB, so none holds it whole: a request for it at a router that serves nothing is planned
 // as a pipeline of the fewest stages that fit (2 + 1 + 1 layers), streams through them, and
 // gives exactly the tokens of a single-node run. Alone, the first of them cannot hold it,
 // and the error says by how much.
@@ -35,7 +35,7 @@ func TestPipelineServesAModelNoNodeHolds(t *testing.T) {
 			return []string{model}
 		},
 		Configure: func(i int, cfg *node.Config) {
-			cfg.MemoryBudget = []int64{0, 10 << 20, 5 << 20, 5 << 20}[i]
+			cfg.MemoryBudget = []int64{0, 11 << 20, 6 << 20, 6 << 20}[i]
 		},
 	})
 	within(t, 20*time.Second, "converge", tn.Converged)
@@ -84,7 +84,7 @@ func TestPipelineServesAModelNoNodeHolds(t *testing.T) {
 	})
 	r := stream(t, router.APIAddr(), routedBody(model, 6, 9, nil), nil, nil)
 	if r.errCode == "" || !strings.Contains(r.errMsg, "cannot hold the model") {
-		t.Fatalf("with one 10 MiB node left: %+v, want a refusal naming the shortfall", r)
+		t.Fatalf("with one 11 MiB node left: %+v, want a refusal naming the shortfall", r)
 	}
 }
 
@@ -152,7 +152,7 @@ func TestPipelineLosesAStageMidStream(t *testing.T) {
 		},
 		Configure: func(i int, cfg *node.Config) {
 			// Three stages of 2+1+1 layers out of four candidates: one spare.
-			cfg.MemoryBudget = []int64{0, 10 << 20, 10 << 20, 5 << 20, 5 << 20}[i]
+			cfg.MemoryBudget = []int64{0, 11 << 20, 11 << 20, 6 << 20, 6 << 20}[i]
 			// The stages are held until the test has killed one: the lost stage, not a
 			// step timing out at the head, is what the test is about.
 			cfg.PeerInterTokenTimeout = time.Minute
@@ -223,10 +223,10 @@ func samplingBody(t *testing.T, model string, maxTokens int, seed int64, temp, t
 }
 
 // stageBudgets gives node 0 (the router, serving nothing) no budget and every other node
-// 10 MiB: two of synth-small's four layers, so every pipeline of it has two stages.
+// 11 MiB: two of synth-small's four layers, so every pipeline of it has two stages.
 func stageBudgets(i int, cfg *node.Config) {
 	if i > 0 {
-		cfg.MemoryBudget = 10 << 20
+		cfg.MemoryBudget = 11 << 20
 	}
 }
 
@@ -347,7 +347,7 @@ func (l lyingStage) Forward(ctx context.Context, hidden []float32, n int) ([]flo
 }
 
 // A coordinator verifies a pipeline's result on another plan and meters it at the head.
-// Six nodes of 10 MiB serve synth-small in pipelines of two: the client's, a second plan
+// Six nodes of 11 MiB serve synth-small in pipelines of two: the client's, a second plan
 // of two others, and a third of the last two for a mismatch. Honest, the task passes and
 // is metered as served by its pipeline; then the first stage of the client's next
 // pipeline lies: the client's output differs from the model's, two other pipelines outvote
@@ -473,7 +473,7 @@ func TestPipelineStageDrainsHandsOverLive(t *testing.T) {
 		Configure: func(i int, cfg *node.Config) {
 			// Two stages of 2 layers out of four candidates that each hold 2: two spares,
 			// either of which can take a stage's layers.
-			cfg.MemoryBudget = []int64{0, 10 << 20, 10 << 20, 10 << 20, 10 << 20}[i]
+			cfg.MemoryBudget = []int64{0, 11 << 20, 11 << 20, 11 << 20, 11 << 20}[i]
 			cfg.PeerInterTokenTimeout = time.Minute // the test holds a stage on purpose
 			cfg.WrapStages = func(b inference.StageBackend) inference.StageBackend {
 				return heldStages{StageBackend: b, node: i, step: 5, reached: reached, release: release, firsts: firsts}
