@@ -60,19 +60,18 @@ import (
 // estimates them scaled by the model's measured tokens per estimated token, the tokens,
 // the KV bytes (those tokens × synth-small's 8 KiB, as the executor counts them from the
 // announced kv_bytes_per_token), the bandwidth measured from the first rows relayed, B's
-// round trip (ping) and its prefill and decode rates measured on earlier streams (the
-// prefill rate averaged over prompts of about 250, 1,000 and 2,500 tokens, as a moving
-// average over a node's requests is), the cloud's measured time to first token (also per
-// prompt token, averaged likewise) and rate, and the budget. Metrics: "fastest" the share
-// of cases where what the gate's choice leads to measured fastest (by median);
-// "not-measurably-slower" where it measured fastest or its runs are not measurably slower
-// than the fastest's (m2Slower: the two differ by less than this machine's run-to-run
-// noise can show); "within-10%" where it measured within 10 % of the fastest;
-// "slower-than-cloud" the share where it measured over 10 % slower than the cloud restart;
-// "cloud-for-budget" the share where the gate chose the cloud because the best migration's
-// move would take over half the budget (rule 3). Cases: 40, or $M2_CASES, from case 0 or
-// $M2_FIRST (case k is the same whatever range is run, so that the catalogue's 200 can be
-// run in parts); each is logged.
+// round trip (ping), its prefill rate at the session's length (route.PrefillFit over
+// earlier streams of five lengths, 64 to 3,500 tokens, twice) and decode rate, the cloud's
+// measured time to first token (also by prompt length, the same fit) and rate, and the
+// budget. Metrics: "fastest" the share of cases where what the gate's choice leads to
+// measured fastest (by median); "not-measurably-slower" where it measured fastest or its
+// runs are not measurably slower than the fastest's (m2Slower: the two differ by less than
+// this machine's run-to-run noise can show); "within-10%" where it measured within 10 % of
+// the fastest; "slower-than-cloud" the share where it measured over 10 % slower than the
+// cloud restart; "cloud-for-budget" the share where the gate chose the cloud because the
+// best migration's move would take over half the budget (rule 3). Cases: 40, or
+// $M2_CASES, from case 0 or $M2_FIRST (case k is the same whatever range is run, so that
+// the catalogue's 200 can be run in parts); each is logged.
 func BenchmarkM2GateAccuracy(b *testing.B) {
 	cases, first := 40, 0
 	if n, err := strconv.Atoi(os.Getenv("M2_CASES")); err == nil && n > 0 {
@@ -132,25 +131,43 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 		}
 		return first.Sub(start), float64(n-1) / last.Sub(first).Seconds(), res.Usage.PromptTokens
 	}
-	short := m2Request(16, 40)
-	timed(ha, short) // loads the model on A
-	_, decodeB, _ := timed(hb, short)
-	cloudTTFT, cloudRate, _ := timed(hc, short)
-	// The prefill rates are averages over prompts of several lengths, as the executor's
-	// moving averages are over the requests it has seen: a prefill's rate falls as its
-	// prompt grows (attention), so one length would say little of the others.
-	var prefillB, cloudPerToken, ratio float64
-	lengths := []int{m2Words(250), m2Words(1000), m2Words(2500)}
-	for _, words := range lengths {
-		long := m2Request(words, 8)
-		ttftB, _, served := timed(hb, long)
-		cloudLong, _, _ := timed(hc, long)
-		ratio += float64(served) / float64(route.PromptTokens(long)) / float64(len(lengths))
-		prefillB += float64(served) / (ttftB - rtt).Seconds() / float64(len(lengths))
-		cloudPerToken += cloudLong.Seconds() / float64(served) / float64(len(lengths))
+	// Earlier streams of five prompt lengths, twice, as the executor sees over its
+	// requests: B's first token less the round trip, and the cloud's first token, against
+	// the prompt's tokens (route.PrefillFit), their decode rates and the token ratio
+	// averaged (EWMA, weight 1/4, as node/dispatch averages them); the cloud's time to
+	// first token from the shortest prompt.
+	timed(ha, m2Request(16, 40)) // loads the model on A
+	var (
+		fitB, fitC                route.PrefillFit
+		decodeB, cloudRate, ratio float64
+		cloudTTFT                 time.Duration
+	)
+	ewma := func(avg, x float64) float64 {
+		if avg == 0 {
+			return x
+		}
+		return avg + (x-avg)/4
 	}
-	b.Logf("measured: RTT to B %v, B prefills %.0f and decodes %.0f tokens/s, the cloud %v to first token (%.2f ms a prompt token) and %.0f tokens/s; %.2f tokens per estimated token",
-		rtt, prefillB, decodeB, cloudTTFT, cloudPerToken*1e3, cloudRate, ratio)
+	for _, n := range slices.Repeat([]int{64, 250, 1000, 2000, 3500}, 2) {
+		req := m2Request(m2Words(n), 24)
+		ttft, rate, served := timed(hb, req)
+		if served >= 32 { // the executor's minPrefillSample
+			fitB.Add(served, ttft-rtt)
+		}
+		decodeB = ewma(decodeB, rate)
+		ratio = ewma(ratio, float64(served)/float64(route.PromptTokens(req)))
+		ttft, rate, _ = timed(hc, req)
+		fitC.Add(served, ttft)
+		cloudRate = ewma(cloudRate, rate)
+		if cloudTTFT == 0 {
+			cloudTTFT = ttft
+		}
+	}
+	for _, n := range []int{100, 500, 1000, 2000, 4000} {
+		b.Logf("measured for %d prompt tokens: B prefills %.0f tokens/s, the cloud's first token %v", n, float64(n)/fitB.At(n).Seconds(), fitC.At(n).Round(time.Millisecond))
+	}
+	b.Logf("measured: RTT to B %v, B decodes %.0f tokens/s, the cloud %v to first token on a short prompt and %.0f tokens/s; %.2f tokens per estimated token",
+		rtt, decodeB, cloudTTFT, cloudRate, ratio)
 
 	rng := rand.New(rand.NewPCG(17, 23)) // the same cases every run
 	// What the executor can do from a cut: hand over live, send B the request with the
@@ -222,8 +239,8 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 			in := route.GateInput{
 				PromptTokens: prompt, Generated: 4, Remaining: rest, Deterministic: true,
 				SourceUp: true, KVBytes: int64(prompt+4) * 8 << 10, Bandwidth: sample.measured,
-				Replacement: true, RTT: rtt, PrefillRate: prefillB, DecodeRate: decodeB,
-				Cloud: true, CloudTTFT: cloudTTFT, CloudRate: cloudRate, CloudTTFTPerToken: cloudPerToken,
+				Replacement: true, RTT: rtt, PrefillRate: float64(prompt+4) / fitB.At(prompt+4).Seconds(), DecodeRate: decodeB,
+				Cloud: true, CloudTTFT: cloudTTFT, CloudRate: cloudRate, CloudTTFTPerToken: fitC.At(prompt).Seconds() / float64(prompt),
 			}
 			// The budget: from just the cloud restart's estimate (tight) to ten times it
 			// (loose), log-uniform, as the time left before the request's deadline.

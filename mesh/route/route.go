@@ -105,10 +105,10 @@ type Cloud struct {
 	TTFT          time.Duration // measured time to first token (EWMA) or configured; 0 = Tuning default
 	TokensPerSec  float64       // 0 = Tuning default
 	USDPerMTok    float64       // cost per million tokens, prompt + completion
-	// TTFTPerToken is the measured time to first token per prompt token (seconds, EWMA;
-	// 0 = not measured), for the viability gate (GateInput.CloudTTFTPerToken). Decide does
-	// not read it.
-	TTFTPerToken float64
+	// Prefill is the measured time to first token as a function of the prompt's length,
+	// for the viability gate (GateInput.CloudTTFTPerToken, read at the session's length).
+	// Decide does not read it.
+	Prefill PrefillFit
 }
 
 // Tuning holds the router's estimates and limits. A zero (or negative) field takes

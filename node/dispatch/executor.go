@@ -137,10 +137,10 @@ type Executor struct {
 	localTPS  map[string]float64       // measured tokens/s per local model (EWMA)
 	localCold map[string]time.Duration // measured cold start per local model (EWMA)
 	cloudTTFT time.Duration            // measured cloud time to first token (EWMA)
-	// cloudTTFTPerToken is the cloud's time to first token per prompt token, seconds
-	// (EWMA): the gate scales a restart's first token by the prompt with it.
-	cloudTTFTPerToken float64
-	cloudTPS          float64 // measured cloud tokens/s (EWMA)
+	// cloudPrefill is the cloud's time to first token by prompt length (rates.go): the
+	// gate scales a restart's first token by the prompt with it.
+	cloudPrefill route.PrefillFit
+	cloudTPS     float64 // measured cloud tokens/s (EWMA)
 	// tokenRatio is, per model, the prompt tokens servers report per token routing
 	// estimates (route.PromptTokens; EWMA of completed fresh attempts): the gate counts a
 	// session's KV bytes and prefill time in the model's own tokens.
@@ -337,7 +337,7 @@ func (d *Executor) snapshot(ctx context.Context, now time.Time) (s *route.Snapsh
 		s.Cloud = route.Cloud{
 			Enabled: true, Models: d.cfg.CloudModels, Deterministic: cloudDet,
 			TTFT: d.cloudTTFT, TokensPerSec: d.cloudTPS, USDPerMTok: d.cfg.CloudUSDPerMTok,
-			TTFTPerToken: d.cloudTTFTPerToken,
+			Prefill: d.cloudPrefill,
 		}
 	}
 	return s, full

@@ -114,7 +114,9 @@ func (r *run) session(ctx context.Context) route.GateInput {
 		Remaining:     max(r.req.EffectiveMaxTokens()-len(r.sent), 0),
 		Deterministic: r.sentDet,
 		CloudTTFT:     r.snap.Cloud.TTFT, CloudRate: r.snap.Cloud.TokensPerSec,
-		CloudTTFTPerToken: r.snap.Cloud.TTFTPerToken,
+	}
+	if in.PromptTokens > 0 {
+		in.CloudTTFTPerToken = r.snap.Cloud.Prefill.At(in.PromptTokens).Seconds() / float64(in.PromptTokens)
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		in.Budget = max(dl.Sub(r.d.now()), time.Nanosecond)
@@ -150,7 +152,7 @@ func (r *run) measured(t route.Target, in *route.GateInput) {
 		}
 		p := r.snap.Peers[k]
 		in.RTT = p.RTT
-		in.PrefillRate, in.DecodeRate = r.d.measuredRates(p.Key, r.req.Model)
+		in.PrefillRate, in.DecodeRate = r.d.measuredRates(p.Key, r.req.Model, in.PromptTokens+in.Generated)
 		if in.DecodeRate == 0 {
 			in.DecodeRate = r.snap.PeerTokensPerSec(p.Key, r.d.now())
 		}

@@ -101,9 +101,7 @@ func (d *Executor) observe(t route.Target, model string, cold bool, err error, c
 	case inference.TierCloud:
 		d.mu.Lock()
 		d.cloudTTFT = time.Duration(ewma(float64(d.cloudTTFT), float64(ttft)))
-		if prompt > 0 {
-			d.cloudTTFTPerToken = ewma(d.cloudTTFTPerToken, ttft.Seconds()/float64(prompt))
-		}
+		d.cloudPrefill.Add(prompt, ttft)
 		if tps > 0 {
 			d.cloudTPS = ewma(d.cloudTPS, tps)
 		}

@@ -18,12 +18,15 @@ import (
 //     estimate, per model, turns the estimate into the model's own tokens (promptTokens):
 //     the KV bytes a live transfer moves and the positions a replay prefills are counted
 //     in them;
-//   - a peer's prefill rate: a fresh attempt's time to first token, less the round trip to
-//     the peer, over its prompt's tokens, from prompts of at least minPrefillSample tokens
-//     (a short prompt's first token is mostly fixed costs); and its decode rate, tokens
-//     after the first over the time they took. Both per peer and model, averaged (EWMA,
-//     weight 1/4), dropped once the peer has left the registry (checked when the rates
-//     outnumber the peers well, forgetRates).
+//   - a peer's prefill: a fresh attempt's time to first token, less the round trip to the
+//     peer, against its prompt's tokens, from prompts of at least minPrefillSample tokens,
+//     fitted as a function of the prompt's length (route.PrefillFit: attention makes a long
+//     prompt's tokens dearer than a short one's); the gate is given the rate at the
+//     session's length. And its decode rate, tokens after the first over the time they
+//     took (EWMA, weight 1/4). Both per peer and model, dropped once the peer has left the
+//     registry (checked when the rates outnumber the peers well, forgetRates);
+//   - the cloud's time to first token against the prompt's tokens, fitted the same way
+//     (its round trip is the fit's constant term), next to its overall average.
 //
 // A peer could lie about its prompt tokens or serve its first token late on purpose; the
 // ratio is held within [minTokenRatio, maxTokenRatio] and all of it only weighs estimates
@@ -34,8 +37,8 @@ type rateKey struct{ peer, model string }
 
 // peerRate is a peer's measured rates for a model; 0 is not measured.
 type peerRate struct {
-	prefillSec float64 // seconds per prompt token, round trip excluded
-	decodeTPS  float64
+	prefill   route.PrefillFit // time to first token less the round trip, by prompt length
+	decodeTPS float64
 }
 
 const (
@@ -82,21 +85,18 @@ func (d *Executor) noteTokens(model string, est, served int) {
 }
 
 // notePeerRates folds a completed fresh attempt on the peer whose reputation key is key
-// into its rates for model: ttft less rtt over prompt tokens, and tps.
+// into its rates for model: ttft less rtt for a prompt of prompt tokens, and tps.
 func (d *Executor) notePeerRates(key, model string, prompt int, ttft, rtt time.Duration, tps float64) {
-	var prefill float64
-	if prompt >= minPrefillSample && ttft > rtt {
-		prefill = (ttft - rtt).Seconds() / float64(prompt)
-	}
-	if prefill == 0 && tps <= 0 {
+	prefill := prompt >= minPrefillSample && ttft > rtt
+	if !prefill && tps <= 0 {
 		return
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	k := rateKey{key, model}
 	r := d.peerRates[k]
-	if prefill > 0 {
-		r.prefillSec = ewma(r.prefillSec, prefill)
+	if prefill {
+		r.prefill.Add(prompt, ttft-rtt)
 	}
 	if tps > 0 {
 		r.decodeTPS = ewma(r.decodeTPS, tps)
@@ -105,13 +105,14 @@ func (d *Executor) notePeerRates(key, model string, prompt int, ttft, rtt time.D
 }
 
 // measuredRates is what is measured of the peer whose reputation key is key serving model:
-// its prefill and decode rates in tokens/s, 0 when not measured.
-func (d *Executor) measuredRates(key, model string) (prefill, decode float64) {
+// its prefill rate for a prompt of n tokens and its decode rate, in tokens/s, 0 when not
+// measured.
+func (d *Executor) measuredRates(key, model string, n int) (prefill, decode float64) {
 	d.mu.Lock()
 	r := d.peerRates[rateKey{key, model}]
 	d.mu.Unlock()
-	if r.prefillSec > 0 {
-		prefill = 1 / r.prefillSec
+	if t := r.prefill.At(n); t > 0 {
+		prefill = float64(n) / t.Seconds()
 	}
 	return prefill, r.decodeTPS
 }

@@ -33,7 +33,7 @@ func TestGateUsesMeasuredRates(t *testing.T) {
 		short := chat(model, 8)
 		if _, _, at, err := collect(d, short); err != nil {
 			t.Fatal(err)
-		} else if prefill, _ := d.measuredRates(at.Peer, model); prefill != 0 {
+		} else if prefill, _ := d.measuredRates(at.Peer, model, route.PromptTokens(short)); prefill != 0 {
 			t.Fatalf("a %d-token prompt measured a prefill rate of %.0f tokens/s", route.PromptTokens(short), prefill)
 		}
 		if d.promptTokens(long) == est {
@@ -61,7 +61,7 @@ func TestGateUsesMeasuredRates(t *testing.T) {
 		}
 		want := float64(served) / (firstToken - rtt).Seconds()
 		for _, p := range []peer.ID{"a", "b"} {
-			prefill, _ := d.measuredRates(p.String(), model)
+			prefill, _ := d.measuredRates(p.String(), model, served)
 			if diff := prefill/want - 1; diff < -1e-9 || diff > 1e-9 {
 				t.Fatalf("peer %s: prefill rate %.2f tokens/s, want %.2f (%d tokens in %v)", p, prefill, want, served, firstToken-rtt)
 			}
@@ -81,4 +81,31 @@ func TestGateUsesMeasuredRates(t *testing.T) {
 			t.Fatalf("gate inputs: %d prompt tokens at %.2f tokens/s; want %d at %.2f", in.PromptTokens, in.PrefillTPS, d.promptTokens(long), want)
 		}
 	})
+}
+
+// A peer's prefill is fitted by prompt length (route.PrefillFit): after prompts of 200 and
+// 800 tokens whose first tokens cost a quadratic curve, the rate the gate is given for a
+// 1,600-token session is the curve's, not the average's.
+func TestPrefillRateByLength(t *testing.T) {
+	d := newExecutor(t, Config{Peers: peers{}, Registry: registryOf(model), Rep: newRep(t)})
+	const rtt = 10 * time.Millisecond
+	curve := func(n int) time.Duration { // 1 ms a token and attention: 1 µs × n²
+		return time.Duration(n)*time.Millisecond + time.Duration(n*n)*time.Microsecond
+	}
+	for range 3 {
+		for _, n := range []int{200, 800} {
+			d.notePeerRates("p", model, n, curve(n)+rtt, rtt, 40)
+		}
+	}
+	for _, n := range []int{200, 800, 1600} {
+		want := float64(n) / curve(n).Seconds()
+		if got, _ := d.measuredRates("p", model, n); got < want*0.98 || got > want*1.02 {
+			t.Errorf("prefill rate for %d tokens: %.0f tokens/s, want %.0f", n, got, want)
+		}
+	}
+	short, _ := d.measuredRates("p", model, 200)
+	long, _ := d.measuredRates("p", model, 1600)
+	if short < 2*long {
+		t.Errorf("a 200-token prompt prefills at %.0f tokens/s, a 1,600-token one at %.0f: want over twice as fast", short, long)
+	}
 }

@@ -1,0 +1,157 @@
+package route
+
+import (
+	"math"
+	"time"
+)
+
+// PrefillFit is the time a model takes to its first token as a function of the prompt's
+// length, fitted to measured first tokens, for the viability gate (GateInput.PrefillRate
+// and GateInput.CloudTTFTPerToken are read from it at the session's length).
+//
+// A transformer's prefill of n tokens costs T(n) = c + a·n + b·n²: fixed costs (and, for a
+// cloud, its round trip), the per-token work of the projections and MLP, and attention,
+// in which each position reads every earlier one. One average of seconds per token, taken
+// from prompts of every length, under-estimates a long prompt's prefill and over-estimates
+// a short one's (synth-small on 2 cores: 1.3 ms a token at 235 tokens, 2.3 ms at 690),
+// while the gate weighs prefills against transfers, which grow linearly. PrefillFit fits
+// c, a and b, none negative, by least squares over exponentially weighted samples (each
+// new one weighs 1/4, as the executor's other moving averages do): of the fits of every
+// subset of the three terms whose coefficients are all ≥ 0, the one with the least
+// residual. With samples of one length only that is the line through the origin (their
+// mean time per token); beyond the samples' lengths the curve is extrapolated.
+//
+// The zero value has no sample. The fields are exported only so that a snapshot copies a
+// fit; use Add and At.
+type PrefillFit struct {
+	// S holds the weighted sums of x^k (k = 0…4), of t·x^k (k = 0…2) and of t², where x
+	// is the length in units of prefillUnit tokens and t the time in seconds.
+	S [9]float64
+}
+
+// prefillUnit scales prompt lengths (x = n / prefillUnit) so that the sums of x⁴ stay
+// well conditioned for prompts of up to hundreds of thousands of tokens.
+const prefillUnit = 1024
+
+// Add folds in a prefill of n tokens that took t. Samples that are not positive, or t
+// over a day, are ignored.
+func (f *PrefillFit) Add(n int, t time.Duration) {
+	if n <= 0 || t <= 0 || t > maxEstimate {
+		return
+	}
+	x, y := float64(n)/prefillUnit, t.Seconds()
+	sample := [9]float64{1, x, x * x, x * x * x, x * x * x * x, y, x * y, x * x * y, y * y}
+	if f.S[0] == 0 {
+		f.S = sample
+		return
+	}
+	const keep = 3.0 / 4
+	for i := range f.S {
+		f.S[i] = keep*f.S[i] + (1-keep)*sample[i]
+	}
+}
+
+// At is the fitted prefill time of n tokens: 0 with no sample (or n ≤ 0), at most a day.
+func (f PrefillFit) At(n int) time.Duration {
+	if f.S[0] <= 0 || n <= 0 {
+		return 0
+	}
+	c := f.coefficients()
+	x := float64(n) / prefillUnit
+	sec := c[0] + c[1]*x + c[2]*x*x
+	return time.Duration(min(sec, maxEstimate.Seconds()) * float64(time.Second))
+}
+
+// coefficients is the non-negative least-squares fit (c, a, b) of t = c + a·x + b·x²: the
+// fit on the subset of the terms, all coefficients ≥ 0, with the least residual. The
+// linear term alone (the mean time per token) always qualifies, its coefficient a ratio
+// of positive sums, and stands unless another fits better by more than rounding (with
+// samples of one length, all fit them exactly).
+func (f PrefillFit) coefficients() [3]float64 {
+	s := f.S
+	// The normal equations: G[i][j] = Σw·x^(i+j), h[i] = Σw·t·x^i.
+	g := func(i, j int) float64 { return s[i+j] }
+	h := func(i int) float64 { return s[5+i] }
+	residual := func(c [3]float64) float64 { // Σw(t − Σ_i c_i x^i)², from the sums
+		res := s[8]
+		for i := range 3 {
+			res -= 2 * c[i] * h(i)
+			for j := range 3 {
+				res += c[i] * c[j] * g(i, j)
+			}
+		}
+		return res
+	}
+	best := [3]float64{0, h(1) / g(1, 1), 0}
+	bestRes, tol := residual(best), 1e-9*s[8]
+	// The subsets of the terms (bit i: term x^i), the linear term alone first (best
+	// already), then those with it, then the rest: on a tie (two or three sample lengths
+	// fit exactly by several) the earlier stands, and per-token work and attention are
+	// what a prefill is mostly made of.
+	for _, mask := range [...]int{6, 3, 7, 5, 4, 1} {
+		var terms []int
+		for i := range 3 {
+			if mask&(1<<i) != 0 {
+				terms = append(terms, i)
+			}
+		}
+		coef, ok := solve(len(terms), func(r, q int) float64 { return g(terms[r], terms[q]) }, func(r int) float64 { return h(terms[r]) })
+		if !ok {
+			continue
+		}
+		var full [3]float64
+		feasible := true
+		for r, i := range terms {
+			full[i] = coef[r]
+			feasible = feasible && coef[r] >= 0
+		}
+		if !feasible {
+			continue
+		}
+		if res := residual(full); res < bestRes-tol {
+			best, bestRes = full, res
+		}
+	}
+	return best
+}
+
+// solve solves the k×k system m·c = v (k ≤ 3) by Gaussian elimination with partial
+// pivoting; false when it is singular or nearly so.
+func solve(k int, m func(r, q int) float64, v func(r int) float64) ([3]float64, bool) {
+	var a [3][4]float64
+	scale := 0.0
+	for r := range k {
+		for q := range k {
+			a[r][q] = m(r, q)
+			scale = max(scale, math.Abs(a[r][q]))
+		}
+		a[r][k] = v(r)
+	}
+	for col := range k {
+		p := col
+		for r := col + 1; r < k; r++ {
+			if math.Abs(a[r][col]) > math.Abs(a[p][col]) {
+				p = r
+			}
+		}
+		if math.Abs(a[p][col]) <= 1e-12*scale {
+			return [3]float64{}, false
+		}
+		a[col], a[p] = a[p], a[col]
+		for r := col + 1; r < k; r++ {
+			f := a[r][col] / a[col][col]
+			for q := col; q <= k; q++ {
+				a[r][q] -= f * a[col][q]
+			}
+		}
+	}
+	var c [3]float64
+	for r := k - 1; r >= 0; r-- {
+		sum := a[r][k]
+		for q := r + 1; q < k; q++ {
+			sum -= a[r][q] * c[q]
+		}
+		c[r] = sum / a[r][r]
+	}
+	return c, true
+}
