@@ -1,6 +1,9 @@
 package inference
 
-import "strings"
+import (
+	"strings"
+	"time"
+)
 
 // Privacy says where a request may be served.
 type Privacy string
@@ -52,6 +55,11 @@ const (
 	TransportWebRTC Transport = "webrtc"
 )
 
+// MaxTimeout bounds a request's time limit (Prefs.Timeout): an hour is far beyond any
+// generation this mesh serves (4096 tokens at a few tokens a second), so a longer one is a
+// mistake in its unit rather than a wish.
+const MaxTimeout = time.Hour
+
 // AutoModel is the model name that asks the router to choose (with RouteAuto).
 const AutoModel = "auto"
 
@@ -63,6 +71,12 @@ type Prefs struct {
 	Priority  Priority  `json:"priority,omitempty"`
 	Route     RouteMode `json:"route,omitempty"`
 	Transport Transport `json:"transport,omitempty"`
+	// Timeout is the request's time limit, counted from when the API accepted it: the
+	// request's context gets that deadline, the router counts it as the time a moved
+	// generation has left (mesh/route's gate), and a request still running at its end ends
+	// with timeout. 0: none. At most MaxTimeout. The API reads it as a Go duration string
+	// (ParseTimeout), so it has no JSON form of its own here.
+	Timeout time.Duration `json:"-"`
 }
 
 // DefaultPrefs are the defaults of a node that was given none: the mesh but not the cloud,
@@ -85,11 +99,14 @@ func (p Prefs) Or(d Prefs) Prefs {
 	if p.Transport == "" {
 		p.Transport = d.Transport
 	}
+	if p.Timeout == 0 {
+		p.Timeout = d.Timeout
+	}
 	return p
 }
 
-// Validate reports an unknown value as invalid_request naming the accepted ones. Empty
-// fields are valid (not given).
+// Validate reports an unknown value, or a timeout below 0 or over MaxTimeout, as
+// invalid_request naming the accepted ones. Empty fields are valid (not given).
 func (p Prefs) Validate() error {
 	if err := checkEnum("privacy", string(p.Privacy), PrivacyLocalOnly, PrivacyMesh, PrivacyAny); err != nil {
 		return err
@@ -100,7 +117,34 @@ func (p Prefs) Validate() error {
 	if err := checkEnum("route", string(p.Route), RouteAuto, RouteExplicit); err != nil {
 		return err
 	}
-	return checkEnum("transport", string(p.Transport), TransportLibp2p, TransportWebRTC)
+	if err := checkEnum("transport", string(p.Transport), TransportLibp2p, TransportWebRTC); err != nil {
+		return err
+	}
+	if p.Timeout < 0 || p.Timeout > MaxTimeout {
+		return invalid("timeout %s is not %s", p.Timeout, timeoutForm)
+	}
+	return nil
+}
+
+// timeoutForm is the accepted form of a timeout, as error messages name it (MaxTimeout).
+const timeoutForm = "a duration such as 30s or 2m, at most 1h"
+
+// ParseTimeout reads a timeout preference as the API receives it: a Go duration
+// (time.ParseDuration: "30s", "2m", "1m30s"), positive and at most MaxTimeout. "" is not
+// given (0). Anything else, a bare number of seconds included, is an invalid_request naming
+// the accepted form: one form, no guessing at units.
+func ParseTimeout(s string) (time.Duration, error) {
+	if s == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 || d > MaxTimeout {
+		if len(s) > 64 {
+			s = s[:64] + "…"
+		}
+		return 0, invalid("timeout %q is not %s", s, timeoutForm)
+	}
+	return d, nil
 }
 
 func checkEnum[T ~string](field, v string, allowed ...T) error {

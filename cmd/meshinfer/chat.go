@@ -60,6 +60,7 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 	seed := fs.Int64("seed", 0, "sampling seed (same seed, same prompt: same answer)")
 	privacy := fs.String("privacy", "", "local-only, mesh or any (default: the node's --privacy)")
 	priority := fs.String("priority", "", "cost, latency or balanced (default: the node's --priority)")
+	timeout := fs.Duration("timeout", 0, "the request's time limit, e.g. 30s or 2m, at most 1h: the node ends it with a timeout error when it passes, and its router counts it as the time a moved generation has left (default: none)")
 	gatewayURL := fs.String("gateway", "", "a coordinator's API base URL: chat through its gateway as a thin client, with --key (instead of --api)")
 	key := fs.String("key", "", "API key for --gateway (default $"+apiKeyEnv+")")
 	device := fs.String("device", "", "with --gateway: send this device id (e.g. a UUID) instead of the one derived and kept in --data-dir")
@@ -102,6 +103,9 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	cr := chatRequest{model: *model, prompt: prompt, maxTokens: *maxTokens, seed: *seed, privacy: *privacy, priority: *priority}
+	if *timeout != 0 {
+		cr.timeout = timeout.String() // a Go duration, as the API reads it; it checks the bounds
+	}
 	onText := func(s string) { fmt.Fprint(stdout, s) }
 	var (
 		out chatOutcome
@@ -195,8 +199,8 @@ func chatGateway(ctx context.Context, base, key, device string, plainHTTP bool, 
 		"max_tokens": cr.maxTokens,
 		"seed":       cr.seed,
 	}
-	if cr.privacy != "" || cr.priority != "" {
-		body["meshinfer"] = map[string]string{"privacy": cr.privacy, "priority": cr.priority}
+	if cr.privacy != "" || cr.priority != "" || cr.timeout != "" {
+		body["meshinfer"] = map[string]string{"privacy": cr.privacy, "priority": cr.priority, "timeout": cr.timeout}
 	}
 	res, err := c.Chat(ctx, body, func(t client.Token) { onText(t.Text) })
 	if err != nil {
@@ -221,12 +225,13 @@ type chatOutcome struct {
 }
 
 // chatRequest is one chat completion to send; empty privacy and priority leave the node's
-// defaults.
+// defaults, an empty timeout sets no time limit.
 type chatRequest struct {
 	model, prompt     string
 	maxTokens         int
 	seed              int64
 	privacy, priority string
+	timeout           string // a Go duration: X-Meshinfer-Timeout, or the meshinfer object's timeout
 }
 
 // chat streams one completion from api, calling onText with each piece of text.
@@ -248,6 +253,9 @@ func chat(ctx context.Context, api string, cr chatRequest, onText func(string)) 
 	}
 	if cr.priority != "" {
 		req.Header.Set("X-Meshinfer-Priority", cr.priority)
+	}
+	if cr.timeout != "" {
+		req.Header.Set("X-Meshinfer-Timeout", cr.timeout)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -6,10 +6,14 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"maps"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
 
@@ -17,6 +21,7 @@ import (
 	"github.com/meshinfer/meshinfer/inference/synth"
 	"github.com/meshinfer/meshinfer/mesh/participation"
 	"github.com/meshinfer/meshinfer/node"
+	"github.com/meshinfer/meshinfer/transport/openai"
 )
 
 // coordinator is a coordinator node the tests chat through.
@@ -222,5 +227,68 @@ func TestChatRefusesPlainHTTPKey(t *testing.T) {
 			t.Errorf("%q: exit %d, want 1\nstderr %q", args, code, stderr)
 		}
 		wantContains(t, "stderr", stderr, "plain http://", "https://", "--allow-http")
+	}
+}
+
+// deadlineAPI is a Dispatcher over the synthetic backend that records the deadline of each
+// request's context: the time limit chat asked for, as the API applied it.
+type deadlineAPI struct {
+	b *synth.Backend
+
+	mu   sync.Mutex
+	left []time.Duration // per request: its deadline less the time Generate began; -1 for none
+}
+
+func (d *deadlineAPI) Models(context.Context) []openai.Model {
+	return []openai.Model{{ID: "synth-tiny", Routes: []string{"local"}}}
+}
+
+func (d *deadlineAPI) Generate(ctx context.Context, req *inference.Request, emit func(inference.Served, inference.Token) error) (inference.Result, inference.Served, error) {
+	left := time.Duration(-1)
+	if dl, ok := ctx.Deadline(); ok {
+		left = time.Until(dl)
+	}
+	d.mu.Lock()
+	d.left = append(d.left, left)
+	d.mu.Unlock()
+	at := inference.Served{Tier: inference.TierLocal, Attempts: 1}
+	res, err := d.b.Generate(ctx, req, func(t inference.Token) error { return emit(at, t) })
+	return res, at, err
+}
+
+// chat --timeout sends X-Meshinfer-Timeout: the API gives the request that deadline; none
+// without the flag; a limit the API refuses is an error naming the header and the bound.
+func TestChatTimeout(t *testing.T) {
+	b, err := synth.New("synth-tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &deadlineAPI{b: b}
+	srv := httptest.NewServer(openai.Handler(d))
+	defer srv.Close()
+	want := chatReference(t, "hello mesh", 6, 0) + "\n"
+
+	for _, args := range [][]string{{"--timeout", "30s"}, nil} {
+		args = append(append([]string{"chat", "--api", srv.URL, "--max-tokens", "6"}, args...), "hello", "mesh")
+		if code, stdout, stderr := runCmd(t, args...); code != 0 || stdout != want {
+			t.Fatalf("%q: exit %d\nstdout %q, want %q\nstderr %q", args, code, stdout, want, stderr)
+		}
+	}
+	d.mu.Lock()
+	left := slices.Clone(d.left)
+	d.mu.Unlock()
+	if len(left) != 2 || left[0] <= 0 || left[0] > 30*time.Second || left[1] != -1 {
+		t.Fatalf("time left at the dispatcher %v, want (0, 30s] with --timeout 30s, then none (-1)", left)
+	}
+	code, _, stderr := runCmd(t, "chat", "--api", srv.URL, "--timeout", "2h", "hi")
+	if code != 1 {
+		t.Fatalf("chat --timeout 2h: exit %d, want 1\nstderr %q", code, stderr)
+	}
+	wantContains(t, "chat --timeout 2h stderr", stderr, "invalid_request", "X-Meshinfer-Timeout header", "at most 1h")
+	d.mu.Lock()
+	n := len(d.left)
+	d.mu.Unlock()
+	if n != 2 {
+		t.Fatalf("a refused time limit reached the dispatcher (%d requests)", n)
 	}
 }

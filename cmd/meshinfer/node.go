@@ -73,7 +73,9 @@ body's "meshinfer" object or the X-Meshinfer-Privacy / X-Meshinfer-Priority head
 A request sent to a peer goes over a libp2p stream, or a WebRTC data channel with
 "meshinfer": {"transport": "webrtc"}, X-Meshinfer-Transport: webrtc, or --webrtc, when the
 peer accepts WebRTC set-ups (it runs with --webrtc or --webrtc-accept); else over libp2p.
-A node answers no peer's WebRTC set-up unless it runs with one of those two flags.`
+A node answers no peer's WebRTC set-up unless it runs with one of those two flags.
+A request may set a time limit, "meshinfer": {"timeout": "30s"} or X-Meshinfer-Timeout: 30s
+(a Go duration, at most 1h): still running when it passes, it ends with a timeout error.`
 
 func runNode(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("node", nodeSynopsis, stderr)

@@ -35,7 +35,9 @@ func (s *routingStats) count(tier inference.Tier) {
 }
 
 // outcomeOf is what one attempt's error says about its target, and whether it says
-// anything: invalid_request and the like do not.
+// anything: invalid_request and the like do not. clientGone means the attempt ended on the
+// client's side: it stopped reading, hung up, or the request's own time limit passed (its
+// context's deadline, Prefs.Timeout), none of which is the target's doing.
 func outcomeOf(err error, clientGone bool) (reputation.Outcome, bool) {
 	switch code := inference.CodeOf(err); {
 	case err == nil:

@@ -280,7 +280,10 @@ func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, er
 		mismatch = fmt.Errorf("%w: %v", errResumeMismatch, err)
 	}
 	m.served = res.Usage.PromptTokens
-	r.d.observe(t, r.req.Model, r.coldAt(t), err, emitErr != nil, m)
+	// The request's context ending (the client gone, its time limit passed) ends the
+	// attempt however the target was doing: a slow peer cut by a client's 2 s limit did
+	// not time out by the mesh's bounds, and is neither penalized nor reported degraded.
+	r.d.observe(t, r.req.Model, r.coldAt(t), err, emitErr != nil || ctx.Err() != nil, m)
 	switch {
 	case err == nil:
 		return res, nil, true

@@ -82,7 +82,7 @@ func (r *run) speculate(ctx context.Context, ld Loader, local, cloud route.Targe
 		})
 		if !errors.Is(err, errSpeculationLost) {
 			m.served = res.Usage.PromptTokens
-			d.observe(cloud, r.req.Model, false, err, emitErr != nil, m)
+			d.observe(cloud, r.req.Model, false, err, emitErr != nil || ctx.Err() != nil, m)
 		}
 		cloudDone <- outcome{res, err, emitErr != nil}
 	}()

@@ -79,7 +79,7 @@ func originAllowed(origin string, patterns []string) bool {
 // corsHeaders are the request headers a page may send, and the response headers it may
 // read.
 const (
-	corsAllowHeaders  = "Authorization, Content-Type, " + APIKeyHeader + ", " + DeviceHeader + ", X-Meshinfer-Privacy, X-Meshinfer-Priority, X-Meshinfer-Transport"
+	corsAllowHeaders  = "Authorization, Content-Type, " + APIKeyHeader + ", " + DeviceHeader + ", X-Meshinfer-Privacy, X-Meshinfer-Priority, X-Meshinfer-Transport, X-Meshinfer-Timeout"
 	corsExposeHeaders = "X-Meshinfer-Route, X-Meshinfer-Tier, X-Meshinfer-Attempts"
 )
 

@@ -753,3 +753,33 @@ func TestWSKeyAsSubprotocol(t *testing.T) {
 		}
 	}
 }
+
+// X-Meshinfer-Timeout passes through a request message's headers: a request held past its
+// limit ends with timeout for its id, the API's own time limit, and a limit out of bounds is
+// refused like any bad preference.
+func TestWSTimeoutHeader(t *testing.T) {
+	g := newGate()
+	d := newWSDispatcher(t)
+	d.hold = g.hold
+	f := startWS(t, d)
+	defer close(g.open)
+	rc := f.mustDial(t)
+	rc.request("slow", "", chatBody(1, 4), map[string]string{"X-Meshinfer-Timeout": "50ms"})
+	rc.request("bad", "", chatBody(1, 4), map[string]string{"X-Meshinfer-Timeout": "2h"})
+	got := rc.collect("slow", "bad")
+	if r := got["slow"]; r.err == nil || r.err.Code != "timeout" || !strings.Contains(r.err.Message, "50ms time limit") || len(r.tokens) != 0 {
+		t.Errorf("held past its limit: tokens %q error %+v, want timeout naming the 50ms limit", r.tokens, r.err)
+	}
+	if r := got["bad"]; r.err == nil || r.err.Code != "invalid_request" || !strings.Contains(r.err.Message, "X-Meshinfer-Timeout header") {
+		t.Errorf("a 2h limit: error %+v, want invalid_request naming the header", r.err)
+	}
+	// The hold sent its context's cause before returning, so before the error was written.
+	select {
+	case err := <-g.ended:
+		if inference.CodeOf(err) != inference.CodeTimeout {
+			t.Errorf("the held request's context ended with %v, want the timeout cause", err)
+		}
+	default:
+		t.Errorf("the held request's context did not end")
+	}
+}

@@ -42,8 +42,8 @@
 //
 // # Preferences
 //
-// Each request has routing preferences (inference.Prefs), three fields with closed sets of
-// values:
+// Each request has routing preferences (inference.Prefs), four fields with closed sets of
+// values and a time limit:
 //
 //	privacy   local-only | mesh | any          where it may be served: this device only; this
 //	                                           device or a peer; the cloud tier too
@@ -52,22 +52,37 @@
 //	transport libp2p | webrtc                  how this node reaches a serving peer: a libp2p
 //	                                           stream, or a WebRTC data channel (falling back
 //	                                           to libp2p)
+//	timeout   a Go duration: 30s, 2m, 1m30s    the request's time limit, more than 0 and at
+//	                                           most 1h (inference.ParseTimeout; a bare number
+//	                                           is refused, not read as seconds); none when
+//	                                           not given
 //
 // They come from, field by field, the first source that gives the field:
 //
-//  1. the body's "meshinfer" object: {"privacy":…,"priority":…,"route":…,"transport":…};
-//     unknown keys in it are ignored (later versions add some), and a missing, null or ""
-//     value is not given;
-//  2. the headers X-Meshinfer-Privacy, X-Meshinfer-Priority and X-Meshinfer-Transport
-//     (route has no header);
-//  3. the node's defaults (WithDefaultPrefs: node passes its flags');
-//  4. inference.DefaultPrefs: mesh, balanced, explicit, libp2p.
+//  1. the body's "meshinfer" object: {"privacy":…,"priority":…,"route":…,"transport":…,
+//     "timeout":…}; unknown keys in it are ignored (later versions add some), and a
+//     missing, null or "" value is not given;
+//  2. the headers X-Meshinfer-Privacy, X-Meshinfer-Priority, X-Meshinfer-Transport and
+//     X-Meshinfer-Timeout (route has no header);
+//  3. the node's defaults (WithDefaultPrefs: node passes its flags', which set no timeout);
+//  4. inference.DefaultPrefs: mesh, balanced, explicit, libp2p, no timeout.
 //
 // So a body value beats a header, which beats the node's default. An unknown value in the
-// body or in a header is a 400 invalid_request whose message names the source and the
-// accepted values, even when a higher source sets the same field. A meshinfer member that is
-// not an object of strings is a 400 like any malformed body. The resolved preferences are
-// stored in Request.Prefs; they steer this node and never travel to a peer.
+// body or in a header, or a timeout of another form or out of bounds, is a 400
+// invalid_request whose message names the source, the value and the accepted values or
+// form, even when a higher source sets the same field. A meshinfer member that is not an
+// object of strings is a 400 like any malformed body ("timeout": 30 included). The resolved
+// preferences are stored in Request.Prefs; they steer this node and never travel to a peer.
+//
+// A timeout applies to the whole request, counted from when the handler accepted it (before
+// its body is read): the context passed to the Dispatcher or the Local has that deadline,
+// and the Dispatcher's router counts the time left as its viability gate's budget (a cut
+// stream is not moved by a way that would take more than half of it when the cloud can take
+// over, mesh/route's Gate). When it passes, the request ends once with code timeout (504)
+// and the message "the request's <limit> time limit passed", whatever the Dispatcher or
+// the Local made of their cancellation: an ordinary JSON error before the first token, the
+// stream's one error event after it (Streaming). A peer cut off by a request's own limit is
+// not penalized for it.
 //
 // # Privacy gate
 //
@@ -144,8 +159,8 @@
 //
 // # Lifecycle
 //
-// The handler passes the request's context to the Dispatcher or the Local: a client that
-// disconnects cancels its generation. Each write has a deadline (writeTimeout), so a client
+// The handler passes the request's context, with the timeout's deadline when it has one, to
+// the Dispatcher or the Local: a client that disconnects cancels its generation. Each write has a deadline (writeTimeout), so a client
 // that stops reading does too. Close lets requests in flight finish for a grace period, then
 // cancels the rest, which end with shutting_down, and closes every connection; it returns
 // once no handler runs. The listener is loopback-only unless WithPublic(true): the API has

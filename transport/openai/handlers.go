@@ -144,10 +144,21 @@ func (h *handler) chat(w http.ResponseWriter, r *http.Request) {
 		methodNotAllowed(w, r, http.MethodPost)
 		return
 	}
+	accepted := time.Now()
 	req, e, status := h.decode(w, r)
 	if e != nil {
 		writeErrorStatus(w, e, status)
 		return
+	}
+	ctx := r.Context()
+	if t := req.Prefs.Timeout; t > 0 {
+		// The whole request, from its acceptance, on either path: the Dispatcher and the
+		// Local see the deadline (the router's gate counts it as the time left), and
+		// terminalError reads this cause however they ended.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadlineCause(ctx, accepted.Add(t),
+			inference.Errorf(inference.CodeTimeout, "the request's %s time limit passed", t))
+		defer cancel()
 	}
 	gen := h.gate(&req.Request)
 	id, created := newID(), time.Now().Unix()
@@ -159,11 +170,11 @@ func (h *handler) chat(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.Stream {
 		s := newStream(w, id, created, model, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
-		res, at, err := gen(r.Context(), &req.Request, s.emit)
-		s.finish(r.Context(), res, at, err)
+		res, at, err := gen(ctx, &req.Request, s.emit)
+		s.finish(ctx, res, at, err)
 		return
 	}
-	h.complete(w, r, req, gen, id, created, model)
+	h.complete(ctx, w, req, gen, id, created, model)
 }
 
 // generateFunc is Dispatcher.Generate's signature: what serves one decoded request.
@@ -231,9 +242,15 @@ func (h *handler) decode(w http.ResponseWriter, r *http.Request) (*chatRequest, 
 
 // prefs resolves a request's preferences field by field: the body's meshinfer object, then
 // the X-Meshinfer-* headers, then the node's defaults (which end in inference.DefaultPrefs).
-// An unknown value in the body or a header is an invalid_request naming the accepted ones.
-func (h *handler) prefs(header http.Header, body inference.Prefs) (inference.Prefs, *inference.Error) {
-	if err := body.Validate(); err != nil {
+// An unknown value in the body or a header, or a timeout not of inference.ParseTimeout's
+// form, is an invalid_request naming the accepted ones.
+func (h *handler) prefs(header http.Header, obj meshinferObject) (inference.Prefs, *inference.Error) {
+	body := obj.Prefs
+	err := body.Validate()
+	if err == nil {
+		body.Timeout, err = inference.ParseTimeout(obj.Timeout)
+	}
+	if err != nil {
 		return inference.Prefs{}, invalidf("meshinfer object: %s", message(err))
 	}
 	var fromHeader inference.Prefs
@@ -250,6 +267,9 @@ func (h *handler) prefs(header http.Header, body inference.Prefs) (inference.Pre
 		}
 		fromHeader = fromHeader.Or(f.p)
 	}
+	if fromHeader.Timeout, err = inference.ParseTimeout(header.Get(headerTimeout)); err != nil {
+		return inference.Prefs{}, invalidf("%s header: %s", headerTimeout, message(err))
+	}
 	return body.Or(fromHeader).Or(h.defaults), nil
 }
 
@@ -262,13 +282,13 @@ func message(err error) string {
 }
 
 // complete serves a non-streaming request: it collects the tokens and answers once.
-func (h *handler) complete(w http.ResponseWriter, r *http.Request, req *chatRequest, gen generateFunc, id string, created int64, model string) {
+func (h *handler) complete(ctx context.Context, w http.ResponseWriter, req *chatRequest, gen generateFunc, id string, created int64, model string) {
 	var (
 		mu   sync.Mutex // guards seq and text against a Dispatcher that emits after returning
 		seq  sequence
 		text strings.Builder
 	)
-	res, at, err := gen(r.Context(), &req.Request, func(_ inference.Served, t inference.Token) error {
+	res, at, err := gen(ctx, &req.Request, func(_ inference.Served, t inference.Token) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if err := seq.accept(t); err != nil {
@@ -289,7 +309,7 @@ func (h *handler) complete(w http.ResponseWriter, r *http.Request, req *chatRequ
 	}
 	setServed(w.Header(), at)
 	if err != nil {
-		writeError(w, terminalError(r.Context(), err))
+		writeError(w, terminalError(ctx, err))
 		return
 	}
 	if at.Model != "" {

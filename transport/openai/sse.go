@@ -24,9 +24,11 @@ const (
 	headerPriority = "X-Meshinfer-Priority"
 	// headerTransport asks for a transport to the serving peer (inference.Transport).
 	headerTransport = "X-Meshinfer-Transport"
-	headerRoute     = "X-Meshinfer-Route"
-	headerTier      = "X-Meshinfer-Tier"
-	headerAttempts  = "X-Meshinfer-Attempts"
+	// headerTimeout gives the request's time limit, a Go duration (inference.ParseTimeout).
+	headerTimeout  = "X-Meshinfer-Timeout"
+	headerRoute    = "X-Meshinfer-Route"
+	headerTier     = "X-Meshinfer-Tier"
+	headerAttempts = "X-Meshinfer-Attempts"
 )
 
 // routeLocal is the route of a request served on this device.

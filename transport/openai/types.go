@@ -41,12 +41,20 @@ type chatRequest struct {
 	inference.Request
 	// Meshinfer is the request's own preferences, the first source of Request.Prefs. Unknown
 	// keys inside the object are ignored (later versions add some).
-	Meshinfer inference.Prefs `json:"meshinfer,omitzero"`
+	Meshinfer meshinferObject `json:"meshinfer,omitzero"`
 	// StreamOptions is OpenAI's stream_options; only include_usage is honoured.
 	StreamOptions *streamOptions `json:"stream_options,omitempty"`
 	// N is OpenAI's number of choices. Only 1 is served; anything else is refused rather than
 	// silently answered with one choice.
 	N *int `json:"n,omitempty"`
+}
+
+// meshinferObject is the body's meshinfer object: the preferences as strings. Timeout is
+// a Go duration ("30s"), read by inference.ParseTimeout; it shadows Prefs.Timeout, which
+// has no JSON form.
+type meshinferObject struct {
+	inference.Prefs
+	Timeout string `json:"timeout,omitempty"`
 }
 
 type streamOptions struct {
