@@ -27,9 +27,16 @@ import (
 // Bounds of a handover, in the leaving backend.
 const (
 	// MovePreCopyBytes bounds the rows a generation sends between two of its tokens while it
-	// pre-copies: 1 MiB is 32 positions of synth-base, a few milliseconds on a LAN, so the
-	// tokens keep coming while the cache moves.
+	// pre-copies, unless the cache is larger than MovePreCopyTicks times it: 1 MiB is 32
+	// positions of synth-base, a few milliseconds on a LAN, so the tokens keep coming while
+	// the cache moves.
 	MovePreCopyBytes = 1 << 20
+	// MovePreCopyTicks is how many tokens a pre-copy takes at most with the default bound
+	// (Move.PreCopyBytes 0): a larger cache sends a 32nd of itself between two tokens.
+	// synth-base's cache at 4,096 positions is 128 MiB, 128 tokens at 1 MiB each: over 7 s
+	// of a leaving node's time (the drain's bound is 10 s) where 32 take 2 s, each token
+	// later by the time 4 MiB take on its link (a few milliseconds on a LAN).
+	MovePreCopyTicks = 32
 	// MoveStopRows is the size of the remainder, in positions, at which the generation stops
 	// and copies the rest: a stop-and-copy of this many rows is the pause the client sees,
 	// whatever the context's length.
@@ -71,12 +78,23 @@ func (r KVRows) CheckLayers(s ModelShape, layers int) error {
 type Move struct {
 	started atomic.Bool
 	// PreCopyBytes bounds the rows sent between two tokens while the generation pre-copies
-	// (0: MovePreCopyBytes). Smaller keeps more of a slow uplink for the tokens.
+	// (0: MovePreCopyBytes, or a MovePreCopyTicks-th of the cache when that is more).
+	// Smaller keeps more of a slow uplink for the tokens.
 	PreCopyBytes int
 	// Send takes the cache's rows in order from position 0, each run at most
 	// MaxKVRowsBytes. It is called on Generate's goroutine, between tokens, and may keep
 	// r.Data only until it returns. An error from it ends the generation with that error.
 	Send func(r KVRows) error
+}
+
+// PreCopyQuota is the most bytes of rows sent between two tokens while the generation
+// pre-copies a cache of cacheBytes: PreCopyBytes when set, else MovePreCopyBytes or a
+// MovePreCopyTicks-th of the cache, whichever is more.
+func (m *Move) PreCopyQuota(cacheBytes int) int {
+	if m.PreCopyBytes > 0 {
+		return m.PreCopyBytes
+	}
+	return max(MovePreCopyBytes, cacheBytes/MovePreCopyTicks)
 }
 
 // Start asks the generation to move: from its next token it sends its cache and then stops

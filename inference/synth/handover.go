@@ -1,7 +1,6 @@
 package synth
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -33,8 +32,9 @@ func newMover(move *inference.Move, s *session) *mover {
 
 // tick runs between two tokens, after emitted tokens went out and before the last of them
 // is fed to the layers. Once the move started it sends the rows not sent yet, at most
-// Move.PreCopyBytes of them per tick (pre-copy: the generation goes on between
-// ticks); once at most inference.MoveStopRows remain it sends them and returns *Moved
+// Move.PreCopyBytes of them per tick (by default inference.MovePreCopyBytes, or a
+// MovePreCopyTicks-th of the cache when that is more; pre-copy: the generation goes on
+// between ticks); once at most inference.MoveStopRows remain it sends them and returns *Moved
 // (stop-and-copy). A nil mover does nothing.
 func (mv *mover) tick(emitted int) error {
 	if mv == nil || !mv.move.Started() {
@@ -46,7 +46,7 @@ func (mv *mover) tick(emitted int) error {
 	}
 	rowBytes := 2 * len(st.kc) * st.p.Dim * 4
 	perRun := max(inference.MaxKVRowsBytes/rowBytes, 1)
-	for quota := cmp.Or(mv.move.PreCopyBytes, inference.MovePreCopyBytes); st.pos-mv.sent > inference.MoveStopRows && quota >= rowBytes; {
+	for quota := mv.move.PreCopyQuota(st.pos * rowBytes); st.pos-mv.sent > inference.MoveStopRows && quota >= rowBytes; {
 		n := min(st.pos-mv.sent, perRun, quota/rowBytes)
 		if err := mv.send(st, n); err != nil {
 			return err
