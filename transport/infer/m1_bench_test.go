@@ -62,7 +62,7 @@ func BenchmarkM1HandoverDowntime(b *testing.B) {
 	// run streams one request of a context of about words·k tokens from A, moved or cut
 	// after the fourth token, and returns the gap at the switch and A's median token gap.
 	run := func(words int, live bool) (gap, interval time.Duration, positions int) {
-		req := m1Request(words, 12)
+		req := m1Request(words, 100)
 		var stamps []time.Time
 		var ids []int
 		actx, cancelA := context.WithCancel(ctx)
@@ -124,7 +124,7 @@ func BenchmarkM1HandoverDowntime(b *testing.B) {
 	var live, replay, interval [2]time.Duration
 	var positions [2]int
 	for b.Loop() {
-		for i, words := range []int{m1Words(248), m1Words(4076)} {
+		for i, words := range []int{m1Words(252), m1Words(3900)} {
 			live[i], interval[i], positions[i] = run(words, true)
 			replay[i], _, _ = run(words, false)
 		}
