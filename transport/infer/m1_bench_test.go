@@ -20,7 +20,8 @@ import (
 // requester streams a synth-base generation from peer A, which hands it over after its
 // fourth token; the requester relays A's KV rows to peer B, which goes on. The downtime is
 // the gap between the last token from A and the first new one from B, at a context of about
-// 256 and of about 4,096 positions (synth-base's window is 4,096). For contrast
+// 256 and of about 4,096 positions (258 and 3,943 at the switch: synth-base's window is
+// 4,096, and the tokens decoded while the cache moves need room in it). For contrast
 // the same cut is made by replay: A is cut at the fourth token and B prefills the prompt and
 // the tokens sent. Metrics (ratios in one run):
 //
@@ -32,8 +33,8 @@ import (
 //     switch; goal ≤ 2 + one round trip, which on loopback is nothing);
 //   - replay-growth: replay downtime at 4,096 ÷ at 256 (grows with the context).
 //
-// One iteration prefills a 4,096-token prompt of synth-base three times (A's, twice, and
-// B's replay): about 3 minutes on 2 cores.
+// One iteration prefills a 3,900-token prompt of synth-base three times (A's, twice, and
+// B's replay): about 4 minutes on 2 cores.
 func BenchmarkM1HandoverDowntime(b *testing.B) {
 	ch, ha, hb := newHost(b), newHost(b), newHost(b)
 	for _, h := range []host.Host{ha, hb} {
