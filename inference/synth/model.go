@@ -327,9 +327,9 @@ func (s *stack) block(x []float32, B int) {
 // attend computes causal multi-head attention for the B queries at positions s.pos…,
 // whose keys and values are already in the cache. Long attention (over parallelMinWork
 // multiply-adds: a long prompt's blocks, a decode step at a long context) is split by heads
-// over as many goroutines as s.scores has rows (GOMAXPROCS when the stack was made), which all end before attend returns; each
-// head's output is computed by the same operations however heads are split, so the split
-// never changes a bit.
+// over as many goroutines as s.scores has rows (GOMAXPROCS when the stack was made), which
+// all end before attend returns; each head's output is computed by the same operations
+// however heads are split, so the split never changes a bit.
 func (s *stack) attend(out, q, kc, vc []float32, B int) {
 	heads, workers := s.p.Heads, len(s.scores)
 	if B*(s.pos+B)*s.p.Dim*2 < parallelMinWork || workers < 2 {
