@@ -161,7 +161,7 @@ func (h *handler) chat(w http.ResponseWriter, r *http.Request) {
 		defer cancel()
 	}
 	gen := h.gate(&req.Request)
-	id, created := newID(), time.Now().Unix()
+	id, created := newID(), accepted.Unix()
 	// The response names the model that served it: the router's choice with route auto
 	// (Served.Model), else the one asked for; "auto" when the Local chose one (it does not say).
 	model := req.Model
