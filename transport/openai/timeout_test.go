@@ -5,11 +5,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/meshinfer/meshinfer/inference"
@@ -188,61 +188,53 @@ func TestTimeoutEndsTheRequest(t *testing.T) {
 		{"local mid-stream", true, 3, true},
 		{"local mid-completion", true, 3, false},
 	} {
+		// In a synctest bubble the 50ms pass only when every goroutine waits: the tokens
+		// before the hold are all written first however slow the machine (CI saw 1 of 3 in
+		// 50ms of real time, under -race on two busy cores).
 		t.Run(tt.name, func(t *testing.T) {
-			hb := &holdBackend{Backend: sb, holdAt: tt.holdAt}
-			d := &synthDispatcher{b: sb, at: inference.Served{Tier: inference.TierLocal, Attempts: 1}}
-			if tt.holdAt == 0 {
-				d.before = func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
-			} else {
-				d.after = func(ctx context.Context, tok inference.Token) error {
-					if tok.Index == tt.holdAt-1 {
-						<-ctx.Done()
-						return ctx.Err()
+			synctest.Test(t, func(t *testing.T) {
+				hb := &holdBackend{Backend: sb, holdAt: tt.holdAt}
+				d := &synthDispatcher{b: sb, at: inference.Served{Tier: inference.TierLocal, Attempts: 1}}
+				if tt.holdAt == 0 {
+					d.before = func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
+				} else {
+					d.after = func(ctx context.Context, tok inference.Token) error {
+						if tok.Index == tt.holdAt-1 {
+							<-ctx.Done()
+							return ctx.Err()
+						}
+						return nil
 					}
-					return nil
 				}
-			}
-			s := startServer(t, d, WithLocal(localonly.New(hb)))
-			meshinfer := `{"timeout":"` + limit + `"}`
-			if tt.local {
-				meshinfer = `{"timeout":"` + limit + `","privacy":"local-only"}`
-			}
-			// A bound on the whole exchange, so that a missing deadline fails the test rather
-			// than hanging it; far beyond the limit, it never races it.
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+s.Addr()+"/v1/chat/completions",
-				bytes.NewReader(chatBody(t, testRequest(), tt.stream, meshinfer)))
-			if err != nil {
-				t.Fatal(err)
-			}
-			resp, err := newClient(t).Do(req)
-			if err != nil {
-				t.Fatalf("POST: %v", err)
-			}
-			defer resp.Body.Close()
+				meshinfer := `{"timeout":"` + limit + `"}`
+				if tt.local {
+					meshinfer = `{"timeout":"` + limit + `","privacy":"local-only"}`
+				}
+				r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions",
+					bytes.NewReader(chatBody(t, testRequest(), tt.stream, meshinfer)))
+				w := httptest.NewRecorder()
+				Handler(d, WithLocal(localonly.New(hb))).ServeHTTP(w, r)
 
-			var e wireError
-			if tt.stream && tt.holdAt > 0 {
-				if resp.StatusCode != http.StatusOK {
-					b, _ := io.ReadAll(resp.Body)
-					t.Fatalf("status %d, want a 200 stream: %s", resp.StatusCode, b)
+				var e wireError
+				if tt.stream && tt.holdAt > 0 {
+					if w.Code != http.StatusOK {
+						t.Fatalf("status %d, want a 200 stream: %s", w.Code, w.Body)
+					}
+					got := readStream(t, bufio.NewReader(w.Body))
+					if got.err == nil || got.done || got.tokens != tt.holdAt {
+						t.Fatalf("stream: %d tokens, error %+v, [DONE] %v; want %d tokens and an error event", got.tokens, got.err, got.done, tt.holdAt)
+					}
+					e = *got.err
+				} else {
+					if w.Code != http.StatusGatewayTimeout {
+						t.Fatalf("status %d, want 504: %s", w.Code, w.Body)
+					}
+					e = decodeError(t, w.Code, w.Header(), w.Body.Bytes())
 				}
-				got := readStream(t, bufio.NewReader(resp.Body))
-				if got.err == nil || got.done || got.tokens != tt.holdAt {
-					t.Fatalf("stream: %d tokens, error %+v, [DONE] %v; want %d tokens and an error event", got.tokens, got.err, got.done, tt.holdAt)
+				if e.Code != string(inference.CodeTimeout) || !strings.Contains(e.Message, "the request's "+limit+" time limit passed") {
+					t.Fatalf("error %+v, want timeout naming the %s limit", e, limit)
 				}
-				e = *got.err
-			} else {
-				b, _ := io.ReadAll(resp.Body)
-				if resp.StatusCode != http.StatusGatewayTimeout {
-					t.Fatalf("status %d, want 504: %s", resp.StatusCode, b)
-				}
-				e = decodeError(t, resp.StatusCode, resp.Header, b)
-			}
-			if e.Code != string(inference.CodeTimeout) || !strings.Contains(e.Message, "the request's "+limit+" time limit passed") {
-				t.Fatalf("error %+v, want timeout naming the %s limit", e, limit)
-			}
+			})
 		})
 	}
 }
