@@ -2,6 +2,7 @@ package synth
 
 import (
 	"context"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -279,4 +280,32 @@ func BenchmarkLongAttention(b *testing.B) {
 	}
 	b.ReportMetric(float64(split)/float64(one), "split-ratio")
 	b.ReportMetric(float64(split.Milliseconds())/float64(b.N), "split-ms/op")
+}
+
+// BenchmarkExp measures exp, which softmax calls once per attention score (a sixth of a
+// long prefill's time), against the same polynomial scaled by math.Ldexp, measured in the
+// same run: metric exp-ratio, exp's time ÷ the Ldexp form's, over softmax's arguments.
+func BenchmarkExp(b *testing.B) {
+	xs := make([]float64, 4096)
+	for i := range xs {
+		xs[i] = -float64(i) / 128 // 0 to −32: scores less the best
+	}
+	var sink float64
+	var fast, ref time.Duration
+	for b.Loop() {
+		start := time.Now()
+		for _, x := range xs {
+			sink += exp(x)
+		}
+		fast += time.Since(start)
+		start = time.Now()
+		for _, x := range xs {
+			sink += math.Ldexp(expParts(x))
+		}
+		ref += time.Since(start)
+	}
+	if sink == 0 {
+		b.Fatal("no sum")
+	}
+	b.ReportMetric(float64(fast)/float64(ref), "exp-ratio")
 }

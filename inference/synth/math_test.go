@@ -26,6 +26,21 @@ func TestExp(t *testing.T) {
 	}
 }
 
+// TestExpScaling: exp's power-of-two product is Ldexp's result bit for bit, over the whole
+// range, where the results are normal and where they are subnormal (below about −708).
+func TestExpScaling(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 200000 {
+		x := -745 + rng.Float64()*(709+745)
+		if i%2 == 0 {
+			x = -rng.Float64() * 40 // softmax's range, where attention calls it
+		}
+		if got, want := exp(x), math.Ldexp(expParts(x)); math.Float64bits(got) != math.Float64bits(want) {
+			t.Fatalf("exp(%v) = %v, Ldexp of its parts %v", x, got, want)
+		}
+	}
+}
+
 // TestMatmulParallelBitIdentical: splitting rows over goroutines changes no bit.
 func TestMatmulParallelBitIdentical(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))

@@ -346,16 +346,18 @@ func (s *stack) attend(out, q, kc, vc []float32, B int) {
 	wg.Wait()
 }
 
-// attendHeads is attend for heads [lo, hi), with scores as scratch.
+// attendHeads is attend for heads [lo, hi), with scores as scratch. Heads are the outer
+// loop: one head's keys and values, read by every query of the pass, stay in the CPU's
+// cache between them (a long context's whole cache does not).
 func (s *stack) attendHeads(out, q, kc, vc []float32, B, lo, hi int, scratch []float64) {
 	p := s.p
 	d, dh := p.Dim, p.Dim/p.Heads
 	scale := 1 / math.Sqrt(float64(dh))
-	for b := range B {
-		t := s.pos + b // the query's position: it sees keys 0…t
-		scores := scratch[:t+1]
-		for h := lo; h < hi; h++ {
-			off := h * dh
+	for h := lo; h < hi; h++ {
+		off := h * dh
+		for b := range B {
+			t := s.pos + b // the query's position: it sees keys 0…t
+			scores := scratch[:t+1]
 			qh := q[b*d+off : b*d+off+dh]
 			best := math.Inf(-1)
 			for j := range scores {
@@ -373,7 +375,7 @@ func (s *stack) attendHeads(out, q, kc, vc []float32, B, lo, hi int, scratch []f
 			clear(o)
 			for j, e := range scores {
 				pj := float32(e / sum)
-				vj := vc[j*d+off : j*d+off+dh]
+				vj := vc[j*d+off:][:len(o)]
 				for i := range o {
 					o[i] += float32(pj * vj[i])
 				}
