@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/internal/sse"
@@ -60,7 +61,7 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 	seed := fs.Int64("seed", 0, "sampling seed (same seed, same prompt: same answer)")
 	privacy := fs.String("privacy", "", "local-only, mesh or any (default: the node's --privacy)")
 	priority := fs.String("priority", "", "cost, latency or balanced (default: the node's --priority)")
-	timeout := fs.Duration("timeout", 0, "the request's time limit, e.g. 30s or 2m, at most 1h: the node ends it with a timeout error when it passes, and its router counts it as the time a moved generation has left (default: none)")
+	timeout := fs.Duration("timeout", 0, "the request's time limit, e.g. 30s or 2m, at most 1h: the node ends it with a timeout error when it passes (with --direct, chat does), and its router counts it as the time a moved generation has left (default: none)")
 	gatewayURL := fs.String("gateway", "", "a coordinator's API base URL: chat through its gateway as a thin client, with --key (instead of --api)")
 	key := fs.String("key", "", "API key for --gateway (default $"+apiKeyEnv+")")
 	device := fs.String("device", "", "with --gateway: send this device id (e.g. a UUID) instead of the one derived and kept in --data-dir")
@@ -88,6 +89,18 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "meshinfer chat: --device sends the id given, not the one kept in --data-dir: give one of them")
 		return errUsage
 	}
+	prefs := inference.Prefs{Privacy: inference.Privacy(*privacy), Priority: inference.Priority(*priority), Timeout: *timeout}
+	if err := prefs.Validate(); err != nil { // the node would refuse them; say so before sending
+		fmt.Fprintf(stderr, "meshinfer chat: %v\n", err)
+		return errUsage
+	}
+	if *useDirect && prefs.Privacy == inference.PrivacyLocalOnly {
+		fmt.Fprintln(stderr, "meshinfer chat: --direct gets the tokens from a mesh peer, which --privacy local-only forbids: leave out one of them")
+		return errUsage
+	}
+	if *useDirect && prefs.Priority != "" && prefs.Priority != inference.PriorityLatency {
+		fmt.Fprintf(stderr, "meshinfer chat: note: a direct task goes to the peer quickest to answer; --priority %s is not sent\n", prefs.Priority)
+	}
 	if *gatewayURL != "" && *key == "" {
 		if *key = os.Getenv(apiKeyEnv); *key == "" {
 			fmt.Fprintf(stderr, "meshinfer chat: --gateway needs an API key: --key KEY or $%s (the coordinator's operator creates one with 'meshinfer keys create')\n", apiKeyEnv)
@@ -104,7 +117,7 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 	defer stop()
 	cr := chatRequest{model: *model, prompt: prompt, maxTokens: *maxTokens, seed: *seed, privacy: *privacy, priority: *priority}
 	if *timeout != 0 {
-		cr.timeout = timeout.String() // a Go duration, as the API reads it; it checks the bounds
+		cr.timeout = timeout.String() // a Go duration, as the API reads it
 	}
 	onText := func(s string) { fmt.Fprint(stdout, s) }
 	var (
@@ -113,7 +126,10 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 	)
 	switch {
 	case *gatewayURL != "" && *useDirect:
-		out, err = chatDirect(ctx, *gatewayURL, *key, *device, *allowHTTP, cr, onText)
+		// A direct task has no time limit at the coordinator: this client keeps it.
+		dctx, ended := timeLimited(ctx, *timeout)
+		out, err = chatDirect(dctx, *gatewayURL, *key, *device, *allowHTTP, cr, onText)
+		err = ended(err)
 		if errors.Is(err, direct.ErrNoChannel) {
 			fmt.Fprintf(stderr, "meshinfer chat: %v; sending it through the gateway instead\n", err)
 			out, err = chatGateway(ctx, *gatewayURL, *key, *device, *allowHTTP, cr, onText)
@@ -182,6 +198,24 @@ func chatDirect(ctx context.Context, base, key, device string, plainHTTP bool, c
 	}
 	return chatOutcome{route: res.Peer, tier: "mesh", attempts: 1, finish: string(res.FinishReason),
 		tokens: res.Tokens, transport: "webrtc direct, metered from the peer's receipt"}, nil
+}
+
+// timeLimited is ctx ending after limit (none when 0), and a function that turns the error
+// of a call made with it into the API's timeout error (code timeout, the message the node
+// gives) when the limit is what ended it.
+func timeLimited(ctx context.Context, limit time.Duration) (context.Context, func(error) error) {
+	if limit <= 0 {
+		return ctx, func(err error) error { return err }
+	}
+	passed := inference.Errorf(inference.CodeTimeout, "the request's %s time limit passed", limit)
+	ctx, cancel := context.WithTimeoutCause(ctx, limit, passed)
+	return ctx, func(err error) error {
+		defer cancel()
+		if err != nil && errors.Is(context.Cause(ctx), passed) {
+			return passed
+		}
+		return err
+	}
 }
 
 // chatGateway streams one completion through a coordinator's gateway with the Go thin

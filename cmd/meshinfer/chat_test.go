@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"maps"
 	"net/http/httptest"
 	"os"
@@ -13,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/crypto"
@@ -280,15 +283,54 @@ func TestChatTimeout(t *testing.T) {
 	if len(left) != 2 || left[0] <= 0 || left[0] > 30*time.Second || left[1] != -1 {
 		t.Fatalf("time left at the dispatcher %v, want (0, 30s] with --timeout 30s, then none (-1)", left)
 	}
-	code, _, stderr := runCmd(t, "chat", "--api", srv.URL, "--timeout", "2h", "hi")
-	if code != 1 {
-		t.Fatalf("chat --timeout 2h: exit %d, want 1\nstderr %q", code, stderr)
+	// Preferences the node would refuse are refused before anything is sent.
+	for _, tt := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--timeout", "2h"}, []string{"timeout 2h0m0s", "at most 1h"}},
+		{[]string{"--timeout", "-5s"}, []string{"timeout -5s", "at most 1h"}},
+		{[]string{"--privacy", "everywhere"}, []string{`privacy "everywhere"`, "local-only, mesh, any"}},
+		{[]string{"--priority", "fast"}, []string{`priority "fast"`, "cost, latency, balanced"}},
+		{[]string{"--gateway", srv.URL, "--key", "msk_live_x", "--no-device", "--direct", "--privacy", "local-only"},
+			[]string{"--direct", "--privacy local-only"}},
+	} {
+		args := append(append([]string{"chat", "--api", srv.URL}, tt.args...), "hi")
+		code, _, stderr := runCmd(t, args...)
+		if code != 2 {
+			t.Fatalf("%q: exit %d, want 2\nstderr %q", args, code, stderr)
+		}
+		wantContains(t, fmt.Sprintf("%q stderr", args), stderr, tt.want...)
 	}
-	wantContains(t, "chat --timeout 2h stderr", stderr, "invalid_request", "X-Meshinfer-Timeout header", "at most 1h")
 	d.mu.Lock()
 	n := len(d.left)
 	d.mu.Unlock()
 	if n != 2 {
-		t.Fatalf("a refused time limit reached the dispatcher (%d requests)", n)
+		t.Fatalf("a refused preference reached the dispatcher (%d requests)", n)
 	}
+}
+
+// timeLimited turns the error of a call its limit ended into the node's timeout error, and
+// leaves other errors, and calls without a limit, as they are.
+func TestTimeLimited(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, ended := timeLimited(context.Background(), 30*time.Second)
+		<-ctx.Done()
+		err := ended(fmt.Errorf("direct: %w", ctx.Err()))
+		if inference.CodeOf(err) != inference.CodeTimeout || err.Error() != "timeout: the request's 30s time limit passed" {
+			t.Fatalf("after the limit: %v, want the timeout error naming 30s", err)
+		}
+		other := errors.New("the peer left")
+		_, ended = timeLimited(context.Background(), time.Minute)
+		if err := ended(other); err != other {
+			t.Fatalf("before the limit: %v, want the call's own error", err)
+		}
+		if err := ended(nil); err != nil {
+			t.Fatalf("a call that ended well: %v", err)
+		}
+		plain, ended := timeLimited(context.Background(), 0)
+		if _, ok := plain.Deadline(); ok || ended(other) != other {
+			t.Fatalf("no limit: the context has a deadline, or the error changed")
+		}
+	})
 }
