@@ -132,6 +132,9 @@ func runChat(args []string, stdout, stderr io.Writer) error {
 		err = ended(err)
 		if errors.Is(err, direct.ErrNoChannel) {
 			fmt.Fprintf(stderr, "meshinfer chat: %v; sending it through the gateway instead\n", err)
+			if end, ok := dctx.Deadline(); ok { // what is left of --timeout, not all of it again
+				cr.timeout = max(time.Until(end).Round(time.Millisecond), time.Millisecond).String()
+			}
 			out, err = chatGateway(ctx, *gatewayURL, *key, *device, *allowHTTP, cr, onText)
 		}
 	case *gatewayURL != "":
