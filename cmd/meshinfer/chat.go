@@ -269,6 +269,9 @@ type chatRequest struct {
 	seed              int64
 	privacy, priority string
 	timeout           string // a Go duration: X-Meshinfer-Timeout, or the meshinfer object's timeout
+	// onStart, if set, is called by chat once the node accepted the stream, with where its
+	// first attempt runs (X-Meshinfer-Route).
+	onStart func(route string)
 }
 
 // chat streams one completion from api, calling onText with each piece of text.
@@ -303,6 +306,9 @@ func chat(ctx context.Context, api string, cr chatRequest, onText func(string)) 
 	out.attempts, _ = strconv.Atoi(resp.Header.Get("X-Meshinfer-Attempts"))
 	if resp.StatusCode != http.StatusOK {
 		return out, apiError(resp)
+	}
+	if cr.onStart != nil {
+		cr.onStart(out.route)
 	}
 	sr := sse.NewReader(resp.Body, maxSSELine)
 	for {

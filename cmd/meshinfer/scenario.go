@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -152,6 +153,7 @@ func batteryDrain(ctx context.Context, w io.Writer, tn *testnet.Testnet, step ti
 			cond(seenAccepting(router, n), "accepting", "not accepting"), served)
 		if phase == "done" {
 			fmt.Fprintln(w, "node 1 is back.")
+			handover(ctx, w, tn, step, handoverTokens)
 			return
 		}
 	}
@@ -161,4 +163,145 @@ func batteryDrain(ctx context.Context, w io.Writer, tn *testnet.Testnet, step ti
 func seenAccepting(observer, n *node.Node) bool {
 	e, ok := observer.Registry().Get(n.ID(), time.Now())
 	return ok && !e.Stale && e.Vector != nil && e.Vector.Load.Accepting
+}
+
+// handoverTokens is how long the answer of the handover act is: long enough to be still
+// running when the node serving it pauses, a heartbeat or two after its battery drops.
+const handoverTokens = 2000
+
+// handover plays the battery-drain scenario's last act: node 0 streams an answer (tokens long) of a
+// model two peers serve, and the battery of the peer serving it drops below the floor
+// mid-stream. The peer pauses and hands its running generation over, as node 0's viability
+// gate decides (live transfer of the KV cache on a fast link), and the stream goes on from
+// another node. It prints where the stream began and ended, the gate's decision from node
+// 0's status (what /api/status shows under "migration"), and whether the text is the same
+// as an uninterrupted run's; then the peer charges again.
+func handover(ctx context.Context, w io.Writer, tn *testnet.Testnet, heartbeat time.Duration, tokens int) {
+	const model = "synth-small"
+	router := tn.Node(0)
+	index := map[string]int{} // route → node index
+	var serving []int
+	for i := 1; i < tn.Len(); i++ {
+		n := tn.Node(i)
+		if n == nil || tn.Sensors(i) == nil {
+			continue
+		}
+		index[inference.Served{Tier: inference.TierMesh, Peer: n.ID().String()}.Route()] = i
+		if slices.Contains(n.Status().Inference.Models, model) {
+			serving = append(serving, i)
+		}
+	}
+	if router == nil || len(serving) < 2 {
+		fmt.Fprintf(w, "\n(the live handover needs two nodes serving %s besides node 0: run 4 nodes or more)\n", model)
+		return
+	}
+	fmt.Fprintf(w, "\nlive handover: node 0 streams a %d-token %s answer, and the battery of the node serving it drops mid-stream\n", tokens, model)
+	cr := chatRequest{model: model, prompt: "tell me about meshes", maxTokens: tokens, seed: 17}
+	started := make(chan string, 1)
+	cr.onStart = func(route string) { started <- route }
+	type result struct {
+		out  chatOutcome
+		text string
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() { // ends with the stream: it completes, fails, or ctx ends
+		var text strings.Builder
+		out, err := chat(ctx, "http://"+router.APIAddr(), cr, func(s string) { text.WriteString(s) })
+		done <- result{out, text.String(), err}
+	}()
+	var route string
+	select {
+	case route = <-started:
+	case r := <-done:
+		fmt.Fprintf(w, "  the stream did not start: %v\n", r.err)
+		return
+	case <-ctx.Done():
+		<-done
+		return
+	}
+	drained, ok := index[route]
+	if !ok || tn.Node(drained) == nil {
+		fmt.Fprintf(w, "  served by %s, not a peer: nothing to hand over\n", route)
+		<-done
+		return
+	}
+	// The router measures the serving peer's bandwidth as the attempt starts (the gate
+	// weighs a transfer by it); the battery drops once it has, or after a few seconds.
+	peer := tn.Node(drained)
+	for wait := time.Now().Add(5 * time.Second); time.Now().Before(wait) && !measuredWith(router, peer); {
+		select {
+		case <-ctx.Done():
+			<-done
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	s := tn.Sensors(drained)
+	before := s.State()
+	st := before
+	st.BatteryLevel, st.Charging = participation.DefaultBatteryFloor-5, false
+	if err := s.Set(st); err != nil {
+		fmt.Fprintf(w, "  set sensors: %v\n", err)
+		<-done
+		return
+	}
+	fmt.Fprintf(w, "  node %d serves it; its battery drops to %d%%: it pauses within a heartbeat (%v) and hands the generation over\n",
+		drained, st.BatteryLevel, heartbeat)
+	r := <-done
+	if err := s.Set(before); err != nil {
+		fmt.Fprintf(w, "  set sensors: %v\n", err)
+	}
+	if r.err != nil {
+		fmt.Fprintf(w, "  the stream failed: %v\n", r.err)
+		return
+	}
+	if peer.Status().Inference.Moved == 0 && r.out.route == route {
+		fmt.Fprintf(w, "  the answer ended (%d tokens) before node %d paused: nothing moved (a fast machine: try --heartbeat 500ms)\n", r.out.tokens, drained)
+		return
+	}
+	if m := router.Status().Migration; len(m.Recent) > 0 {
+		d := m.Recent[len(m.Recent)-1]
+		fmt.Fprintf(w, "  node 0's gate chose %s (%s): %.1f MB of KV cache, link measured at %.0f Mbit/s, estimated %s, %s from the decision to the last token\n",
+			d.Choice, d.Outcome, float64(d.Inputs.KVBytes)/1e6, d.Inputs.BandwidthMbps,
+			msDuration(d.EstimateMS), msDuration(d.TookMS))
+	}
+	to := r.out.route
+	if i, ok := index[to]; ok {
+		to = fmt.Sprintf("node %d", i)
+	}
+	// An uninterrupted run of the same request, kept on one node (local-only), for the
+	// comparison: the synthetic models are deterministic.
+	ref := serving[0]
+	if ref == drained {
+		ref = serving[1]
+	}
+	refReq := cr
+	refReq.onStart, refReq.privacy = nil, string(inference.PrivacyLocalOnly)
+	var want strings.Builder
+	if _, err := chat(ctx, "http://"+tn.Node(ref).APIAddr(), refReq, func(s string) { want.WriteString(s) }); err != nil {
+		fmt.Fprintf(w, "  the stream went on from %s: %d tokens, finish %s (the uninterrupted run for comparison failed: %v)\n", to, r.out.tokens, r.out.finish, err)
+		return
+	}
+	same := "identical to"
+	if want.String() != r.text {
+		same = "DIFFERENT from"
+	}
+	fmt.Fprintf(w, "  the stream went on from %s: %d tokens, finish %s, %s an uninterrupted run on node %d; node %d charges again\n",
+		to, r.out.tokens, r.out.finish, same, ref, drained)
+}
+
+// measuredWith reports whether n has measured its bandwidth with p each way.
+func measuredWith(n, p *node.Node) bool {
+	for _, e := range n.Peers() {
+		if e.PeerID == p.ID().String() {
+			return e.BandwidthMbps != nil && e.BandwidthMbps.Down > 0 && e.BandwidthMbps.Up > 0
+		}
+	}
+	return false
+}
+
+// msDuration prints a status figure in milliseconds as a duration.
+func msDuration(ms float64) time.Duration {
+	return time.Duration(ms * float64(time.Millisecond)).Round(time.Millisecond)
 }
