@@ -309,3 +309,35 @@ func BenchmarkExp(b *testing.B) {
 	}
 	b.ReportMetric(float64(fast)/float64(ref), "exp-ratio")
 }
+
+// BenchmarkDecodeStepByContext measures one decode step of synth-base (one position
+// through every layer, without the logits) at positions 258 and 3,943, M1's two contexts:
+// metric "step-ratio", the long step ÷ the short one in the same run, which bounds how flat
+// a live transfer's downtime can be (the replacement's first step is part of it); "ms@258"
+// and "ms@3943" the steps themselves.
+func BenchmarkDecodeStepByContext(b *testing.B) {
+	p, _ := LookupPreset("synth-base")
+	w, err := materialize(context.Background(), p, whole(p))
+	if err != nil {
+		b.Fatal(err)
+	}
+	st := newStack(w, 0, p.Layers, p.Context)
+	x := make([]float32, p.Dim)
+	step := func(pos int) time.Duration {
+		st.pos = pos // the cache's content does not change the work
+		w.embed(x, []int{1}, pos)
+		start := time.Now()
+		if err := st.forward(context.Background(), x, 1); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	var short, long time.Duration
+	for b.Loop() {
+		short += step(257)
+		long += step(3942)
+	}
+	b.ReportMetric(float64(long)/float64(short), "step-ratio")
+	b.ReportMetric(float64(short.Microseconds())/1000/float64(b.N), "ms@258")
+	b.ReportMetric(float64(long.Microseconds())/1000/float64(b.N), "ms@3943")
+}

@@ -79,10 +79,9 @@ func (mv *mover) send(st *stack, n int) error {
 // rows appends to dst the keys then the values of positions [from, from+n) of every layer
 // of s, in KVRows' layout.
 func (s *stack) rows(dst []float32, from, n int) []float32 {
-	d := s.p.Dim
 	for l := range s.kc {
-		dst = append(dst, s.kc[l][from*d:(from+n)*d]...)
-		dst = append(dst, s.vc[l][from*d:(from+n)*d]...)
+		dst = s.gather(dst, s.kc[l], from, n)
+		dst = s.gather(dst, s.vc[l], from, n)
 	}
 	return dst
 }
@@ -92,8 +91,8 @@ func (s *stack) load(r inference.KVRows) {
 	d, n := s.p.Dim, r.N
 	for l := range s.kc {
 		base := l * 2 * n * d
-		copy(s.kc[l][s.pos*d:], r.Data[base:base+n*d])
-		copy(s.vc[l][s.pos*d:], r.Data[base+n*d:base+2*n*d])
+		s.store(s.kc[l], r.Data[base:base+n*d], s.pos, n)
+		s.store(s.vc[l], r.Data[base+n*d:base+2*n*d], s.pos, n)
 	}
 	s.pos += n
 }
