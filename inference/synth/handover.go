@@ -34,8 +34,11 @@ func newMover(move *inference.Move, s *session) *mover {
 // is fed to the layers. Once the move started it sends the rows not sent yet, at most
 // Move.PreCopyBytes of them per tick (by default inference.MovePreCopyBytes, or a
 // MovePreCopyTicks-th of the cache when that is more; pre-copy: the generation goes on
-// between ticks); once at most inference.MoveStopRows remain it sends them and returns *Moved
-// (stop-and-copy). A nil mover does nothing.
+// between ticks); at a tick that finds at most inference.MoveStopRows unsent it sends them
+// and returns *Moved (stop-and-copy). A tick that pre-copied never stops too: the next
+// token comes first, so the last pre-copy's rows (up to a 32nd of a long context's cache)
+// are not part of the pause the client sees, only the remainder's few. A nil mover does
+// nothing.
 func (mv *mover) tick(emitted int) error {
 	if mv == nil || !mv.move.Started() {
 		return nil
@@ -46,14 +49,14 @@ func (mv *mover) tick(emitted int) error {
 	}
 	rowBytes := 2 * len(st.kc) * st.p.Dim * 4
 	perRun := max(inference.MaxKVRowsBytes/rowBytes, 1)
-	for quota := mv.move.PreCopyQuota(st.pos * rowBytes); st.pos-mv.sent > inference.MoveStopRows && quota >= rowBytes; {
-		n := min(st.pos-mv.sent, perRun, quota/rowBytes)
-		if err := mv.send(st, n); err != nil {
-			return err
-		}
-		quota -= n * rowBytes
-	}
 	if st.pos-mv.sent > inference.MoveStopRows {
+		for quota := mv.move.PreCopyQuota(st.pos * rowBytes); mv.sent < st.pos && quota >= rowBytes; {
+			n := min(st.pos-mv.sent, perRun, quota/rowBytes)
+			if err := mv.send(st, n); err != nil {
+				return err
+			}
+			quota -= n * rowBytes
+		}
 		return nil
 	}
 	for mv.sent < st.pos {
