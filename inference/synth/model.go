@@ -246,9 +246,9 @@ type stack struct {
 	// long context's decode step took 3 to 4 times as long in attention.
 	kc, vc [][]float32
 
-	xn, q, k, v, att, proj []float32 // [blockSize][Dim]
-	ff               []float32   // [blockSize][FFN]
-	scores           [][]float64 // per attention worker: [capacity]
+	xn, q, k, v, att, proj []float32   // [blockSize][Dim]
+	ff                     []float32   // [blockSize][FFN]
+	scores                 [][]float64 // per attention worker: [capacity]
 }
 
 // newStack allocates a run of layers [lo, hi), which w holds, with room for capacity
