@@ -126,6 +126,12 @@ func (p Prefs) Validate() error {
 	return nil
 }
 
+// TimeLimitPassed is the error a request ends with when its time limit (Prefs.Timeout)
+// passed: code timeout, the message naming the limit.
+func TimeLimitPassed(limit time.Duration) *Error {
+	return Errorf(CodeTimeout, "the request's %s time limit passed", limit)
+}
+
 // timeoutForm is the accepted form of a timeout, as error messages name it (MaxTimeout).
 const timeoutForm = "a duration such as 30s or 2m, at most 1h"
 

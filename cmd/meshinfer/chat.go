@@ -204,13 +204,13 @@ func chatDirect(ctx context.Context, base, key, device string, plainHTTP bool, c
 }
 
 // timeLimited is ctx ending after limit (none when 0), and a function that turns the error
-// of a call made with it into the API's timeout error (code timeout, the message the node
-// gives) when the limit is what ended it.
+// of a call made with it into the node's own (inference.TimeLimitPassed) when the limit is
+// what ended it.
 func timeLimited(ctx context.Context, limit time.Duration) (context.Context, func(error) error) {
 	if limit <= 0 {
 		return ctx, func(err error) error { return err }
 	}
-	passed := inference.Errorf(inference.CodeTimeout, "the request's %s time limit passed", limit)
+	passed := inference.TimeLimitPassed(limit)
 	ctx, cancel := context.WithTimeoutCause(ctx, limit, passed)
 	return ctx, func(err error) error {
 		defer cancel()

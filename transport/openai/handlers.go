@@ -156,8 +156,7 @@ func (h *handler) chat(w http.ResponseWriter, r *http.Request) {
 		// Local see the deadline (the router's gate counts it as the time left), and
 		// terminalError reads this cause however they ended.
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadlineCause(ctx, accepted.Add(t),
-			inference.Errorf(inference.CodeTimeout, "the request's %s time limit passed", t))
+		ctx, cancel = context.WithDeadlineCause(ctx, accepted.Add(t), inference.TimeLimitPassed(t))
 		defer cancel()
 	}
 	gen := h.gate(&req.Request)
