@@ -101,10 +101,8 @@ func batteryDrain(ctx context.Context, w io.Writer, tn *testnet.Testnet, step ti
 		model = ms[0]
 	}
 	names := map[string]string{"local": "node 0 itself", "cloud": "the cloud"}
-	for i := range tn.Len() {
-		if nd := tn.Node(i); nd != nil {
-			names[inference.Served{Tier: inference.TierMesh, Peer: nd.ID().String()}.Route()] = fmt.Sprintf("node %d", i)
-		}
+	for route, i := range nodeRoutes(tn) {
+		names[route] = fmt.Sprintf("node %d", i)
 	}
 	fmt.Fprintf(w, "\nscenario battery-drain: node 1's battery drains below the %d%% floor, then charges; "+
 		"each step node 0 is asked for %s (served by node 1 or another node that has it)\n", participation.DefaultBatteryFloor, model)
@@ -178,16 +176,10 @@ const handoverTokens = 2000
 // as an uninterrupted run's; then the peer charges again.
 func handover(ctx context.Context, w io.Writer, tn *testnet.Testnet, heartbeat time.Duration, tokens int) {
 	const model = "synth-small"
-	router := tn.Node(0)
-	index := map[string]int{} // route → node index
+	router, index := tn.Node(0), nodeRoutes(tn)
 	var serving []int
 	for i := 1; i < tn.Len(); i++ {
-		n := tn.Node(i)
-		if n == nil || tn.Sensors(i) == nil {
-			continue
-		}
-		index[inference.Served{Tier: inference.TierMesh, Peer: n.ID().String()}.Route()] = i
-		if slices.Contains(n.Status().Inference.Models, model) {
+		if n := tn.Node(i); n != nil && tn.Sensors(i) != nil && slices.Contains(n.Status().Inference.Models, model) {
 			serving = append(serving, i)
 		}
 	}
@@ -221,7 +213,7 @@ func handover(ctx context.Context, w io.Writer, tn *testnet.Testnet, heartbeat t
 		return
 	}
 	drained, ok := index[route]
-	if !ok || tn.Node(drained) == nil {
+	if !ok || drained == 0 || tn.Node(drained) == nil || tn.Sensors(drained) == nil {
 		fmt.Fprintf(w, "  served by %s, not a peer: nothing to hand over\n", route)
 		<-done
 		return
@@ -289,6 +281,18 @@ func handover(ctx context.Context, w io.Writer, tn *testnet.Testnet, heartbeat t
 	}
 	fmt.Fprintf(w, "  the stream went on from %s: %d tokens, finish %s, %s an uninterrupted run on node %d; node %d charges again\n",
 		to, r.out.tokens, r.out.finish, same, ref, drained)
+}
+
+// nodeRoutes maps the route a request served by each of tn's nodes reports
+// (X-Meshinfer-Route: peer:<id>) to the node's index.
+func nodeRoutes(tn *testnet.Testnet) map[string]int {
+	routes := map[string]int{}
+	for i := range tn.Len() {
+		if n := tn.Node(i); n != nil {
+			routes[inference.Served{Tier: inference.TierMesh, Peer: n.ID().String()}.Route()] = i
+		}
+	}
+	return routes
 }
 
 // measuredWith reports whether n has measured its bandwidth with p each way.
