@@ -86,24 +86,7 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 	// H, A, B and C on loopback addresses of their own (127.0.0.1 to .4, as testnet nodes
 	// 0 to 3), so that the link proxy can put the cloud a WAN hop away.
 	hh, ha, hb, hc := m2Host(b, 0), m2Host(b, 1), m2Host(b, 2), m2Host(b, 3)
-	cloudAddrs := m2CloudLink(b, hc)
-	servers := map[host.Host]*infer.Server{}
-	for _, h := range []host.Host{ha, hb, hc} {
-		addrs := h.Addrs()
-		if h == hc {
-			addrs = cloudAddrs
-		}
-		if err := hh.Connect(context.Background(), peer.AddrInfo{ID: h.ID(), Addrs: addrs}); err != nil {
-			b.Fatal(err)
-		}
-		be, err := synth.New(model)
-		if err != nil {
-			b.Fatal(err)
-		}
-		s := infer.NewServer(h, be)
-		b.Cleanup(func() { s.Close() })
-		servers[h] = s
-	}
+	servers := m2Serve(b, model, hh, hc, ha, hb)
 	c := infer.NewClient(hh, infer.WithTimeouts(5*time.Minute, time.Minute))
 	ctx := context.Background()
 
@@ -525,6 +508,31 @@ func m2Host(b *testing.B, i int) host.Host {
 	}
 	b.Cleanup(func() { h.Close() })
 	return h
+}
+
+// m2Serve serves model on each of peers and on the cloud hc, with synth, and connects the
+// requester hh to them: to hc through m2CloudLink, a WAN hop away.
+func m2Serve(b *testing.B, model string, hh, hc host.Host, peers ...host.Host) map[host.Host]*infer.Server {
+	b.Helper()
+	cloudAddrs := m2CloudLink(b, hc)
+	servers := map[host.Host]*infer.Server{}
+	for _, h := range append(peers, hc) {
+		addrs := h.Addrs()
+		if h == hc {
+			addrs = cloudAddrs
+		}
+		if err := hh.Connect(context.Background(), peer.AddrInfo{ID: h.ID(), Addrs: addrs}); err != nil {
+			b.Fatal(err)
+		}
+		be, err := synth.New(model)
+		if err != nil {
+			b.Fatal(err)
+		}
+		s := infer.NewServer(h, be)
+		b.Cleanup(func() { s.Close() })
+		servers[h] = s
+	}
+	return servers
 }
 
 // m2CloudLink puts a link proxy (links.go) in front of the cloud, node 3, with

@@ -7,10 +7,8 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/host"
-	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/meshinfer/meshinfer/inference"
-	"github.com/meshinfer/meshinfer/inference/synth"
 	"github.com/meshinfer/meshinfer/transport/infer"
 )
 
@@ -24,22 +22,7 @@ import (
 // fastest is chance however the gate decides (docs/benchmarks.md, M2).
 func BenchmarkPrefillNoise(b *testing.B) {
 	hh, hb, hc := m2Host(b, 0), m2Host(b, 2), m2Host(b, 3)
-	cloudAddrs := m2CloudLink(b, hc)
-	for _, h := range []host.Host{hb, hc} {
-		addrs := h.Addrs()
-		if h == hc {
-			addrs = cloudAddrs
-		}
-		if err := hh.Connect(context.Background(), peer.AddrInfo{ID: h.ID(), Addrs: addrs}); err != nil {
-			b.Fatal(err)
-		}
-		be, err := synth.New("synth-small")
-		if err != nil {
-			b.Fatal(err)
-		}
-		s := infer.NewServer(h, be)
-		b.Cleanup(func() { s.Close() })
-	}
+	m2Serve(b, "synth-small", hh, hc, hb)
 	c := infer.NewClient(hh, infer.WithTimeouts(5*time.Minute, time.Minute))
 	ttft := func(h host.Host) time.Duration {
 		start := time.Now()
