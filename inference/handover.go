@@ -16,9 +16,9 @@ import (
 //
 // The way it goes: the serving node calls Move.Start. From its next token on, the
 // generation sends its cache's rows in order, from position 0, to Move.Send while it keeps
-// generating (pre-copy: at most Move.PreCopyBytes between two tokens). Once what it has not
-// sent is at most MoveStopRows positions, it stops, sends those (stop-and-copy) and returns
-// *Moved. Whoever took the rows loads them into a Resumption in the same order and calls
+// generating (pre-copy: at most Move.PreCopyQuota between two tokens). At a token where
+// what it has not sent is at most MoveStopRows positions (one after the last pre-copy, not
+// the same), it stops, sends those (stop-and-copy) and returns *Moved. Whoever took the rows loads them into a Resumption in the same order and calls
 // its Generate with the tokens the client has: the new node prefills the positions it was
 // not sent (at least the last token's) and goes on with the very tokens the old one would
 // have generated. Rows a taker did not get (a transfer that failed halfway) are simply
@@ -38,8 +38,9 @@ const (
 	// later by the time 4 MiB take on its link (a few milliseconds on a LAN).
 	MovePreCopyTicks = 32
 	// MoveStopRows is the size of the remainder, in positions, at which the generation stops
-	// and copies the rest: a stop-and-copy of this many rows is the pause the client sees,
-	// whatever the context's length.
+	// and copies the rest: a stop-and-copy of this many rows, whatever the context's length.
+	// The pause the client sees is that, the replacement's first step, and any rows still on
+	// their way to it (nothing paces the pre-copy by what the replacement has applied).
 	MoveStopRows = 4
 	// MaxKVRowsBytes bounds one KVRows' values in bytes (a frame of the wire protocol):
 	// Send is called with runs of at most this size.

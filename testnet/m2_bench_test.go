@@ -55,8 +55,8 @@ import (
 // Each is run once, in an order that turns with the case; those within m2Contest of the
 // quickest, and the one the gate chose, run twice more, interleaved, and count by their
 // median; when the two quickest medians are then within m2Close, those two run m2Extra
-// times more each, whatever the gate chose. Every run starts from a collected heap. The gate (route.Gate) is given what
-// the executor would know (node/dispatch/rates.go): the prompt's tokens as routing
+// times more each, whatever the gate chose. Every run starts from a collected heap. The
+// gate (route.Gate) is given what the executor would know (node/dispatch/rates.go): the prompt's tokens as routing
 // estimates them scaled by the model's measured tokens per estimated token, the tokens,
 // the KV bytes (those tokens × synth-small's 8 KiB, as the executor counts them from the
 // announced kv_bytes_per_token), the bandwidth measured from the first rows relayed, B's

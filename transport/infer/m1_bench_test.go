@@ -34,7 +34,7 @@ import (
 //   - replay-growth: replay downtime at 4,096 ÷ at 256 (grows with the context).
 //
 // One iteration prefills a 3,900-token prompt of synth-base three times (A's, twice, and
-// B's replay): about 4 minutes on 2 cores.
+// B's replay): about 3 minutes on 2 cores.
 func BenchmarkM1HandoverDowntime(b *testing.B) {
 	ch, ha, hb := newHost(b), newHost(b), newHost(b)
 	for _, h := range []host.Host{ha, hb} {
