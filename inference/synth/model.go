@@ -136,7 +136,7 @@ func materialize(ctx context.Context, p Preset, pt part) (*weights, error) {
 	for _, t := range ts {
 		n += t.n
 	}
-	w.all = make([]float32, n)
+	w.all = hugeFloats(n)
 	off := 0
 	for _, t := range ts {
 		*t.dst = w.all[off : off+t.n : off+t.n]
