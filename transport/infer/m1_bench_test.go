@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,7 +32,12 @@ import (
 //     attends to every earlier position, so the interval grows with the context too);
 //   - live-intervals: live downtime at 4,096 in token intervals (A's median gap before the
 //     switch; goal ≤ 2 + one round trip, which on loopback is nothing);
-//   - replay-growth: replay downtime at 4,096 ÷ at 256 (grows with the context).
+//   - replay-growth: replay downtime at 4,096 ÷ at 256 (grows with the context);
+//   - switch-flat: the part of the live downtime before B starts its first step (A's last
+//     token to B's Resumption.Generate: the stop-and-copy, rows still on their way, the
+//     go frame) at 4,096 ÷ at 256; the rest of the downtime is that one step;
+//   - b-first-step: B's first step at 4,096 (its Generate to its first new token) ÷ its
+//     median token gap after it: a step at the switch ÷ the same step once B runs.
 //
 // One iteration prefills a 3,900-token prompt of synth-base three times (A's, twice, and
 // B's replay): about 3 minutes on 2 cores.
@@ -43,12 +49,17 @@ func BenchmarkM1HandoverDowntime(b *testing.B) {
 		}
 	}
 	servers := map[peer.ID]*Server{}
+	var resumed atomic.Int64 // when B's last resumption began to generate, in Unix ns
 	for _, h := range []host.Host{ha, hb} {
 		be, err := synth.New("synth-base")
 		if err != nil {
 			b.Fatal(err)
 		}
-		s := NewServer(h, be)
+		var gen Generator = be
+		if h == hb {
+			gen = stampedResumer{be, &resumed}
+		}
+		s := NewServer(h, gen)
 		b.Cleanup(func() { s.Close() })
 		servers[h.ID()] = s
 	}
@@ -61,8 +72,10 @@ func BenchmarkM1HandoverDowntime(b *testing.B) {
 	}
 
 	// run streams one request of a context of about words·k tokens from A, moved or cut
-	// after the fourth token, and returns the gap at the switch and A's median token gap.
-	run := func(words int, live bool) (gap, interval time.Duration, positions int) {
+	// after the fourth token, and returns the gap at the switch, A's median token gap and
+	// the positions moved; for a live transfer also the part of the gap before B began to
+	// generate, and B's first step ÷ its median token gap after it.
+	run := func(words int, live bool) (gap, interval time.Duration, positions int, toB time.Duration, firstStep float64) {
 		req := m1Request(words, 100)
 		var stamps []time.Time
 		var ids []int
@@ -114,20 +127,30 @@ func BenchmarkM1HandoverDowntime(b *testing.B) {
 		if err != nil || len(stamps) <= fromA {
 			b.Fatalf("B went on with %d tokens, %v", len(stamps)-fromA, err)
 		}
-		var gaps []time.Duration
-		for i := 1; i < fromA; i++ {
-			gaps = append(gaps, stamps[i].Sub(stamps[i-1]))
+		median := func(stamps []time.Time) time.Duration {
+			var gaps []time.Duration
+			for i := 1; i < len(stamps); i++ {
+				gaps = append(gaps, stamps[i].Sub(stamps[i-1]))
+			}
+			slices.Sort(gaps)
+			return gaps[len(gaps)/2]
 		}
-		slices.Sort(gaps)
-		return stamps[fromA].Sub(stamps[fromA-1]), gaps[len(gaps)/2], positions
+		gap = stamps[fromA].Sub(stamps[fromA-1])
+		if live {
+			began := time.Unix(0, resumed.Load())
+			toB = began.Sub(stamps[fromA-1])
+			firstStep = float64(stamps[fromA].Sub(began)) / float64(median(stamps[fromA:]))
+		}
+		return gap, median(stamps[:fromA]), positions, toB, firstStep
 	}
 
-	var live, replay, interval [2]time.Duration
+	var live, replay, interval, toB [2]time.Duration
 	var positions [2]int
+	var firstStep float64
 	for b.Loop() {
 		for i, words := range []int{m1Words(252), m1Words(3900)} {
-			live[i], interval[i], positions[i] = run(words, true)
-			replay[i], _, _ = run(words, false)
+			live[i], interval[i], positions[i], toB[i], firstStep = run(words, true)
+			replay[i], _, _, _, _ = run(words, false)
 		}
 	}
 	b.ReportMetric(float64(live[1])/float64(live[0]), "live-flat")
@@ -136,8 +159,36 @@ func BenchmarkM1HandoverDowntime(b *testing.B) {
 	b.ReportMetric(float64(live[1])/float64(interval[1])/(float64(live[0])/float64(interval[0])), "live-flat-in-intervals")
 	b.ReportMetric(float64(live[1])/float64(interval[1]), "live-intervals")
 	b.ReportMetric(float64(replay[1])/float64(replay[0]), "replay-growth")
+	b.ReportMetric(float64(toB[1])/float64(toB[0]), "switch-flat")
+	b.ReportMetric(firstStep, "b-first-step")
 	b.Logf("live downtime %v at %d positions moved, %v at %d; replay %v and %v; token interval %v and %v",
 		live[0], positions[0], live[1], positions[1], replay[0], replay[1], interval[0], interval[1])
+	b.Logf("of the live downtime, before B began its first step: %v and %v", toB[0], toB[1])
+}
+
+// stampedResumer is a synth backend whose resumptions record when they begin to
+// generate, in Unix ns.
+type stampedResumer struct {
+	*synth.Backend
+	began *atomic.Int64
+}
+
+func (s stampedResumer) Resume(ctx context.Context, req *inference.Request) (inference.Resumption, error) {
+	rs, err := s.Backend.Resume(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return stampedResumption{rs, s.began}, nil
+}
+
+type stampedResumption struct {
+	inference.Resumption
+	began *atomic.Int64
+}
+
+func (s stampedResumption) Generate(ctx context.Context, replay []int, emit func(inference.Token) error) (inference.Result, error) {
+	s.began.Store(time.Now().UnixNano())
+	return s.Resumption.Generate(ctx, replay, emit)
 }
 
 // m1Request is a greedy synth-base request whose user message is words words long.
