@@ -40,7 +40,7 @@ import (
 //     median token gap after it: a step at the switch ÷ the same step once B runs.
 //
 // One iteration prefills a 3,900-token prompt of synth-base three times (A's, twice, and
-// B's replay): about 3 minutes on 2 cores.
+// B's replay): about 2 minutes on 2 cores.
 func BenchmarkM1HandoverDowntime(b *testing.B) {
 	ch, ha, hb := newHost(b), newHost(b), newHost(b)
 	for _, h := range []host.Host{ha, hb} {
