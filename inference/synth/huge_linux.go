@@ -13,9 +13,9 @@ import (
 // walk the CPU no longer has cached, under a hypervisor a slow one. A replacement that
 // takes over a generation has just that: weights idle while its peer worked, and its first
 // step at the switch took 3 to 3.4 times its steady step on a 2-core VM (BenchmarkM1,
-// "b-first-step"); with huge pages 1.1 to 1.2, while steady steps stay as they were
-// (BenchmarkDecodeStepByContext). The KV cache stays on ordinary pages: on huge pages a
-// step at a short context measured a fifth slower.
+// "b-first-step"); with huge pages 1.15 to 1.23, while a step on a warm machine costs
+// within 3 % of what it did (BenchmarkDecodeStepByContext). The KV cache stays on
+// ordinary pages: on huge pages a step at a short context measured a fifth slower.
 func hugeFloats(n int) []float32 {
 	f := make([]float32, n)
 	if n*4 >= 4<<20 { // below a couple of huge pages there is nothing to gain
