@@ -72,10 +72,8 @@ func BenchmarkM1HandoverDowntime(b *testing.B) {
 	}
 
 	// run streams one request of a context of about words·k tokens from A, moved or cut
-	// after the fourth token, and returns the gap at the switch, A's median token gap and
-	// the positions moved; for a live transfer also the part of the gap before B began to
-	// generate, and B's first step ÷ its median token gap after it.
-	run := func(words int, live bool) (gap, interval time.Duration, positions int, toB time.Duration, firstStep float64) {
+	// after the fourth token, and returns what happened at the switch.
+	run := func(words int, live bool) (sw m1Switch) {
 		req := m1Request(words, 100)
 		var stamps []time.Time
 		var ids []int
@@ -105,7 +103,7 @@ func BenchmarkM1HandoverDowntime(b *testing.B) {
 						return err
 					}
 				}
-				positions += rows.N
+				sw.positions += rows.N
 				return res.Load(rows)
 			}}
 			req = &moving
@@ -127,43 +125,54 @@ func BenchmarkM1HandoverDowntime(b *testing.B) {
 		if err != nil || len(stamps) <= fromA {
 			b.Fatalf("B went on with %d tokens, %v", len(stamps)-fromA, err)
 		}
-		median := func(stamps []time.Time) time.Duration {
-			var gaps []time.Duration
-			for i := 1; i < len(stamps); i++ {
-				gaps = append(gaps, stamps[i].Sub(stamps[i-1]))
-			}
-			slices.Sort(gaps)
-			return gaps[len(gaps)/2]
-		}
-		gap = stamps[fromA].Sub(stamps[fromA-1])
+		sw.gap = stamps[fromA].Sub(stamps[fromA-1])
+		sw.interval = medianGap(stamps[:fromA])
 		if live {
 			began := time.Unix(0, resumed.Load())
-			toB = began.Sub(stamps[fromA-1])
-			firstStep = float64(stamps[fromA].Sub(began)) / float64(median(stamps[fromA:]))
+			sw.toB = began.Sub(stamps[fromA-1])
+			sw.firstStep = float64(stamps[fromA].Sub(began)) / float64(medianGap(stamps[fromA:]))
 		}
-		return gap, median(stamps[:fromA]), positions, toB, firstStep
+		return sw
 	}
 
-	var live, replay, interval, toB [2]time.Duration
-	var positions [2]int
-	var firstStep float64
+	var live, replay [2]m1Switch // at 258 and at 3,943 positions
 	for b.Loop() {
 		for i, words := range []int{m1Words(252), m1Words(3900)} {
-			live[i], interval[i], positions[i], toB[i], firstStep = run(words, true)
-			replay[i], _, _, _, _ = run(words, false)
+			live[i], replay[i] = run(words, true), run(words, false)
 		}
 	}
-	b.ReportMetric(float64(live[1])/float64(live[0]), "live-flat")
+	b.ReportMetric(float64(live[1].gap)/float64(live[0].gap), "live-flat")
 	// A decode step attends to every position before it: the token interval itself grows
 	// with the context, and so does the one step the replacement runs at the switch.
-	b.ReportMetric(float64(live[1])/float64(interval[1])/(float64(live[0])/float64(interval[0])), "live-flat-in-intervals")
-	b.ReportMetric(float64(live[1])/float64(interval[1]), "live-intervals")
-	b.ReportMetric(float64(replay[1])/float64(replay[0]), "replay-growth")
-	b.ReportMetric(float64(toB[1])/float64(toB[0]), "switch-flat")
-	b.ReportMetric(firstStep, "b-first-step")
+	b.ReportMetric(float64(live[1].gap)/float64(live[1].interval)/(float64(live[0].gap)/float64(live[0].interval)), "live-flat-in-intervals")
+	b.ReportMetric(float64(live[1].gap)/float64(live[1].interval), "live-intervals")
+	b.ReportMetric(float64(replay[1].gap)/float64(replay[0].gap), "replay-growth")
+	b.ReportMetric(float64(live[1].toB)/float64(live[0].toB), "switch-flat")
+	b.ReportMetric(live[1].firstStep, "b-first-step")
 	b.Logf("live downtime %v at %d positions moved, %v at %d; replay %v and %v; token interval %v and %v",
-		live[0], positions[0], live[1], positions[1], replay[0], replay[1], interval[0], interval[1])
-	b.Logf("of the live downtime, before B began its first step: %v and %v", toB[0], toB[1])
+		live[0].gap, live[0].positions, live[1].gap, live[1].positions, replay[0].gap, replay[1].gap, live[0].interval, live[1].interval)
+	b.Logf("of the live downtime, before B began its first step: %v and %v", live[0].toB, live[1].toB)
+}
+
+// m1Switch is one M1 run's switch from A to B: the gap between A's last token and B's
+// first new one, A's median token gap before it and the positions moved; for a live
+// transfer also the part of the gap before B began to generate, and B's first step ÷ its
+// median token gap after it.
+type m1Switch struct {
+	gap, interval time.Duration
+	positions     int
+	toB           time.Duration
+	firstStep     float64
+}
+
+// medianGap is the median gap between consecutive stamps (at least two).
+func medianGap(stamps []time.Time) time.Duration {
+	gaps := make([]time.Duration, 0, len(stamps)-1)
+	for i := 1; i < len(stamps); i++ {
+		gaps = append(gaps, stamps[i].Sub(stamps[i-1]))
+	}
+	slices.Sort(gaps)
+	return gaps[len(gaps)/2]
 }
 
 // stampedResumer is a synth backend whose resumptions record when they begin to
