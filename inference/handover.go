@@ -40,7 +40,7 @@ const (
 	// MoveStopRows is the size of the remainder, in positions, at which the generation stops
 	// and copies the rest: a stop-and-copy of this many rows, whatever the context's length.
 	// The pause the client sees is that, any rows of the last pre-copy still on their way to
-	// the replacement, and the replacement's first step (issue 17's M1: all rows there 1-10
+	// the replacement, and the replacement's first step (issue 17's M1: all rows there 1-11
 	// ms after the last token on loopback). Nothing paces the pre-copy by what the
 	// replacement has applied: on a slow link, rows queued in the streams are in the pause.
 	MoveStopRows = 4
