@@ -414,7 +414,7 @@ func (s *stack) attendHeads(out, q, kc, vc []float32, B, lo, hi int, scratch []f
 // float32 before it is added (no fused multiply-add, which some CPUs would do and others
 // not). Four positions are taken a pass, so o is loaded and stored once for four of them:
 // the same additions in the same order as one position a pass, in half the CPU time (a
-// profile of decode steps at 3,943 positions: 1.8 s → 0.83 s of 100 steps' attention).
+// profile of 100 decode steps at 258 positions and 100 at 3,943: 1.8 s → 0.83 s).
 func weighValues(o, v []float32, scores []float64, sum float64) {
 	clear(o)
 	n := len(o)
