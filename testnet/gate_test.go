@@ -38,8 +38,10 @@ type heldMove struct {
 // HoldMove holds the next live handover after its first rows: the leaving node's second
 // send of rows waits until open is called (or its stream's context ends), and the
 // replacement, once its first rows are loaded, reports how many positions they held on
-// loaded. So a test can cut the source mid-transfer whatever the machine's speed. open is
-// idempotent and registered as a cleanup.
+// loaded. So a test can cut the source mid-transfer whatever the machine's speed. The
+// held handover pre-copies at most heldPreCopyBytes a token (Move.PreCopyBytes), so that
+// its cache moves in several sends whatever the model. open is idempotent and registered
+// as a cleanup.
 func (g *tokenGate) HoldMove(t interface{ Cleanup(func()) }) (loaded <-chan int, open func()) {
 	h := &heldMove{loaded: make(chan int, 1), open: make(chan struct{})}
 	g.mu.Lock()
@@ -50,6 +52,9 @@ func (g *tokenGate) HoldMove(t interface{ Cleanup(func()) }) (loaded <-chan int,
 	t.Cleanup(open)
 	return h.loaded, open
 }
+
+// heldPreCopyBytes bounds a held handover's pre-copy a token: 16 positions of synth-tiny.
+const heldPreCopyBytes = 16 << 10
 
 // held returns the handover HoldMove armed, if any.
 func (g *tokenGate) held() *heldMove {
@@ -119,7 +124,9 @@ func (b gated) Generate(ctx context.Context, req *inference.Request, emit func(i
 		b.g.mu.Unlock()
 	}
 	if h := b.g.held(); h != nil && req.Move != nil {
-		// The server's Move, whose Start its HandOver calls: its Send is wrapped in place.
+		// The server's Move, whose Start its HandOver calls: its Send is wrapped in place,
+		// and its pre-copy bounded, before the generation reads either.
+		req.Move.PreCopyBytes = heldPreCopyBytes
 		send, sends := req.Move.Send, 0
 		req.Move.Send = func(rows inference.KVRows) error {
 			if sends++; sends == 2 {

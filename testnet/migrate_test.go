@@ -255,16 +255,17 @@ func TestSlowLinkGatePicksCloudOrReplay(t *testing.T) {
 // from the rows it was sent before the cut, prefilling only the positions it lacks, instead
 // of replaying the prompt and the tokens from scratch. The leaving peer's second send of
 // rows is held until it is killed, so the cut falls mid-transfer whatever the machine's
-// speed (synth-small sends a prompt of over 128 positions in two sends or more).
+// speed (HoldMove bounds the pre-copy to 16 positions a token: the cache of a prompt of
+// over 100 positions moves in several sends).
 func TestCutMidTransferResumesFromRows(t *testing.T) {
 	const heartbeat = 500 * time.Millisecond
 	gate := newTokenGate()
-	// synth-small, 8 KiB a position: moving beats the gate's replay estimate above 4 MB/s,
-	// and the links are capped at 40 MB/s (a probe on a loaded machine measures less).
-	tn := handoverMesh(t, gate, heartbeat, "synth-small", 40_000, false)
-	// 151 prompt tokens: the first send takes 128 positions (1 MiB, MaxKVRowsBytes), so
-	// the cache moves in two sends or more, and the second is held.
-	body := longBody("synth-small", 40, 24, 7)
+	// synth-tiny, 1 KiB a position: moving beats the gate's replay estimate (500
+	// positions/s) above 0.5 MB/s, and the links are capped at 10 MB/s. (With synth-small,
+	// 8 KiB a position, the line was 4 MB/s, and a probe under -race on a busy machine
+	// measured 3.4.)
+	tn := handoverMesh(t, gate, heartbeat, "synth-tiny", 10_000, false)
+	body := longBody("synth-tiny", 40, 24, 7)
 	loaded, release := gate.HoldMove(t)
 	killed := make(chan int, 1)
 	go func() {
