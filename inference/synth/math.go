@@ -35,6 +35,41 @@ func dot(a, b []float32) float32 {
 	return (s0 + s1) + (s2 + s3)
 }
 
+// weighValues sets o to the sum over positions j of scores[j]/sum times the value v[j]
+// (v holds one head's values, len(o) per position). Each o[i] is the float32 sum
+// ((0 + p0·v0[i]) + p1·v1[i]) + … in the order of the positions, every product rounded to
+// float32 before it is added (the numerics above). Attention (stack.attendHeads) weighs
+// each head's values with it. Four positions are taken a pass, so o is loaded and stored
+// once for four of them: the same additions in the same order as one position a pass, in
+// half the CPU time (a profile of 100 decode steps at 258 positions and 100 at 3,943: 1.8 s
+// → 0.83 s).
+func weighValues(o, v []float32, scores []float64, sum float64) {
+	clear(o)
+	n := len(o)
+	j := 0
+	for ; j+4 <= len(scores); j += 4 {
+		p0, p1 := float32(scores[j]/sum), float32(scores[j+1]/sum)
+		p2, p3 := float32(scores[j+2]/sum), float32(scores[j+3]/sum)
+		v0, v1 := v[j*n:][:n], v[(j+1)*n:][:n]
+		v2, v3 := v[(j+2)*n:][:n], v[(j+3)*n:][:n]
+		for i := range o {
+			t := o[i]
+			t += float32(p0 * v0[i])
+			t += float32(p1 * v1[i])
+			t += float32(p2 * v2[i])
+			t += float32(p3 * v3[i])
+			o[i] = t
+		}
+	}
+	for ; j < len(scores); j++ {
+		pj := float32(scores[j] / sum)
+		vj := v[j*n:][:n]
+		for i := range o {
+			o[i] += float32(pj * vj[i])
+		}
+	}
+}
+
 // parallelMinWork is the number of multiply-adds below which a matmul runs on the calling
 // goroutine alone: about 0.4 ms of work. Handing half of a product to another goroutine
 // costs a few µs on an idle machine but up to a scheduler slice when the CPUs are busy (a

@@ -73,3 +73,39 @@ func TestMatmulParallelBitIdentical(t *testing.T) {
 		t.Errorf("dot = %g, float64 reference %g", serial[0], want)
 	}
 }
+
+// TestWeighValuesPlainLoop: weighValues, four positions a pass, gives the bits of the plain
+// loop (one position a pass, each product rounded, then added to o), for every count of
+// positions modulo four.
+func TestWeighValuesPlainLoop(t *testing.T) {
+	const dh = 12
+	for n := range 11 {
+		scores := make([]float64, n)
+		v := make([]float32, n*dh)
+		var sum float64
+		for j := range scores {
+			scores[j] = 1 / float64(j+3)
+			sum += scores[j]
+		}
+		for i := range v {
+			v[i] = float32(i%7) - 2.9 + float32(i)/37
+		}
+		want := make([]float32, dh)
+		for j, e := range scores {
+			pj := float32(e / sum)
+			for i := range want {
+				want[i] += float32(pj * v[j*dh+i])
+			}
+		}
+		got := make([]float32, dh)
+		for i := range got {
+			got[i] = 99 // weighValues overwrites o
+		}
+		weighValues(got, v, scores, sum)
+		for i := range want {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("%d positions: value %d is %g, the plain loop gives %g", n, i, got[i], want[i])
+			}
+		}
+	}
+}
