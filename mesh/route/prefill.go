@@ -21,16 +21,27 @@ import (
 // residual. With samples of one length only that is the line through the origin (their
 // mean time per token); beyond the samples' lengths the curve is extrapolated.
 //
+// The residual is each sample's error in time per token, (t − T(n)) ÷ n: about its
+// relative error, since T grows about as n does. A prefill's noise is in proportion to
+// its time (another process's time slice, a collection: a few per cent of a long prefill
+// is seconds), and a fit in seconds would let the long samples' noise set the short
+// prompts' estimates (M2's warm-up put a 171-token prefill 60 % high that way); per token,
+// short and long prompts count alike. The weight is the sample's length, not its time, so
+// that one prefill timed far too short (a peer's first token sent early) weighs no more
+// than any other of its length.
+//
 // The zero value has no sample. The fields are exported only so that a snapshot copies a
 // fit; use Add and At.
 type PrefillFit struct {
-	// S holds the weighted sums of x^k (k = 0…4), of t·x^k (k = 0…2) and of t², where x
-	// is the length in units of prefillUnit tokens and t the time in seconds.
+	// S holds the weighted sums of x^(k−2) (k = 0…4), of t·x^(k−2) (k = 0…2) and of
+	// t²·x^−2, where x is the length in units of prefillUnit tokens and t the time in
+	// seconds: the sums of x^k, t·x^k and t² of least squares, each sample weighed 1/x²
+	// (its error per token).
 	S [9]float64
 }
 
-// prefillUnit scales prompt lengths (x = n / prefillUnit) so that the sums of x⁴ stay
-// well conditioned for prompts of up to hundreds of thousands of tokens.
+// prefillUnit scales prompt lengths (x = n / prefillUnit) so that the sums of x^−2 to x²
+// stay well conditioned for prompts of a token to hundreds of thousands.
 const prefillUnit = 1024
 
 // Add folds in a prefill of n tokens that took t. Samples that are not positive, or t
@@ -40,7 +51,8 @@ func (f *PrefillFit) Add(n int, t time.Duration) {
 		return
 	}
 	x, y := float64(n)/prefillUnit, t.Seconds()
-	sample := [9]float64{1, x, x * x, x * x * x, x * x * x * x, y, x * y, x * x * y, y * y}
+	w := 1 / (x * x) // per token: see the type's comment
+	sample := [9]float64{w, 1 / x, 1, x, x * x, w * y, y / x, y, w * y * y}
 	if f.S[0] == 0 {
 		f.S = sample
 		return
@@ -69,7 +81,7 @@ func (f PrefillFit) At(n int) time.Duration {
 // samples of one length, all fit them exactly).
 func (f PrefillFit) coefficients() [3]float64 {
 	s := f.S
-	// The normal equations: G[i][j] = Σw·x^(i+j), h[i] = Σw·t·x^i.
+	// The normal equations: G[i][j] = Σw·x^(i+j), h[i] = Σw·t·x^i, w a sample's decay ÷ x².
 	g := func(i, j int) float64 { return s[i+j] }
 	h := func(i int) float64 { return s[5+i] }
 	residual := func(c [3]float64) float64 { // Σw(t − Σ_i c_i x^i)², from the sums

@@ -101,3 +101,46 @@ func TestPrefillFitNonDecreasing(t *testing.T) {
 		}
 	}
 }
+
+// Prefills vary in proportion to their length's time (another process's time slice, a
+// collection: several per cent of a long prefill is seconds). A fit that weighs the long
+// samples' seconds lets their noise set the short prompts' estimates; the fit by time per
+// token keeps every length within about the noise's share. The samples are M2's warm-up:
+// five lengths, twice, each 15 % off in turn.
+func TestPrefillFitNoiseInProportion(t *testing.T) {
+	curve := prefillCurve(2*time.Millisecond, 800*time.Microsecond, 600*time.Nanosecond)
+	for _, sign := range []float64{1, -1} {
+		var f PrefillFit
+		for i, n := range []int{64, 250, 1000, 2000, 3500, 64, 250, 1000, 2000, 3500} {
+			off := 0.15 * sign
+			if i%2 == 1 {
+				off = -off
+			}
+			f.Add(n, time.Duration(float64(curve(n))*(1+off)))
+		}
+		for _, n := range []int{64, 171, 250, 1000, 1781, 3500} {
+			want, got := curve(n), f.At(n)
+			if math.Abs(float64(got-want)) > 0.2*float64(want) {
+				t.Errorf("noise %+.0f %% first: At(%d) = %v, want %v ± 20 %%; fit %v", 15*sign, n, got, want, f.coefficients())
+			}
+		}
+	}
+}
+
+// One prefill timed far too short (a peer that sends its first token at once and stalls
+// after it) weighs as any sample of its length does: it moves the fit, by no more than
+// the newest sample's quarter can. (With the residual in seconds, as before, such a
+// sample set a 64-token prefill at a twelfth of its time.)
+func TestPrefillFitShortOutlier(t *testing.T) {
+	curve := prefillCurve(2*time.Millisecond, 800*time.Microsecond, 600*time.Nanosecond)
+	var f PrefillFit
+	for _, n := range []int{64, 250, 1000, 2000, 3500, 64, 250, 1000, 2000, 3500} {
+		f.Add(n, curve(n))
+	}
+	f.Add(1000, time.Microsecond)
+	for _, n := range []int{64, 250, 1000, 3500} {
+		if want, got := curve(n), f.At(n); math.Abs(float64(got-want)) > 0.6*float64(want) {
+			t.Errorf("At(%d) = %v after one 1 µs sample, want %v ± 60 %%; fit %v", n, got, want, f.coefficients())
+		}
+	}
+}
