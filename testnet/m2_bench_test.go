@@ -61,8 +61,10 @@ import (
 // the KV bytes (those tokens × synth-small's 8 KiB, as the executor counts them from the
 // announced kv_bytes_per_token), the bandwidth measured from the first rows relayed, B's
 // round trip (ping), its prefill rate at the session's length (route.PrefillFit over
-// earlier streams of five lengths, 64 to 3,500 tokens, twice) and decode rate, the cloud's
-// measured time to first token (also by prompt length, the same fit) and rate, and the
+// earlier streams of five lengths, 64 to 3,500 tokens, twice, and every replay on B timed
+// in the cases before: an executor's fits learn from the requests it serves, not from a
+// warm-up only) and decode rate, the cloud's measured time to first token (also by prompt
+// length, the same fit, fed the cloud restarts timed before too) and rate, and the
 // budget. Metrics: "fastest" the share of cases where what the gate's choice leads to
 // measured fastest (by median); "not-measurably-slower" where it measured fastest or its
 // runs are not measurably slower than the fastest's (m2Slower: the two differ by less than
@@ -70,8 +72,9 @@ import (
 // the fastest; "slower-than-cloud" the share where it measured over 10 % slower than the
 // cloud restart; "cloud-for-budget" the share where the gate chose the cloud because the
 // best migration's move would take over half the budget (rule 3). Cases: 40, or
-// $M2_CASES, from case 0 or $M2_FIRST (case k is the same whatever range is run, so that
-// the catalogue's 200 can be run in parts); each is logged.
+// $M2_CASES, from case 0 or $M2_FIRST (case k draws the same whatever range is run, so
+// that the catalogue's 200 can be run in parts; the fits it is decided by are those of the
+// warm-up and the cases run before it in the range); each is logged.
 func BenchmarkM2GateAccuracy(b *testing.B) {
 	cases, first := 40, 0
 	if n, err := strconv.Atoi(os.Getenv("M2_CASES")); err == nil && n > 0 {
@@ -182,9 +185,11 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 			// The order of the runs turns with the case, so that no option always runs
 			// right after another's (a slow live transfer's garbage, say).
 			order := append(slices.Clone(options[k%len(options):]), options[:k%len(options)]...)
+			var restarts []m2Cut // every run's prefill on B or the cloud, for the fits
 			for _, o := range order {
 				cut := m2Run(b, c, servers, ha, hb, hc, req, o, bw)
 				runs[o] = append(runs[o], cut.took)
+				restarts = append(restarts, cut)
 				if o == route.MoveLiveTransfer {
 					sample = cut
 				}
@@ -223,7 +228,9 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 			rerun := func(os []route.MoveOption, times int) {
 				for range times { // interleaved: each once, then again
 					for _, o := range os {
-						runs[o] = append(runs[o], m2Run(b, c, servers, ha, hb, hc, req, o, bw).took)
+						cut := m2Run(b, c, servers, ha, hb, hc, req, o, bw)
+						runs[o] = append(runs[o], cut.took)
+						restarts = append(restarts, cut)
 					}
 				}
 			}
@@ -255,6 +262,17 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 			b.Logf("case %d: %.1f Mbit/s (measured %.1f), %d prompt tokens, %d to go, budget %v: gate %s (%s); measured live %v replay %v cloud %v",
 				k, bw*8/1e6, sample.measured*8/1e6, sample.prompt, rest, in.Budget.Round(time.Millisecond), dec.Choice, dec.Why,
 				m2Times(runs[route.MoveLiveTransfer]), m2Times(runs[route.MoveReplay]), m2Times(runs[route.MoveRestartCloud]))
+			// The case's prefills teach the fits, as an executor's requests teach its
+			// own, for the cases after it.
+			for _, r := range restarts {
+				switch {
+				case r.firstToken <= 0:
+				case r.cloud:
+					fitC.Add(r.positions, r.firstToken)
+				case r.positions >= 32 && r.firstToken > rtt:
+					fitB.Add(r.positions, r.firstToken-rtt)
+				}
+			}
 		}
 	}
 	b.ReportMetric(float64(fastest)/float64(cases), "fastest")
@@ -281,11 +299,16 @@ func m2Words(n int) int { return max(1, (n-3)*100/388) }
 const moveGrace = 10 * time.Second
 
 // m2Cut is one option's run from the cut: the time to the completion's last token, and
-// for a live transfer the prompt's tokens and the bandwidth measured on the relay.
+// for a live transfer the prompt's tokens and the bandwidth measured on the relay. When
+// the run restarted from the cut on B (a replay) or on the cloud, firstToken is the time
+// from that request to its first token, a prefill of positions tokens.
 type m2Cut struct {
-	took     time.Duration
-	prompt   int
-	measured float64
+	took       time.Duration
+	prompt     int
+	measured   float64
+	firstToken time.Duration
+	positions  int
+	cloud      bool
 }
 
 // m2Run runs req on A until its fourth token, cuts there the way option o needs, and goes
@@ -311,8 +334,12 @@ func m2Run(b *testing.B, c *infer.Client, servers map[host.Host]*infer.Server, h
 		res   inference.Resumption
 		sent  int64
 		t0    time.Time
+		again time.Time // when the request restarting from the cut went
 	)
 	emit := func(tok inference.Token) error {
+		if !again.IsZero() && out.firstToken == 0 {
+			out.firstToken = time.Since(again)
+		}
 		if tok.Index < len(ids) {
 			return nil
 		}
@@ -380,16 +407,18 @@ func m2Run(b *testing.B, c *infer.Client, servers map[host.Host]*infer.Server, h
 		if res != nil { // a live transfer past the grace: B replays, as the executor does
 			res.Close()
 		}
-		target, again := hb, *req
+		target, retry := hb, *req
 		switch o {
 		case route.MoveReplay, route.MoveLiveTransfer:
-			again.Replay = slices.Clone(ids)
+			retry.Replay = slices.Clone(ids)
 		case route.MoveRestartCloud:
 			target = hc
 		}
 		var rr inference.Result
-		rr, err = c.Generate(ctx, target.ID(), &again, emit)
+		again = time.Now()
+		rr, err = c.Generate(ctx, target.ID(), &retry, emit)
 		out.prompt = rr.Usage.PromptTokens
+		out.positions, out.cloud = out.prompt+len(retry.Replay), target == hc
 	}
 	if err != nil || cutAt.IsZero() {
 		b.Fatalf("%s: %v (cut %v)", o, err, !cutAt.IsZero())
