@@ -2,6 +2,7 @@ package route
 
 import (
 	"math"
+	"math/bits"
 	"time"
 )
 
@@ -15,34 +16,60 @@ import (
 // from prompts of every length, under-estimates a long prompt's prefill and over-estimates
 // a short one's (synth-small on 2 cores: 1.3 ms a token at 235 tokens, 2.3 ms at 690),
 // while the gate weighs prefills against transfers, which grow linearly. PrefillFit fits
-// c, a and b, none negative, by least squares over exponentially weighted samples (each
-// new one weighs 1/4, as the executor's other moving averages do): of the fits of every
-// subset of the three terms whose coefficients are all ≥ 0, the one with the least
-// residual. With samples of one length only that is the line through the origin (their
-// mean time per token); beyond the samples' lengths the curve is extrapolated.
+// c, a and b, none negative, by least squares: of the fits of every subset of the three
+// terms whose coefficients are all ≥ 0, the one with the least residual. With samples of
+// one length only that is the line through the origin (their mean time per token); beyond
+// the samples' lengths the curve is extrapolated.
 //
-// The residual is each sample's error in time per token, (t − T(n)) ÷ n: about its
+// The samples are kept by length bucket (prompts of 2^k to 2^(k+1) tokens): each bucket's
+// recent samples, each new one weighing 1/4 (as the executor's other moving averages do),
+// so that a node that slows down is followed within a few prefills. A bucket's weight in
+// the fit is 1 when it is sampled and fades by 1/16 with every sample of another length,
+// so that lengths not seen for long stop counting. Without buckets, a run of
+// prompts of one length (a batch job; M2's reruns of one case) would leave the fit those
+// samples only, and its extrapolation to other lengths their noise: M2 had a replay of
+// 1,443 tokens at 4.0 s that measured 2.4.
+//
+// The residual is each point's error in time per token, (t − T(n)) ÷ n: about its
 // relative error, since T grows about as n does. A prefill's noise is in proportion to
 // its time (another process's time slice, a collection: a few per cent of a long prefill
-// is seconds), and a fit in seconds would let the long samples' noise set the short
-// prompts' estimates (M2's warm-up put a 171-token prefill 60 % high that way); per token,
-// short and long prompts count alike. The weight is the sample's length, not its time, so
-// that one prefill timed far too short (a peer's first token sent early) weighs no more
-// than any other of its length.
+// is seconds), and a fit in seconds would let the long prompts' noise set the short ones'
+// estimates (M2's warm-up put a 171-token prefill 60 % high that way); per token, short
+// and long prompts count alike. The weight is by length, not by time, so that one prefill
+// timed far too short (a peer's first token sent early) weighs no more than any other of
+// its length.
 //
 // The zero value has no sample. The fields are exported only so that a snapshot copies a
 // fit; use Add and At.
 type PrefillFit struct {
-	// S holds the weighted sums of x^(k−2) (k = 0…4), of t·x^(k−2) (k = 0…2) and of
-	// t²·x^−2, where x is the length in units of prefillUnit tokens and t the time in
-	// seconds: the sums of x^k, t·x^k and t² of least squares, each sample weighed 1/x²
-	// (its error per token).
-	S [9]float64
+	// B holds each length bucket's samples: B[k] for prompts of 2^k to 2^(k+1) tokens (the
+	// last bucket, those longer too).
+	B [prefillBuckets]PrefillBucket
 }
 
-// prefillUnit scales prompt lengths (x = n / prefillUnit) so that the sums of x^−2 to x²
-// stay well conditioned for prompts of a token to hundreds of thousands.
-const prefillUnit = 1024
+// PrefillBucket is a length bucket's samples: their moving sums of x^(k−2) (k = 0…4), of
+// t·x^(k−2) (k = 0…2) and of t²·x^−2, where x is the length in units of prefillUnit
+// tokens and t the time in seconds (the sums of x^k, t·x^k and t² of least squares, each
+// sample weighed 1/x², its error per token), and the bucket's weight W (0: no sample).
+type PrefillBucket struct {
+	S [9]float64
+	W float64
+}
+
+const (
+	// prefillUnit scales prompt lengths (x = n / prefillUnit) so that the sums of x^−2 to
+	// x² stay well conditioned for prompts of a token to millions.
+	prefillUnit = 1024
+	// prefillBuckets covers prompts up to 2^21 tokens a bucket each; longer ones share the
+	// last.
+	prefillBuckets = 22
+	// prefillKeep is what a bucket's average keeps of itself at a new sample (each new one
+	// weighs 1/4), prefillFade what another bucket's weight keeps (it fades by 1/16).
+	prefillKeep, prefillFade = 3.0 / 4, 15.0 / 16
+	// prefillStale is the weight (after about 36 samples of other lengths) under which a
+	// bucket's average starts again from its next sample.
+	prefillStale = 0.1
+)
 
 // Add folds in a prefill of n tokens that took t. Samples that are not positive, or t
 // over a day, are ignored.
@@ -50,38 +77,56 @@ func (f *PrefillFit) Add(n int, t time.Duration) {
 	if n <= 0 || t <= 0 || t > maxEstimate {
 		return
 	}
+	k := min(bits.Len(uint(n))-1, prefillBuckets-1)
 	x, y := float64(n)/prefillUnit, t.Seconds()
 	w := 1 / (x * x) // per token: see the type's comment
 	sample := [9]float64{w, 1 / x, 1, x, x * x, w * y, y / x, y, w * y * y}
-	if f.S[0] == 0 {
-		f.S = sample
-		return
+	for i := range f.B {
+		f.B[i].W *= prefillFade
 	}
-	const keep = 3.0 / 4
-	for i := range f.S {
-		f.S[i] = keep*f.S[i] + (1-keep)*sample[i]
+	b := &f.B[k]
+	if b.W < prefillStale { // new, or faded: its old samples say little of now
+		b.S = sample
+	} else {
+		for i := range b.S {
+			b.S[i] = prefillKeep*b.S[i] + (1-prefillKeep)*sample[i]
+		}
 	}
+	b.W = 1
 }
 
 // At is the fitted prefill time of n tokens: 0 with no sample (or n ≤ 0), at most a day.
 func (f PrefillFit) At(n int) time.Duration {
-	if f.S[0] <= 0 || n <= 0 {
+	if n <= 0 {
 		return 0
 	}
-	c := f.coefficients()
+	c, ok := f.coefficients()
+	if !ok {
+		return 0
+	}
 	x := float64(n) / prefillUnit
 	sec := c[0] + c[1]*x + c[2]*x*x
 	return time.Duration(min(sec, maxEstimate.Seconds()) * float64(time.Second))
 }
 
-// coefficients is the non-negative least-squares fit (c, a, b) of t = c + a·x + b·x²: the
-// fit on the subset of the terms, all coefficients ≥ 0, with the least residual. The
-// linear term alone (the mean time per token) always qualifies, its coefficient a ratio
-// of positive sums, and stands unless another fits better by more than rounding (with
-// samples of one length, all fit them exactly).
-func (f PrefillFit) coefficients() [3]float64 {
-	s := f.S
-	// The normal equations: G[i][j] = Σw·x^(i+j), h[i] = Σw·t·x^i, w a sample's decay ÷ x².
+// coefficients is the non-negative least-squares fit (c, a, b) of t = c + a·x + b·x² to
+// the buckets' samples, false with none: the fit on the subset of the terms, all
+// coefficients ≥ 0, with the least residual. The linear term alone (the mean time per
+// token) always qualifies, its coefficient a ratio of positive sums, and stands unless
+// another fits better by more than rounding (with samples of one length, all fit them
+// exactly).
+func (f PrefillFit) coefficients() ([3]float64, bool) {
+	// s: the buckets' sums, each weighed by its W.
+	var s [9]float64
+	for _, b := range f.B {
+		for i, v := range b.S {
+			s[i] += b.W * v
+		}
+	}
+	if s[0] <= 0 {
+		return [3]float64{}, false
+	}
+	// The normal equations: G[i][j] = Σw·x^(i+j), h[i] = Σw·t·x^i.
 	g := func(i, j int) float64 { return s[i+j] }
 	h := func(i int) float64 { return s[5+i] }
 	residual := func(c [3]float64) float64 { // Σw(t − Σ_i c_i x^i)², from the sums
@@ -124,7 +169,7 @@ func (f PrefillFit) coefficients() [3]float64 {
 			best, bestRes = full, res
 		}
 	}
-	return best
+	return best, true
 }
 
 // solve solves the k×k system m·c = v (k ≤ 3) by Gaussian elimination with partial
