@@ -25,12 +25,12 @@ import (
 // recent samples, each new one weighing 1/4 (as the executor's other moving averages do),
 // so that a node that slows down is followed within a few prefills. A bucket's weight in
 // the fit is 1 when it is sampled and fades by 1/16 with every sample of another length,
-// so that lengths not seen for long stop counting. Without buckets, a run of
-// prompts of one length (a batch job; M2's reruns of one case) would leave the fit those
-// samples only, and its extrapolation to other lengths their noise: M2 had a replay of
-// 1,443 tokens at 4.0 s that measured 2.4.
+// so that lengths not seen for long stop counting. Without buckets, a run of prompts of
+// one length (a batch job; M2's reruns of one case) would leave the fit those samples
+// only, and its extrapolation to other lengths their noise: M2 had a replay of 1,443
+// tokens at 4.0 s that measured 2.4.
 //
-// The residual is each point's error in time per token, (t − T(n)) ÷ n: about its
+// The residual is each sample's error in time per token, (t − T(n)) ÷ n: about its
 // relative error, since T grows about as n does. A prefill's noise is in proportion to
 // its time (another process's time slice, a collection: a few per cent of a long prefill
 // is seconds), and a fit in seconds would let the long prompts' noise set the short ones'
@@ -63,11 +63,11 @@ const (
 	// prefillBuckets covers prompts up to 2^21 tokens a bucket each; longer ones share the
 	// last.
 	prefillBuckets = 22
-	// prefillKeep is what a bucket's average keeps of itself at a new sample (each new one
-	// weighs 1/4), prefillFade what another bucket's weight keeps (it fades by 1/16).
+	// prefillKeep is what a bucket's sums keep of themselves at a new sample (each new
+	// one weighs 1/4), prefillFade what another bucket's weight keeps (it fades by 1/16).
 	prefillKeep, prefillFade = 3.0 / 4, 15.0 / 16
 	// prefillStale is the weight (after about 36 samples of other lengths) under which a
-	// bucket's average starts again from its next sample.
+	// bucket's sums start again from its next sample.
 	prefillStale = 0.1
 )
 
