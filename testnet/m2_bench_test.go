@@ -269,7 +269,7 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 				case r.firstToken <= 0:
 				case r.cloud:
 					fitC.Add(r.positions, r.firstToken)
-				case r.positions >= 32 && r.firstToken > rtt:
+				case r.positions >= 32 && r.firstToken > rtt: // the executor's minPrefillSample
 					fitB.Add(r.positions, r.firstToken-rtt)
 				}
 			}
