@@ -39,21 +39,20 @@ import (
 // timed far too short (a peer's first token sent early) weighs no more than any other of
 // its length.
 //
-// The zero value has no sample. The fields are exported only so that a snapshot copies a
-// fit; use Add and At.
+// The zero value has no sample.
 type PrefillFit struct {
-	// B holds each length bucket's samples: B[k] for prompts of 2^k to 2^(k+1) tokens (the
-	// last bucket, those longer too).
-	B [prefillBuckets]PrefillBucket
+	// buckets holds each length bucket's samples: buckets[k] for prompts of 2^k to
+	// 2^(k+1) tokens (the last bucket, those longer too).
+	buckets [prefillBuckets]prefillBucket
 }
 
-// PrefillBucket is a length bucket's samples: their moving sums of x^(k−2) (k = 0…4), of
+// prefillBucket is a length bucket's samples: their moving sums of x^(k−2) (k = 0…4), of
 // t·x^(k−2) (k = 0…2) and of t²·x^−2, where x is the length in units of prefillUnit
 // tokens and t the time in seconds (the sums of x^k, t·x^k and t² of least squares, each
-// sample weighed 1/x², its error per token), and the bucket's weight W (0: no sample).
-type PrefillBucket struct {
-	S [9]float64
-	W float64
+// sample weighed 1/x², its error per token), and the bucket's weight w (0: no sample).
+type prefillBucket struct {
+	s [9]float64
+	w float64
 }
 
 const (
@@ -81,18 +80,18 @@ func (f *PrefillFit) Add(n int, t time.Duration) {
 	x, y := float64(n)/prefillUnit, t.Seconds()
 	w := 1 / (x * x) // per token: see the type's comment
 	sample := [9]float64{w, 1 / x, 1, x, x * x, w * y, y / x, y, w * y * y}
-	for i := range f.B {
-		f.B[i].W *= prefillFade
+	for i := range f.buckets {
+		f.buckets[i].w *= prefillFade
 	}
-	b := &f.B[k]
-	if b.W < prefillStale { // new, or faded: its old samples say little of now
-		b.S = sample
+	b := &f.buckets[k]
+	if b.w < prefillStale { // new, or faded: its old samples say little of now
+		b.s = sample
 	} else {
-		for i := range b.S {
-			b.S[i] = prefillKeep*b.S[i] + (1-prefillKeep)*sample[i]
+		for i := range b.s {
+			b.s[i] = prefillKeep*b.s[i] + (1-prefillKeep)*sample[i]
 		}
 	}
-	b.W = 1
+	b.w = 1
 }
 
 // At is the fitted prefill time of n tokens: 0 with no sample (or n ≤ 0), at most a day.
@@ -116,11 +115,11 @@ func (f PrefillFit) At(n int) time.Duration {
 // another fits better by more than rounding (with samples of one length, all fit them
 // exactly).
 func (f PrefillFit) coefficients() ([3]float64, bool) {
-	// s: the buckets' sums, each weighed by its W.
+	// s: the buckets' sums, each weighed by its w.
 	var s [9]float64
-	for _, b := range f.B {
-		for i, v := range b.S {
-			s[i] += b.W * v
+	for _, b := range f.buckets {
+		for i, v := range b.s {
+			s[i] += b.w * v
 		}
 	}
 	if s[0] <= 0 {

@@ -105,10 +105,6 @@ type Cloud struct {
 	TTFT          time.Duration // measured time to first token (EWMA) or configured; 0 = Tuning default
 	TokensPerSec  float64       // 0 = Tuning default
 	USDPerMTok    float64       // cost per million tokens, prompt + completion
-	// Prefill is the measured time to first token as a function of the prompt's length,
-	// for the viability gate (GateInput.CloudTTFTPerToken, read at the session's length).
-	// Decide does not read it.
-	Prefill PrefillFit
 }
 
 // Tuning holds the router's estimates and limits. A zero (or negative) field takes

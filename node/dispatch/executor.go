@@ -146,7 +146,7 @@ type Executor struct {
 	// session's KV bytes and prefill time in the model's own tokens.
 	tokenRatio map[string]float64
 	// peerRates are each peer's measured prefill and decode rates per model, for the gate.
-	peerRates map[rateKey]peerRate
+	peerRates map[rateKey]*peerRate
 	keys      map[peer.ID]string // peer ID strings (encoding one costs ~1.5 µs)
 	inflight  map[peer.ID]int    // requests this node has running on each peer
 	// waiting are, per peer, when each of this node's requests that has not yet heard its
@@ -200,7 +200,7 @@ func New(cfg Config) (*Executor, error) {
 		cfg:      cfg,
 		rng:      rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 		localTPS: map[string]float64{}, localCold: map[string]time.Duration{},
-		tokenRatio: map[string]float64{}, peerRates: map[rateKey]peerRate{},
+		tokenRatio: map[string]float64{}, peerRates: map[rateKey]*peerRate{},
 		keys: map[peer.ID]string{}, inflight: map[peer.ID]int{}, waiting: map[peer.ID][]time.Time{},
 		bg: bg, bgCancel: cancel,
 	}, nil
@@ -337,7 +337,6 @@ func (d *Executor) snapshot(ctx context.Context, now time.Time) (s *route.Snapsh
 		s.Cloud = route.Cloud{
 			Enabled: true, Models: d.cfg.CloudModels, Deterministic: cloudDet,
 			TTFT: d.cloudTTFT, TokensPerSec: d.cloudTPS, USDPerMTok: d.cfg.CloudUSDPerMTok,
-			Prefill: d.cloudPrefill,
 		}
 	}
 	return s, full

@@ -116,7 +116,7 @@ func (r *run) session(ctx context.Context) route.GateInput {
 		CloudTTFT:     r.snap.Cloud.TTFT, CloudRate: r.snap.Cloud.TokensPerSec,
 	}
 	if in.PromptTokens > 0 {
-		in.CloudTTFTPerToken = r.snap.Cloud.Prefill.At(in.PromptTokens).Seconds() / float64(in.PromptTokens)
+		in.CloudTTFTPerToken = r.d.cloudPrefillAt(in.PromptTokens).Seconds() / float64(in.PromptTokens)
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		in.Budget = max(dl.Sub(r.d.now()), time.Nanosecond)

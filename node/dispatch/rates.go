@@ -95,13 +95,16 @@ func (d *Executor) notePeerRates(key, model string, prompt int, ttft, rtt time.D
 	defer d.mu.Unlock()
 	k := rateKey{key, model}
 	r := d.peerRates[k]
+	if r == nil {
+		r = &peerRate{}
+		d.peerRates[k] = r
+	}
 	if prefill {
 		r.prefill.Add(prompt, ttft-rtt)
 	}
 	if tps > 0 {
 		r.decodeTPS = ewma(r.decodeTPS, tps)
 	}
-	d.peerRates[k] = r
 }
 
 // measuredRates is what is measured of the peer whose reputation key is key serving model:
@@ -109,12 +112,23 @@ func (d *Executor) notePeerRates(key, model string, prompt int, ttft, rtt time.D
 // measured.
 func (d *Executor) measuredRates(key, model string, n int) (prefill, decode float64) {
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	r := d.peerRates[rateKey{key, model}]
-	d.mu.Unlock()
+	if r == nil {
+		return 0, 0
+	}
 	if t := r.prefill.At(n); t > 0 {
 		prefill = float64(n) / t.Seconds()
 	}
 	return prefill, r.decodeTPS
+}
+
+// cloudPrefillAt is the cloud's measured time to first token for a prompt of n tokens (its
+// fit by length), 0 when not measured.
+func (d *Executor) cloudPrefillAt(n int) time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.cloudPrefill.At(n)
 }
 
 // forgetRates drops the rates of peers not among entries. Called under d.mu, rarely (when
