@@ -134,12 +134,18 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 		}
 		return avg + (x-avg)/4
 	}
+	// learnB folds a prefill of n positions on B, its first token after ttft, into B's
+	// fit as the executor folds a peer's (node/dispatch/rates.go): less the round trip,
+	// from its minPrefillSample of 32 tokens.
+	learnB := func(n int, ttft time.Duration) {
+		if n >= 32 {
+			fitB.Add(n, ttft-rtt)
+		}
+	}
 	for _, n := range slices.Repeat([]int{64, 250, 1000, 2000, 3500}, 2) {
 		req := m2Request(m2Words(n), 24)
 		ttft, rate, served := timed(hb, req)
-		if served >= 32 { // the executor's minPrefillSample
-			fitB.Add(served, ttft-rtt)
-		}
+		learnB(served, ttft)
 		decodeB = ewma(decodeB, rate)
 		ratio = ewma(ratio, float64(served)/float64(route.PromptTokens(req)))
 		ttft, rate, _ = timed(hc, req)
@@ -269,8 +275,8 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 				case r.firstToken <= 0:
 				case r.cloud:
 					fitC.Add(r.positions, r.firstToken)
-				case r.positions >= 32 && r.firstToken > rtt: // the executor's minPrefillSample
-					fitB.Add(r.positions, r.firstToken-rtt)
+				default:
+					learnB(r.positions, r.firstToken)
 				}
 			}
 		}
