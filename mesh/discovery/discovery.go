@@ -115,6 +115,10 @@ func New(h host.Host, p Params) (*Discovery, error) {
 	if len(p.Bootstrap) == 0 {
 		d.bootstrapped.Store(true)
 	}
+	// Protected before New returns, so a connection the DHT opens first is protected too.
+	for _, ai := range p.Bootstrap {
+		h.ConnManager().Protect(ai.ID, protectTag)
+	}
 	var conns event.Subscription
 	if p.DiverseSlots > 0 {
 		var err error
@@ -171,9 +175,6 @@ func (d *Discovery) bootstrapLoop(ctx context.Context) {
 	defer d.wg.Done()
 	if len(d.params.Bootstrap) == 0 {
 		return
-	}
-	for _, ai := range d.params.Bootstrap {
-		d.h.ConnManager().Protect(ai.ID, protectTag)
 	}
 	wait := minInterval
 	for {
