@@ -41,6 +41,12 @@ type Usage struct {
 type Result struct {
 	FinishReason FinishReason `json:"finish_reason"`
 	Usage        Usage        `json:"usage"`
+	// Replayed is how many of Request.Replay's tokens the backend took as given, prefilled
+	// with the prompt in one batch: len(Replay) from one that replays (the built-in
+	// models), 0 from one that generated them again (an upstream API). Its first token
+	// came after a prefill of the prompt and these; the executor times that prefill
+	// (node/dispatch/rates.go). A client holds a peer's figure to len(Replay).
+	Replayed int `json:"replayed,omitempty"`
 	// Receipt is the serving peer's signed record of the task (mesh/receipts defines it),
 	// present only when the requester asked the peer for one; opaque at this level.
 	Receipt string `json:"receipt,omitempty"`

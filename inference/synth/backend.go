@@ -386,7 +386,7 @@ func generate(ctx context.Context, m *model, head *weights, layers inference.Lay
 	usage := inference.Usage{PromptTokens: len(prompt)}
 	result := func(fr inference.FinishReason) inference.Result {
 		usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
-		return inference.Result{FinishReason: fr, Usage: usage}
+		return inference.Result{FinishReason: fr, Usage: usage, Replayed: len(replay)}
 	}
 	for {
 		var id int

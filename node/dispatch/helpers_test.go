@@ -43,6 +43,9 @@ type target struct {
 	alter int
 	// firstToken delays the first token (on the test's clock: virtual under synctest).
 	firstToken time.Duration
+	// regenerate ignores Request.Replay, as an upstream API does: it generates the tokens
+	// sent again.
+	regenerate bool
 	// calls counts the requests it received.
 	calls chan struct{}
 }
@@ -67,6 +70,11 @@ func (tg *target) Generate(ctx context.Context, req *inference.Request, emit fun
 		case <-ctx.Done():
 			return inference.Result{}, ctx.Err()
 		}
+	}
+	if tg.regenerate && len(req.Replay) > 0 {
+		again := *req
+		again.Replay = nil
+		req = &again
 	}
 	errCut := inference.Errorf(inference.CodePeerLost, "stream reset after %d tokens", tg.cutAfter)
 	n := 0

@@ -74,22 +74,18 @@ func (d *Executor) observe(t route.Target, model string, cold bool, err error, c
 		return
 	}
 	ttft := m.first.Sub(m.start)
-	prompt := m.prompt // in the model's tokens: the server's count when it gave one
-	if m.fresh && m.served > 0 {
-		prompt = m.served
-	}
-	var tps float64
-	if m.tokens > 1 && m.last.After(m.first) {
-		tps = float64(m.tokens-1) / m.last.Sub(m.first).Seconds()
-	}
-	if m.fresh && m.served > 0 {
+	// The first token came after a prefill of this many positions (in the model's
+	// tokens), 0 when not known.
+	prefilled := m.prefilled()
+	tps := m.decodeRate()
+	if m.served > 0 && !m.tookOver {
 		d.noteTokens(model, m.estimate, m.served)
 	}
 	switch t.Tier {
 	case inference.TierMesh:
 		d.cfg.Rep.RecordPerformance(t.RepKey(), ttft, tps, now)
-		if m.fresh && len(t.Stages) == 0 {
-			d.notePeerRates(t.RepKey(), model, prompt, ttft, d.cfg.Latency(t.Peer), tps)
+		if len(t.Stages) == 0 {
+			d.notePeerRates(t.RepKey(), model, prefilled, ttft, d.cfg.Latency(t.Peer), tps)
 		}
 	case inference.TierLocal:
 		d.mu.Lock()
@@ -103,7 +99,9 @@ func (d *Executor) observe(t route.Target, model string, cold bool, err error, c
 	case inference.TierCloud:
 		d.mu.Lock()
 		d.cloudTTFT = time.Duration(ewma(float64(d.cloudTTFT), float64(ttft)))
-		d.cloudPrefill.Add(prompt, ttft)
+		if prefilled > 0 {
+			d.cloudPrefill.Add(prefilled, ttft)
+		}
 		if tps > 0 {
 			d.cloudTPS = ewma(d.cloudTPS, tps)
 		}

@@ -14,19 +14,26 @@ import (
 //   - a model's tokens: routing estimates a prompt at four bytes a token
 //     (route.PromptTokens), which is a real tokenizer's average in English but not every
 //     model's (the built-in synth models count about one token a byte). Every completed
-//     fresh attempt reports the prompt tokens its server counted, and their ratio to the
-//     estimate, per model, turns the estimate into the model's own tokens (promptTokens):
-//     the KV bytes a live transfer moves and the positions a replay prefills are counted
-//     in them;
-//   - a peer's prefill: a fresh attempt's time to first token, less the round trip to the
-//     peer, against its prompt's tokens, from prompts of at least minPrefillSample tokens,
-//     fitted as a function of the prompt's length (route.PrefillFit: attention makes a long
-//     prompt's tokens dearer than a short one's); the gate is given the rate at the
-//     session's length. And its decode rate, tokens after the first over the time they
-//     took (EWMA, weight 1/4). Both per peer and model, dropped once the peer has left the
+//     attempt that did not take a cache over reports the prompt tokens its server
+//     counted, and their ratio to the estimate, per model, turns the estimate into the
+//     model's own tokens (promptTokens): the KV bytes a live transfer moves and the
+//     positions a replay prefills are counted in them;
+//   - a peer's prefill: an attempt's time to first token, less the round trip to the
+//     peer, against the positions prefilled before it (timing.prefilled): the prompt, and
+//     the tokens the peer replayed when the attempt went on from a cut (Result.Replayed;
+//     a peer that generated them again prefilled the prompt only), from at least
+//     minPrefillSample positions, fitted as a function of the length (route.PrefillFit:
+//     attention makes a long prompt's tokens dearer than a short one's); the gate is given
+//     the rate at the session's length. Replays are the samples the gate needs most: they
+//     are what it estimates, at the lengths cut sessions have. An attempt that took a
+//     cache over prefilled only what it lacked and is no sample. And its decode rate, the
+//     tokens the client did not have yet after the first of them over the time they took
+//     (EWMA, weight 1/4). Both per peer and model, dropped once the peer has left the
 //     registry (checked when the rates outnumber the peers well, forgetRates);
-//   - the cloud's time to first token against the prompt's tokens, fitted the same way
-//     (its round trip is the fit's constant term), next to its overall average.
+//   - the cloud's time to first token against the positions it prefilled, fitted the same
+//     way (its round trip is the fit's constant term), restarts included (the cloud
+//     generates the tokens sent again: its first token comes after the prompt), next to
+//     its overall average.
 //
 // A peer could lie about its prompt tokens or serve its first token late on purpose; the
 // ratio is held within [minTokenRatio, maxTokenRatio] and all of it only weighs estimates
@@ -84,8 +91,9 @@ func (d *Executor) noteTokens(model string, est, served int) {
 	d.tokenRatio[model] = ewma(d.tokenRatio[model], ratio)
 }
 
-// notePeerRates folds a completed fresh attempt on the peer whose reputation key is key
-// into its rates for model: ttft less rtt for a prompt of prompt tokens, and tps.
+// notePeerRates folds a completed attempt on the peer whose reputation key is key into its
+// rates for model: ttft less rtt for a prefill of prompt positions (0: not known), and tps
+// (0: not measured).
 func (d *Executor) notePeerRates(key, model string, prompt int, ttft, rtt time.Duration, tps float64) {
 	prefill := prompt >= minPrefillSample && ttft > rtt
 	if !prefill && tps <= 0 {

@@ -109,3 +109,73 @@ func TestPrefillRateByLength(t *testing.T) {
 		t.Errorf("a 200-token prompt prefills at %.0f tokens/s, a 1,600-token one at %.0f: want over twice as fast", short, long)
 	}
 }
+
+// A stream cut on peer a goes on by replay on b: b's first token came after a prefill of the
+// prompt and the tokens sent, and teaches the gate b's prefill at that length, as a fresh
+// prompt of it would. A peer that generated the tokens again (an upstream behind it)
+// prefilled the prompt only, and a cloud restart too: each is timed at its own length.
+func TestReplayTeachesPrefill(t *testing.T) {
+	const firstToken, rtt, cut = 300 * time.Millisecond, 20 * time.Millisecond, 3
+	long := chat(model, 8)
+	long.Messages[0].Content = strings.Repeat("a longer prompt, ", 6) // 102 bytes
+	for _, c := range []struct {
+		name       string
+		regenerate bool
+		cloud      bool
+		prefilled  func(prompt int) int
+	}{
+		{"replay", false, false, func(prompt int) int { return prompt + cut }},
+		{"regenerate", true, false, func(prompt int) int { return prompt }},
+		{"cloud", true, true, func(prompt int) int { return prompt }}, // an upstream API
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tg := newTarget(t, model)
+				res, err := tg.b.Generate(t.Context(), long, func(inference.Token) error { return nil })
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := c.prefilled(res.Usage.PromptTokens)
+				for seed := uint64(0); ; seed++ {
+					if seed == 64 {
+						t.Fatal("64 seeds never sent the first attempt to the peer that cuts")
+					}
+					a, b := newTarget(t, model), newTarget(t, model)
+					a.cutAfter, b.firstToken, b.regenerate = cut, firstToken, c.regenerate
+					ps := peers{"a": a}
+					cfg := Config{Peers: ps, Registry: registryOf(model, "a"), Rep: newRep(t), Seed: seed,
+						Latency: func(peer.ID) time.Duration { return rtt }}
+					req := *long
+					if c.cloud {
+						cfg.Cloud, cfg.CloudModels = b, []string{model}
+						req.Prefs.Privacy = inference.PrivacyAny
+					} else {
+						ps["b"], cfg.Registry = b, registryOf(model, "a", "b")
+					}
+					d := newExecutor(t, cfg)
+					_, _, at, err := collect(d, &req)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if a.calledTimes() == 0 {
+						continue // b took it first, with nothing to replay
+					}
+					if b.calledTimes() != 1 {
+						t.Fatalf("a cut after %d tokens, ended at %+v: b called %d times, want once", cut, at, b.calledTimes())
+					}
+					if c.cloud {
+						if got := d.cloudPrefillAt(want); got != firstToken {
+							t.Fatalf("the cloud's first token for %d positions: %v, want the %v its restart took", want, got, firstToken)
+						}
+						return
+					}
+					rate := float64(want) / (firstToken - rtt).Seconds()
+					if got, _ := d.measuredRates(peer.ID("b").String(), model, want); got < rate*(1-1e-9) || got > rate*(1+1e-9) {
+						t.Fatalf("b's prefill for %d positions: %.2f tokens/s, want %.2f (%d positions in %v)", want, got, rate, want, firstToken-rtt)
+					}
+					return
+				}
+			})
+		})
+	}
+}

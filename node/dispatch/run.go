@@ -216,7 +216,7 @@ func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, er
 		m                 = r.d.measure(&r.req)
 		at                inference.Served // where the tokens come from: set at the first
 	)
-	m.fresh = skip == 0
+	m.skip = skip
 	forward := func(tok inference.Token) error {
 		if m.tokens == 0 {
 			// The transport is settled by now (a WebRTC attempt falls back before its first
@@ -268,7 +268,7 @@ func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, er
 				r.d.stats.resumptions.Add(1)
 				r.attempts++
 				t, r.last, r.resumed, skip, m = next, next, true, len(r.sent), r.d.measure(&r.req)
-				m.fresh = false // it took a cache over
+				m.skip, m.tookOver = skip, true
 				res, err = rl.resume(ctx, r.replayIDs(), forward)
 			}
 		}
@@ -279,7 +279,7 @@ func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, er
 		// sent that are none of the model's) mean the stream was not the model's.
 		mismatch = fmt.Errorf("%w: %v", errResumeMismatch, err)
 	}
-	m.served = res.Usage.PromptTokens
+	m.served, m.replayed = res.Usage.PromptTokens, min(max(res.Replayed, 0), len(req.Replay))
 	// The request's context ending (the client gone, its time limit passed) ends the
 	// attempt however the target was doing: a slow peer cut by a client's 2 s limit did
 	// not time out by the mesh's bounds, and is neither penalized nor reported degraded.
@@ -401,23 +401,27 @@ func (r *run) coldAt(t route.Target) bool {
 }
 
 // timing measures one attempt on the executor's clock: when it started, its first and
-// latest token, and how many tokens came. prompt is the request's prompt in its model's
+// latest token, the first of the tokens the client did not have yet (fresh, the first
+// after skip), and how many tokens came. prompt is the request's prompt in its model's
 // tokens as measured so far (promptTokens), estimate the same as routing estimates it
-// (route.PromptTokens); fresh says the attempt prefilled that prompt and nothing else (no
-// tokens replayed, no cache taken over), and served is the prompt tokens its server
-// reported on completion (0: not known). Only a fresh attempt measures rates (rates.go).
+// (route.PromptTokens); skip is the tokens the client had when the attempt started (sent
+// again first, and replayed or generated again: replayed, the target's Result.Replayed);
+// tookOver says the attempt went on from a cache another node handed over; served is the
+// prompt tokens its server reported on completion (0: not known). What rates.go learns
+// from an attempt is in observe.
 type timing struct {
-	now                func() time.Time
-	start, first, last time.Time
-	tokens             int
-	prompt, estimate   int
-	fresh              bool
-	served             int
+	now                       func() time.Time
+	start, first, fresh, last time.Time
+	tokens                    int
+	prompt, estimate          int
+	skip, replayed            int
+	tookOver                  bool
+	served                    int
 }
 
 func (d *Executor) measure(req *inference.Request) *timing {
 	est := route.PromptTokens(req)
-	return &timing{now: d.cfg.Now, start: d.now(), prompt: d.modelTokens(req.Model, est), estimate: est, fresh: true}
+	return &timing{now: d.cfg.Now, start: d.now(), prompt: d.modelTokens(req.Model, est), estimate: est}
 }
 
 // token notes a token's arrival.
@@ -426,6 +430,34 @@ func (m *timing) token() {
 	if m.tokens == 0 {
 		m.first = t
 	}
+	if m.tokens == m.skip {
+		m.fresh = t
+	}
 	m.tokens++
 	m.last = t
+}
+
+// prefilled is how many positions the target prefilled before its first token: the
+// prompt (as its server counted it, else as measured so far) and the tokens it replayed;
+// 0 when the attempt took a cache over (it prefilled only the positions it lacked).
+func (m *timing) prefilled() int {
+	if m.tookOver {
+		return 0
+	}
+	prompt := m.prompt
+	if m.served > 0 {
+		prompt = m.served
+	}
+	return prompt + m.replayed
+}
+
+// decodeRate is the tokens the client did not have over the time they took after the
+// first of them (tokens/s), 0 with fewer than two. The tokens sent again come in a burst
+// after a replay's prefill, and say nothing of the target's decoding.
+func (m *timing) decodeRate() float64 {
+	n := m.tokens - m.skip
+	if n < 2 || !m.last.After(m.fresh) {
+		return 0
+	}
+	return float64(n-1) / m.last.Sub(m.fresh).Seconds()
 }

@@ -467,10 +467,12 @@ func silence(p peer.ID, tokens int, wait time.Duration) error {
 
 // counted is res with the usage this side can vouch for: the completion tokens it received,
 // and the peer's prompt count up to req.PromptTokensBound. A peer's own figures are only
-// corroborated by its receipt, never taken as they are.
+// corroborated by its receipt, never taken as they are. Its Replayed is held to the tokens
+// it was asked to replay.
 func counted(res inference.Result, req *inference.Request, received int) inference.Result {
 	res.Usage.CompletionTokens = received
 	res.Usage = req.BoundUsage(res.Usage)
+	res.Replayed = min(max(res.Replayed, 0), len(req.Replay))
 	return res
 }
 

@@ -19,6 +19,7 @@
 //	                  0x06 kv        uvarint pos, uvarint n, values     ≤ MaxKVFrame
 //	                                 (handover only, below)
 //	                  0x03 done      JSON {"finish_reason", "usage",     ≤ MaxTerminalFrame
+//	                                       "replayed" (when > 0),
 //	                                       "receipt" (0x05 only)}
 //	                  0x04 error     JSON {"code", "message"}           ≤ MaxTerminalFrame
 //	                  0x07 moved     JSON {"positions", "tokens"}       ≤ MaxTerminalFrame
@@ -26,10 +27,13 @@
 //
 // A request that continues a cut stream carries "replay": the ids of the tokens its client
 // already has (inference.Request.Replay). The server's backend may prefill them with the
-// prompt instead of generating them again; either way the answer is the whole completion
-// from index 0. A client leaves replay out when it would push the frame past
-// MaxRequestFrame; a server checks it like the rest of the request (fewer ids than
-// max_tokens, none negative; the backend checks them against its vocabulary).
+// prompt instead of generating them again, and then says how many it replayed ("replayed"
+// in the done frame, inference.Result.Replayed; absent when it generated them again, and
+// from a server older than the field, which may have replayed them); either way the answer
+// is the whole completion from index 0. The client holds "replayed" to the ids it sent. A
+// client leaves replay out when it would push the frame past MaxRequestFrame; a server
+// checks it like the rest of the request (fewer ids than max_tokens, none negative; the
+// backend checks them against its vocabulary).
 //
 // A kv frame carries rows of a generation's KV cache (inference.KVRows): positions
 // [pos, pos+n) of every layer, their keys then their values, as little-endian float32; their

@@ -379,8 +379,9 @@ func (r replaySeen) Generate(ctx context.Context, req *inference.Request, emit f
 }
 
 // A request that continues a cut stream carries its replay to the server's backend, which
-// answers with the whole completion from index 0, identical to an uninterrupted run; a
-// replay the server's checks refuse is an invalid_request error.
+// answers with the whole completion from index 0, identical to an uninterrupted run, and
+// says it replayed them (Result.Replayed); a replay the server's checks refuse is an
+// invalid_request error.
 func TestReplayCrossesTheWire(t *testing.T) {
 	be, err := synth.New(model)
 	if err != nil {
@@ -402,8 +403,12 @@ func TestReplayCrossesTheWire(t *testing.T) {
 		req.Replay = append(req.Replay, tok.ID)
 	}
 	var remote []inference.Token
-	if _, err := client.Generate(context.Background(), sh.ID(), req, collect(&remote)); err != nil {
+	res, err := client.Generate(context.Background(), sh.ID(), req, collect(&remote))
+	if err != nil {
 		t.Fatal(err)
+	}
+	if res.Replayed != len(req.Replay) {
+		t.Fatalf("the server replayed %d tokens, the client says %d", len(req.Replay), res.Replayed)
 	}
 	if got := <-seen.seen; !slices.Equal(got, req.Replay) {
 		t.Fatalf("the server's backend saw replay %v, want %v", got, req.Replay)
@@ -415,6 +420,48 @@ func TestReplayCrossesTheWire(t *testing.T) {
 	req.Replay = []int{-1}
 	if _, err := client.Generate(context.Background(), sh.ID(), req, collect(&remote)); inference.CodeOf(err) != inference.CodeInvalidRequest {
 		t.Fatalf("replaying id -1: %v, want invalid_request", err)
+	}
+}
+
+// claimsReplayed is a backend whose results claim to have replayed n tokens, whatever it
+// was asked to replay.
+type claimsReplayed struct {
+	inference.Backend
+	n int
+}
+
+func (c claimsReplayed) Generate(ctx context.Context, req *inference.Request, emit func(inference.Token) error) (inference.Result, error) {
+	res, err := c.Backend.Generate(ctx, req, emit)
+	res.Replayed = c.n
+	return res, err
+}
+
+// A peer's Replayed is held to the tokens it was asked to replay: the executor times its
+// prefill by it, and a peer must not make its prefill look longer than it was.
+func TestReplayedHeldToTheReplay(t *testing.T) {
+	be, err := synth.New(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []int
+	if _, err := be.Generate(context.Background(), request(8), func(tok inference.Token) error {
+		ids = append(ids, tok.ID)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ch, sh := newHost(t), newHost(t)
+	srv := NewServer(sh, claimsReplayed{Backend: be, n: 1000})
+	t.Cleanup(func() { srv.Close() })
+	connect(t, ch, sh)
+	client := NewClient(ch)
+	for _, replay := range [][]int{nil, ids[:1], ids[:3]} {
+		req := request(8)
+		req.Replay = replay
+		res, err := client.Generate(context.Background(), sh.ID(), req, func(inference.Token) error { return nil })
+		if err != nil || res.Replayed != len(replay) {
+			t.Fatalf("asked to replay %d tokens, the peer claims 1000: the client says %d (err %v)", len(replay), res.Replayed, err)
+		}
 	}
 }
 
