@@ -136,13 +136,15 @@ type Executor struct {
 	rng       *rand.Rand
 	localTPS  map[string]float64       // measured tokens/s per local model (EWMA)
 	localCold map[string]time.Duration // measured cold start per local model (EWMA)
-	cloudTTFT time.Duration            // measured cloud time to first token (EWMA)
+	// localPrefill is this node's prefill time by length per local model (rates.go).
+	localPrefill map[string]*route.PrefillFit
+	cloudTTFT    time.Duration // measured cloud time to first token (EWMA)
 	// cloudPrefill is the cloud's time to first token by prompt length (rates.go): the
 	// gate scales a restart's first token by the prompt with it.
 	cloudPrefill route.PrefillFit
 	cloudTPS     float64 // measured cloud tokens/s (EWMA)
 	// tokenRatio is, per model, the prompt tokens servers report per token routing
-	// estimates (route.PromptTokens; EWMA of completed fresh attempts): the gate counts a
+	// estimates (route.PromptTokens; EWMA of completed attempts): the gate counts a
 	// session's KV bytes and prefill time in the model's own tokens.
 	tokenRatio map[string]float64
 	// peerRates are each peer's measured prefill and decode rates per model, for the gate.
@@ -199,7 +201,7 @@ func New(cfg Config) (*Executor, error) {
 	return &Executor{
 		cfg:      cfg,
 		rng:      rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
-		localTPS: map[string]float64{}, localCold: map[string]time.Duration{},
+		localTPS: map[string]float64{}, localCold: map[string]time.Duration{}, localPrefill: map[string]*route.PrefillFit{},
 		tokenRatio: map[string]float64{}, peerRates: map[rateKey]*peerRate{},
 		keys: map[peer.ID]string{}, inflight: map[peer.ID]int{}, waiting: map[peer.ID][]time.Time{},
 		bg: bg, bgCancel: cancel,

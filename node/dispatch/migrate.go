@@ -34,9 +34,9 @@ import (
 // live_transfer is decided at a handover (handover.go), when a peer that leaves with notice
 // starts sending its KV cache: the gate is told the source is up, the bytes to move and
 // the bandwidth measured on the way. At a cut the source is down and the gate never picks
-// it. The inputs not measured yet take the gate's defaults: the replacement's prefill rate,
-// and a peer's decode rate (the default scaled by its performance; this node's own decode
-// rate is measured). Every decision is counted, and the last recentMigrations are kept with
+// it. The inputs not measured yet take the gate's defaults: the replacement's prefill rate
+// (a pipeline's is never measured), and a peer's decode rate (the default scaled by its
+// performance). Every decision is counted, and the last recentMigrations are kept with
 // their inputs, estimate and the time the request really took from there (/api/status
 // "migration").
 
@@ -124,8 +124,8 @@ func (r *run) session(ctx context.Context) route.GateInput {
 	return in
 }
 
-// measured fills in what this node knows of the replacement t: this node's measured decode
-// rate and cold start when t is this node; for a peer, the round trip to it (to the first
+// measured fills in what this node knows of the replacement t: this node's measured prefill
+// and decode rates and cold start when t is this node; for a peer, the round trip to it (to the first
 // stage of a pipeline), its measured prefill and decode rates for the model (rates.go; the
 // decode rate, when none is measured, as route.Decide estimates it: the default rate scaled
 // by its performance in the reputation store) and the default cold start when its copy of
@@ -136,6 +136,7 @@ func (r *run) measured(t route.Target, in *route.GateInput) {
 	case t.Tier == inference.TierLocal:
 		if k := slices.IndexFunc(r.snap.Local.Models, func(m route.LocalModel) bool { return m.Name == r.req.Model }); k >= 0 {
 			m := r.snap.Local.Models[k]
+			in.PrefillRate = r.d.localPrefillRate(r.req.Model, in.PromptTokens+in.Generated)
 			in.DecodeRate = m.TokensPerSec
 			if !m.Warm {
 				in.ColdStart = cmp.Or(m.ColdStart, tune.DefaultColdStart)

@@ -92,6 +92,9 @@ func (d *Executor) observe(t route.Target, model string, cold bool, err error, c
 		if tps > 0 {
 			d.localTPS[model] = ewma(d.localTPS[model], tps)
 		}
+		if !cold && prefilled >= minPrefillSample {
+			d.noteLocalPrefill(model, prefilled, ttft)
+		}
 		d.mu.Unlock()
 		if cold {
 			d.noteColdStart(model, ttft)

@@ -30,6 +30,9 @@ import (
 //     tokens the client did not have yet after the first of them over the time they took
 //     (EWMA, weight 1/4). Both per peer and model, dropped once the peer has left the
 //     registry (checked when the rates outnumber the peers well, forgetRates);
+//   - this node's prefill, per local model: its attempts' time to first token against the
+//     positions prefilled, fitted the same way (no round trip; not while the model was
+//     loading, whose time is the cold start's);
 //   - the cloud's time to first token against the positions it prefilled, fitted the same
 //     way (its round trip is the fit's constant term), restarts included (the cloud
 //     generates the tokens sent again: its first token comes after the prompt), next to
@@ -54,7 +57,8 @@ const (
 	minPrefillSample = 32
 	// minTokenRatio and maxTokenRatio bound a model's tokens per estimated token.
 	minTokenRatio, maxTokenRatio = 1.0 / 8, 8.0
-	// maxRatioModels bounds tokenRatio: model names come from requests and vectors.
+	// maxRatioModels bounds tokenRatio and localPrefill: model names come from requests
+	// and vectors.
 	maxRatioModels = 256
 )
 
@@ -129,6 +133,34 @@ func (d *Executor) measuredRates(key, model string, n int) (prefill, decode floa
 		prefill = float64(n) / t.Seconds()
 	}
 	return prefill, r.decodeTPS
+}
+
+// noteLocalPrefill folds a prefill of n positions on this node, its first token after
+// took, into model's fit. Called under d.mu. The local models are few, but a backend's
+// list can change: the fits are bounded as the token ratios are.
+func (d *Executor) noteLocalPrefill(model string, n int, took time.Duration) {
+	f := d.localPrefill[model]
+	if f == nil {
+		if len(d.localPrefill) >= maxRatioModels {
+			clear(d.localPrefill)
+		}
+		f = &route.PrefillFit{}
+		d.localPrefill[model] = f
+	}
+	f.Add(n, took)
+}
+
+// localPrefillRate is this node's measured prefill rate for n positions of model
+// (tokens/s), 0 when not measured.
+func (d *Executor) localPrefillRate(model string, n int) float64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if f := d.localPrefill[model]; f != nil {
+		if t := f.At(n); t > 0 {
+			return float64(n) / t.Seconds()
+		}
+	}
+	return 0
 }
 
 // cloudPrefillAt is the cloud's measured time to first token for a prompt of n tokens (its

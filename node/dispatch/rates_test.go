@@ -9,6 +9,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/meshinfer/meshinfer/inference"
+	"github.com/meshinfer/meshinfer/inference/synth"
 	"github.com/meshinfer/meshinfer/mesh/route"
 )
 
@@ -178,4 +179,41 @@ func TestReplayTeachesPrefill(t *testing.T) {
 			})
 		})
 	}
+}
+
+// This node's own prefill is measured as a peer's is (no round trip; not while its model
+// was loading), and the gate is told it when this node takes a cut session over.
+func TestLocalPrefillMeasured(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const firstToken = 300 * time.Millisecond
+		slow, err := synth.NewWith([]string{model}, []synth.Option{synth.WithLoadDelay(5 * time.Second)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		local := &target{b: slow, firstToken: firstToken, calls: make(chan struct{}, 8)}
+		d := newExecutor(t, Config{Local: local, Peers: peers{}, Registry: entries{}, Rep: newRep(t)})
+		long := chat(model, 8)
+		long.Messages[0].Content = strings.Repeat("a longer prompt, ", 6) // 102 bytes
+		res, err := newTarget(t, model).b.Generate(t.Context(), long, func(inference.Token) error { return nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := res.Usage.PromptTokens // counted on another backend: this node's model stays cold
+		// The first request finds the model cold: its first token comes after the load.
+		for range 2 {
+			if _, _, at, err := collect(d, long); err != nil || at.Tier != inference.TierLocal {
+				t.Fatalf("served at %+v: %v, want this node", at, err)
+			}
+		}
+		want := float64(n) / firstToken.Seconds()
+		if got := d.localPrefillRate(model, n); got < want*(1-1e-9) || got > want*(1+1e-9) {
+			t.Fatalf("this node's prefill for %d tokens: %.2f tokens/s, want %.2f", n, got, want)
+		}
+		r := &run{d: d, req: *long, snap: &route.Snapshot{Local: route.Local{Models: []route.LocalModel{{Name: model, Warm: true}}}}}
+		in := route.GateInput{PromptTokens: n}
+		r.measured(route.Target{Tier: inference.TierLocal}, &in)
+		if in.PrefillRate < want*(1-1e-9) || in.PrefillRate > want*(1+1e-9) {
+			t.Fatalf("the gate is told this node prefills %.2f tokens/s, want the %.2f measured", in.PrefillRate, want)
+		}
+	})
 }
