@@ -43,7 +43,8 @@ type Result struct {
 	Usage        Usage        `json:"usage"`
 	// Replayed is how many of Request.Replay's tokens the backend took as given, prefilled
 	// with the prompt in one batch: len(Replay) from one that replays (the built-in
-	// models), 0 from one that generated them again (an upstream API). Its first token
+	// models), 0 from one that generated them again (an upstream API), and 0 from a
+	// Resumption that loaded rows (it prefilled only what they lacked). Its first token
 	// came after a prefill of the prompt and these; the executor times that prefill
 	// (node/dispatch/rates.go). A client holds a peer's figure to len(Replay).
 	Replayed int `json:"replayed,omitempty"`

@@ -384,9 +384,13 @@ func generate(ctx context.Context, m *model, head *weights, layers inference.Lay
 	smp := newSampler(req.EffectiveTemperature(), req.EffectiveTopP(), req.EffectiveSeed(), m.tok.sampleable)
 	stop := newStopper(req.Stop)
 	usage := inference.Usage{PromptTokens: len(prompt)}
+	replayed := len(replay) // prefilled with the prompt (Result.Replayed)
+	if from > 0 {
+		replayed = 0 // a resumption's: only what its cache lacked went through the layers
+	}
 	result := func(fr inference.FinishReason) inference.Result {
 		usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
-		return inference.Result{FinishReason: fr, Usage: usage, Replayed: len(replay)}
+		return inference.Result{FinishReason: fr, Usage: usage, Replayed: replayed}
 	}
 	for {
 		var id int
