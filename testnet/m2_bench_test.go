@@ -56,16 +56,20 @@ import (
 // quickest, and the one the gate chose, run twice more, interleaved, and count by their
 // median; when the two quickest medians are then within m2Close, those two run m2Extra
 // times more each, whatever the gate chose. Every run starts from a collected heap. The
-// gate (route.Gate) is given what the executor would know (node/dispatch/rates.go): the prompt's tokens as routing
-// estimates them scaled by the model's measured tokens per estimated token, the tokens,
-// the KV bytes (those tokens × synth-small's 8 KiB, as the executor counts them from the
-// announced kv_bytes_per_token), the bandwidth measured from the first rows relayed, B's
-// round trip (ping), its prefill rate at the session's length (route.PrefillFit over
-// earlier streams of five lengths, 64 to 3,500 tokens, twice, and every replay on B timed
-// in the cases before: an executor's fits learn from the requests it serves, not from a
-// warm-up only) and decode rate, the cloud's measured time to first token (also by prompt
-// length, the same fit, fed the cloud restarts timed before too) and rate, and the
-// budget. Metrics: "fastest" the share of cases where what the gate's choice leads to
+// gate (route.Gate) is given what the executor would know (node/dispatch/rates.go): the
+// prompt's tokens as routing estimates them scaled by the model's measured tokens per
+// estimated token, the tokens, the KV bytes (those tokens × synth-small's 8 KiB, as the
+// executor counts them from the announced kv_bytes_per_token), the bandwidth measured
+// from the first rows relayed, B's round trip (ping), its prefill rate at the session's
+// length (route.PrefillFit over earlier streams of five lengths, 64 to 3,500 tokens,
+// twice, and every replay on B timed in the cases before: an executor's fits learn from
+// the requests it serves, not from a warm-up only) and decode rate, the cloud's measured
+// time to first token (also by prompt length, the same fit, fed the cloud restarts timed
+// before too) and rate, and the budget. The decode rates here are one moving average per
+// host, from the warm-up, where the executor now fits its by context (route.DecodeFit):
+// B and the cloud decode on the same cores and a case has 8-64 tokens to come, so both
+// estimates move alike, and the budgets, drawn from the gate's estimate of the cloud
+// restart, stay those of the runs reported in the README. Metrics: "fastest" the share of cases where what the gate's choice leads to
 // measured fastest (by median); "not-measurably-slower" where it measured fastest or its
 // runs are not measurably slower than the fastest's (m2Slower: the two differ by less than
 // this machine's run-to-run noise can show); "within-10%" where it measured within 10 % of

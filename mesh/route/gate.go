@@ -109,14 +109,17 @@ type GateInput struct {
 	Bandwidth float64
 	// RTT is the measured round trip to the replacement.
 	RTT time.Duration
-	// PrefillRate and DecodeRate are the replacement's measured rates (tokens/s).
+	// PrefillRate and DecodeRate are the replacement's measured rates (tokens/s): its
+	// prefill of the session's positions (PrefillFit), its decode of the tokens still to
+	// come, at their context (DecodeFit).
 	PrefillRate, DecodeRate float64
 	// ColdStart is the replacement's time to load the model; 0 when it is warm there.
 	ColdStart time.Duration
 
 	// Cloud: the request's privacy allows the cloud tier and this node has one.
 	Cloud bool
-	// CloudTTFT and CloudRate are the cloud's measured time to first token and rate.
+	// CloudTTFT and CloudRate are the cloud's measured time to first token and rate (of
+	// the tokens a restart decodes, at their context, once measured).
 	CloudTTFT time.Duration
 	CloudRate float64
 	// CloudTTFTPerToken is the cloud's measured time to first token per prompt token

@@ -132,25 +132,25 @@ type Executor struct {
 	ver   verification
 	migr  migrations
 
-	mu        sync.Mutex
-	rng       *rand.Rand
-	localTPS  map[string]float64       // measured tokens/s per local model (EWMA)
-	localCold map[string]time.Duration // measured cold start per local model (EWMA)
-	// localPrefill is this node's prefill time by length per local model (rates.go).
-	localPrefill map[string]*route.PrefillFit
-	cloudTTFT    time.Duration // measured cloud time to first token (EWMA)
-	// cloudPrefill is the cloud's time to first token by prompt length (rates.go): the
-	// gate scales a restart's first token by the prompt with it.
-	cloudPrefill route.PrefillFit
-	cloudTPS     float64 // measured cloud tokens/s (EWMA)
+	mu  sync.Mutex
+	rng *rand.Rand
+	// localTPS, localCold, cloudTTFT and cloudTPS are what routing is told of this node's
+	// models and of the cloud (EWMA); the gate's finer figures are in localRates and cloud.
+	localTPS  map[string]float64       // measured tokens/s per local model
+	localCold map[string]time.Duration // measured cold start per local model
+	cloudTTFT time.Duration            // measured cloud time to first token
+	cloudTPS  float64                  // measured cloud tokens/s
 	// tokenRatio is, per model, the prompt tokens servers report per token routing
 	// estimates (route.PromptTokens; EWMA of completed attempts): the gate counts a
 	// session's KV bytes and prefill time in the model's own tokens.
 	tokenRatio map[string]float64
-	// peerRates are each peer's measured prefill and decode rates per model, for the gate.
-	peerRates map[rateKey]*peerRate
-	keys      map[peer.ID]string // peer ID strings (encoding one costs ~1.5 µs)
-	inflight  map[peer.ID]int    // requests this node has running on each peer
+	// peerRates, localRates and cloud are the prefill and decode rates measured of each
+	// peer per model, of this node per model and of the cloud, for the gate (rates.go).
+	peerRates  map[rateKey]*rates
+	localRates map[string]*rates
+	cloud      rates
+	keys       map[peer.ID]string // peer ID strings (encoding one costs ~1.5 µs)
+	inflight   map[peer.ID]int    // requests this node has running on each peer
 	// waiting are, per peer, when each of this node's requests that has not yet heard its
 	// first token from it began (at most perPeerLimit a peer; Silent).
 	waiting map[peer.ID][]time.Time
@@ -201,8 +201,8 @@ func New(cfg Config) (*Executor, error) {
 	return &Executor{
 		cfg:      cfg,
 		rng:      rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
-		localTPS: map[string]float64{}, localCold: map[string]time.Duration{}, localPrefill: map[string]*route.PrefillFit{},
-		tokenRatio: map[string]float64{}, peerRates: map[rateKey]*peerRate{},
+		localTPS: map[string]float64{}, localCold: map[string]time.Duration{},
+		tokenRatio: map[string]float64{}, peerRates: map[rateKey]*rates{}, localRates: map[string]*rates{},
 		keys: map[peer.ID]string{}, inflight: map[peer.ID]int{}, waiting: map[peer.ID][]time.Time{},
 		bg: bg, bgCancel: cancel,
 	}, nil

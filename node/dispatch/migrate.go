@@ -118,6 +118,8 @@ func (r *run) session(ctx context.Context) route.GateInput {
 	if in.PromptTokens > 0 {
 		in.CloudTTFTPerToken = r.d.cloudPrefillAt(in.PromptTokens).Seconds() / float64(in.PromptTokens)
 	}
+	// A cloud restart decodes the tokens sent and those to come from the prompt on.
+	in.CloudRate = cmp.Or(r.d.cloudDecodeRate(in.PromptTokens, in.Generated+in.Remaining), in.CloudRate)
 	if dl, ok := ctx.Deadline(); ok {
 		in.Budget = max(dl.Sub(r.d.now()), time.Nanosecond)
 	}
@@ -136,8 +138,9 @@ func (r *run) measured(t route.Target, in *route.GateInput) {
 	case t.Tier == inference.TierLocal:
 		if k := slices.IndexFunc(r.snap.Local.Models, func(m route.LocalModel) bool { return m.Name == r.req.Model }); k >= 0 {
 			m := r.snap.Local.Models[k]
-			in.PrefillRate = r.d.localPrefillRate(r.req.Model, in.PromptTokens+in.Generated)
-			in.DecodeRate = m.TokensPerSec
+			var decode float64
+			in.PrefillRate, decode = r.d.measuredLocalRates(r.req.Model, in.PromptTokens+in.Generated, in.Remaining)
+			in.DecodeRate = cmp.Or(decode, m.TokensPerSec)
 			if !m.Warm {
 				in.ColdStart = cmp.Or(m.ColdStart, tune.DefaultColdStart)
 			}
@@ -153,7 +156,7 @@ func (r *run) measured(t route.Target, in *route.GateInput) {
 		}
 		p := r.snap.Peers[k]
 		in.RTT = p.RTT
-		in.PrefillRate, in.DecodeRate = r.d.measuredRates(p.Key, r.req.Model, in.PromptTokens+in.Generated)
+		in.PrefillRate, in.DecodeRate = r.d.measuredRates(p.Key, r.req.Model, in.PromptTokens+in.Generated, in.Remaining)
 		if in.DecodeRate == 0 {
 			in.DecodeRate = r.snap.PeerTokensPerSec(p.Key, r.d.now())
 		}

@@ -73,11 +73,12 @@ func (d *Executor) observe(t route.Target, model string, cold bool, err error, c
 	if err != nil || m.tokens == 0 {
 		return
 	}
-	ttft := m.first.Sub(m.start)
-	// The first token came after a prefill of this many positions (in the model's
-	// tokens), 0 when not known.
-	prefilled := m.prefilled()
-	tps := m.decodeRate()
+	s := m.sample()
+	ttft := s.first
+	var tps float64 // for routing and reputation: one rate
+	if s.step > 0 {
+		tps = 1 / s.step.Seconds()
+	}
 	if m.served > 0 && !m.tookOver {
 		d.noteTokens(model, m.estimate, m.served)
 	}
@@ -85,16 +86,18 @@ func (d *Executor) observe(t route.Target, model string, cold bool, err error, c
 	case inference.TierMesh:
 		d.cfg.Rep.RecordPerformance(t.RepKey(), ttft, tps, now)
 		if len(t.Stages) == 0 {
-			d.notePeerRates(t.RepKey(), model, prefilled, ttft, d.cfg.Latency(t.Peer), tps)
+			s.first -= d.cfg.Latency(t.Peer)
+			d.notePeerRates(t.RepKey(), model, s)
 		}
 	case inference.TierLocal:
 		d.mu.Lock()
 		if tps > 0 {
 			d.localTPS[model] = ewma(d.localTPS[model], tps)
 		}
-		if !cold && prefilled >= minPrefillSample {
-			d.noteLocalPrefill(model, prefilled, ttft)
+		if cold {
+			s.prefilled = 0 // its first token came after the load too
 		}
+		d.noteLocalRates(model, s)
 		d.mu.Unlock()
 		if cold {
 			d.noteColdStart(model, ttft)
@@ -102,9 +105,7 @@ func (d *Executor) observe(t route.Target, model string, cold bool, err error, c
 	case inference.TierCloud:
 		d.mu.Lock()
 		d.cloudTTFT = time.Duration(ewma(float64(d.cloudTTFT), float64(ttft)))
-		if prefilled > 0 {
-			d.cloudPrefill.Add(prefilled, ttft)
-		}
+		d.cloud.add(s, 1) // its round trip is the prefill fit's constant
 		if tps > 0 {
 			d.cloudTPS = ewma(d.cloudTPS, tps)
 		}

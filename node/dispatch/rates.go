@@ -19,36 +19,71 @@ import (
 //     model's own tokens (promptTokens): the KV bytes a live transfer moves and the
 //     positions a replay prefills are counted in them;
 //   - a peer's prefill: an attempt's time to first token, less the round trip to the
-//     peer, against the positions prefilled before it (timing.prefilled): the prompt, and
+//     peer, against the positions prefilled before it (timing.sample): the prompt, and
 //     the tokens the peer replayed when the attempt went on from a cut (Result.Replayed;
 //     a peer that generated them again prefilled the prompt only), from at least
 //     minPrefillSample positions, fitted as a function of the length (route.PrefillFit:
 //     attention makes a long prompt's tokens dearer than a short one's); the gate is given
 //     the rate at the session's length. Replays are the samples the gate needs most: they
 //     are what it estimates, at the lengths cut sessions have. An attempt that took a
-//     cache over prefilled only what it lacked and is no sample. And its decode rate, the
-//     tokens the client did not have yet after the first of them over the time they took
-//     (EWMA, weight 1/4). Both per peer and model, dropped once the peer has left the
-//     registry (checked when the rates outnumber the peers well, forgetRates);
-//   - this node's prefill, per local model: its attempts' time to first token against the
-//     positions prefilled, fitted the same way (no round trip; not while the model was
-//     loading, whose time is the cold start's);
-//   - the cloud's time to first token against the positions it prefilled, fitted the same
-//     way (its round trip is the fit's constant term), restarts included (the cloud
-//     generates the tokens sent again: its first token comes after the prompt), next to
-//     its overall average.
+//     cache over prefilled only what it lacked and is no sample. And its decode step, over
+//     the tokens the client did not have yet after the first of them, at their mean
+//     context, fitted as a function of the context (route.DecodeFit: attention makes a
+//     long session's steps slower than a short one's); the gate is given the rate at the
+//     context of the tokens still to come. Both per peer and model, dropped once the peer
+//     has left the registry (checked when the rates outnumber the peers well,
+//     forgetRates);
+//   - this node's, per local model, the same way (no round trip; no prefill sample while
+//     the model was loading, whose time is the cold start's);
+//   - the cloud's, the same way, its prefill from any length (its round trip is the fit's
+//     constant term), restarts included (the cloud generates the tokens sent again: its
+//     first token comes after the prompt). Routing's figures (one time to first token, one
+//     rate, for this node and the cloud) are moving averages beside these.
 //
-// A peer could lie about its prompt tokens or serve its first token late on purpose; the
-// ratio is held within [minTokenRatio, maxTokenRatio] and all of it only weighs estimates
-// between ways on, never what a request is served or billed.
+// A peer could lie about its prompt tokens or what it replayed (held to what it was asked
+// to replay), or serve its first token late on purpose; the ratio is held within
+// [minTokenRatio, maxTokenRatio], and all of it only weighs estimates between ways on,
+// never what a request is served or billed.
 
 // rateKey is a peer's reputation key and a model.
 type rateKey struct{ peer, model string }
 
-// peerRate is a peer's measured rates for a model; 0 is not measured.
-type peerRate struct {
-	prefill   route.PrefillFit // time to first token less the round trip, by prompt length
-	decodeTPS float64
+// rates are what is measured of one place (a peer, this node, the cloud) serving a model.
+type rates struct {
+	// prefill is its first token's time (less the round trip, a peer's) by the positions
+	// prefilled before it.
+	prefill route.PrefillFit
+	// decode is its decode step by the context the step attends over.
+	decode route.DecodeFit
+}
+
+// sample is what a completed attempt measured: its first token after first (less the
+// round trip, a peer's) from a prefill of prefilled positions (0: not known), and its
+// decode steps, step each on average at a mean context of ctx positions (0: not measured).
+type sample struct {
+	prefilled int
+	first     time.Duration
+	ctx       int
+	step      time.Duration
+}
+
+// add folds s into r: its prefill when it prefilled at least minPrefill positions.
+func (r *rates) add(s sample, minPrefill int) {
+	if s.prefilled >= max(minPrefill, 1) && s.first > 0 {
+		r.prefill.Add(s.prefilled, s.first)
+	}
+	if s.step > 0 {
+		r.decode.Add(s.ctx, s.step)
+	}
+}
+
+// at is r's prefill rate for n positions and its decode rate for rest tokens after them,
+// in tokens/s, 0 when not measured.
+func (r *rates) at(n, rest int) (prefill, decode float64) {
+	if t := r.prefill.At(n); t > 0 {
+		prefill = float64(n) / t.Seconds()
+	}
+	return prefill, r.decode.Rate(n, rest)
 }
 
 const (
@@ -57,7 +92,7 @@ const (
 	minPrefillSample = 32
 	// minTokenRatio and maxTokenRatio bound a model's tokens per estimated token.
 	minTokenRatio, maxTokenRatio = 1.0 / 8, 8.0
-	// maxRatioModels bounds tokenRatio and localPrefill: model names come from requests
+	// maxRatioModels bounds tokenRatio and localRates: model names come from requests
 	// and vectors.
 	maxRatioModels = 256
 )
@@ -96,71 +131,58 @@ func (d *Executor) noteTokens(model string, est, served int) {
 }
 
 // notePeerRates folds a completed attempt on the peer whose reputation key is key into its
-// rates for model: ttft less rtt for a prefill of prompt positions (0: not known), and tps
-// (0: not measured).
-func (d *Executor) notePeerRates(key, model string, prompt int, ttft, rtt time.Duration, tps float64) {
-	prefill := prompt >= minPrefillSample && ttft > rtt
-	if !prefill && tps <= 0 {
-		return
-	}
+// rates for model, from minPrefillSample positions (a short prompt's first token is mostly
+// fixed costs).
+func (d *Executor) notePeerRates(key, model string, s sample) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	k := rateKey{key, model}
 	r := d.peerRates[k]
 	if r == nil {
-		r = &peerRate{}
+		r = &rates{}
 		d.peerRates[k] = r
 	}
-	if prefill {
-		r.prefill.Add(prompt, ttft-rtt)
-	}
-	if tps > 0 {
-		r.decodeTPS = ewma(r.decodeTPS, tps)
-	}
+	r.add(s, minPrefillSample)
 }
 
 // measuredRates is what is measured of the peer whose reputation key is key serving model:
-// its prefill rate for a prompt of n tokens and its decode rate, in tokens/s, 0 when not
-// measured.
-func (d *Executor) measuredRates(key, model string, n int) (prefill, decode float64) {
+// its prefill rate for n positions and its decode rate for rest tokens after them, in
+// tokens/s, 0 when not measured.
+func (d *Executor) measuredRates(key, model string, n, rest int) (prefill, decode float64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	r := d.peerRates[rateKey{key, model}]
 	if r == nil {
 		return 0, 0
 	}
-	if t := r.prefill.At(n); t > 0 {
-		prefill = float64(n) / t.Seconds()
-	}
-	return prefill, r.decodeTPS
+	return r.at(n, rest)
 }
 
-// noteLocalPrefill folds a prefill of n positions on this node, its first token after
-// took, into model's fit. Called under d.mu. The local models are few, but a backend's
-// list can change: the fits are bounded as the token ratios are.
-func (d *Executor) noteLocalPrefill(model string, n int, took time.Duration) {
-	f := d.localPrefill[model]
-	if f == nil {
-		if len(d.localPrefill) >= maxRatioModels {
-			clear(d.localPrefill)
+// noteLocalRates folds a completed attempt on this node into model's rates, as a peer's.
+// Called under d.mu. The local models are few, but a backend's list can change: the rates
+// are bounded as the token ratios are.
+func (d *Executor) noteLocalRates(model string, s sample) {
+	r := d.localRates[model]
+	if r == nil {
+		if len(d.localRates) >= maxRatioModels {
+			clear(d.localRates)
 		}
-		f = &route.PrefillFit{}
-		d.localPrefill[model] = f
+		r = &rates{}
+		d.localRates[model] = r
 	}
-	f.Add(n, took)
+	r.add(s, minPrefillSample)
 }
 
-// localPrefillRate is this node's measured prefill rate for n positions of model
-// (tokens/s), 0 when not measured.
-func (d *Executor) localPrefillRate(model string, n int) float64 {
+// measuredLocalRates is this node's measured prefill rate for n positions of model and its decode
+// rate for rest tokens after them (tokens/s), 0 when not measured.
+func (d *Executor) measuredLocalRates(model string, n, rest int) (prefill, decode float64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if f := d.localPrefill[model]; f != nil {
-		if t := f.At(n); t > 0 {
-			return float64(n) / t.Seconds()
-		}
+	r := d.localRates[model]
+	if r == nil {
+		return 0, 0
 	}
-	return 0
+	return r.at(n, rest)
 }
 
 // cloudPrefillAt is the cloud's measured time to first token for a prompt of n tokens (its
@@ -168,7 +190,15 @@ func (d *Executor) localPrefillRate(model string, n int) float64 {
 func (d *Executor) cloudPrefillAt(n int) time.Duration {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.cloudPrefill.At(n)
+	return d.cloud.prefill.At(n)
+}
+
+// cloudDecodeRate is the cloud's measured decode rate for n tokens from a context of ctx
+// positions (tokens/s), 0 when not measured.
+func (d *Executor) cloudDecodeRate(ctx, n int) float64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.cloud.decode.Rate(ctx, n)
 }
 
 // forgetRates drops the rates of peers not among entries. Called under d.mu, rarely (when

@@ -34,7 +34,7 @@ func TestGateUsesMeasuredRates(t *testing.T) {
 		short := chat(model, 8)
 		if _, _, at, err := collect(d, short); err != nil {
 			t.Fatal(err)
-		} else if prefill, _ := d.measuredRates(at.Peer, model, route.PromptTokens(short)); prefill != 0 {
+		} else if prefill, _ := d.measuredRates(at.Peer, model, route.PromptTokens(short), 0); prefill != 0 {
 			t.Fatalf("a %d-token prompt measured a prefill rate of %.0f tokens/s", route.PromptTokens(short), prefill)
 		}
 		if d.promptTokens(long) == est {
@@ -62,7 +62,7 @@ func TestGateUsesMeasuredRates(t *testing.T) {
 		}
 		want := float64(served) / (firstToken - rtt).Seconds()
 		for _, p := range []peer.ID{"a", "b"} {
-			prefill, _ := d.measuredRates(p.String(), model, served)
+			prefill, _ := d.measuredRates(p.String(), model, served, 0)
 			if diff := prefill/want - 1; diff < -1e-9 || diff > 1e-9 {
 				t.Fatalf("peer %s: prefill rate %.2f tokens/s, want %.2f (%d tokens in %v)", p, prefill, want, served, firstToken-rtt)
 			}
@@ -89,23 +89,22 @@ func TestGateUsesMeasuredRates(t *testing.T) {
 // 1,600-token session is the curve's, not the average's.
 func TestPrefillRateByLength(t *testing.T) {
 	d := newExecutor(t, Config{Peers: peers{}, Registry: registryOf(model), Rep: newRep(t)})
-	const rtt = 10 * time.Millisecond
 	curve := func(n int) time.Duration { // 1 ms a token and attention: 1 µs × n²
 		return time.Duration(n)*time.Millisecond + time.Duration(n*n)*time.Microsecond
 	}
 	for range 3 {
 		for _, n := range []int{200, 800} {
-			d.notePeerRates("p", model, n, curve(n)+rtt, rtt, 40)
+			d.notePeerRates("p", model, sample{prefilled: n, first: curve(n)})
 		}
 	}
 	for _, n := range []int{200, 800, 1600} {
 		want := float64(n) / curve(n).Seconds()
-		if got, _ := d.measuredRates("p", model, n); got < want*0.98 || got > want*1.02 {
+		if got, _ := d.measuredRates("p", model, n, 0); got < want*0.98 || got > want*1.02 {
 			t.Errorf("prefill rate for %d tokens: %.0f tokens/s, want %.0f", n, got, want)
 		}
 	}
-	short, _ := d.measuredRates("p", model, 200)
-	long, _ := d.measuredRates("p", model, 1600)
+	short, _ := d.measuredRates("p", model, 200, 0)
+	long, _ := d.measuredRates("p", model, 1600, 0)
 	if short < 2*long {
 		t.Errorf("a 200-token prompt prefills at %.0f tokens/s, a 1,600-token one at %.0f: want over twice as fast", short, long)
 	}
@@ -171,7 +170,7 @@ func TestReplayTeachesPrefill(t *testing.T) {
 						return
 					}
 					rate := float64(want) / (firstToken - rtt).Seconds()
-					if got, _ := d.measuredRates(peer.ID("b").String(), model, want); got < rate*(1-1e-9) || got > rate*(1+1e-9) {
+					if got, _ := d.measuredRates(peer.ID("b").String(), model, want, 0); got < rate*(1-1e-9) || got > rate*(1+1e-9) {
 						t.Fatalf("b's prefill for %d positions: %.2f tokens/s, want %.2f (%d positions in %v)", want, got, rate, want, firstToken-rtt)
 					}
 					return
@@ -206,7 +205,7 @@ func TestLocalPrefillMeasured(t *testing.T) {
 			}
 		}
 		want := float64(n) / firstToken.Seconds()
-		if got := d.localPrefillRate(model, n); got < want*(1-1e-9) || got > want*(1+1e-9) {
+		if got, _ := d.measuredLocalRates(model, n, 0); got < want*(1-1e-9) || got > want*(1+1e-9) {
 			t.Fatalf("this node's prefill for %d tokens: %.2f tokens/s, want %.2f", n, got, want)
 		}
 		r := &run{d: d, req: *long, snap: &route.Snapshot{Local: route.Local{Models: []route.LocalModel{{Name: model, Warm: true}}}}}
@@ -216,4 +215,54 @@ func TestLocalPrefillMeasured(t *testing.T) {
 			t.Fatalf("the gate is told this node prefills %.2f tokens/s, want the %.2f measured", in.PrefillRate, want)
 		}
 	})
+}
+
+// A peer's decode rate is read at the context of the tokens still to come: its steps,
+// measured at a short and a longer context, grow with it, and a cut session's 100 tokens
+// after 2,000 positions come at the step of 2,050 positions, not at an average rate.
+func TestDecodeRateByContext(t *testing.T) {
+	d := newExecutor(t, Config{Peers: peers{}, Registry: registryOf(model), Rep: newRep(t)})
+	step := func(x int) time.Duration { // 8 ms and 20 µs a position
+		return 8*time.Millisecond + time.Duration(x)*20*time.Microsecond
+	}
+	for range 3 {
+		for _, x := range []int{100, 1000} {
+			d.notePeerRates("p", model, sample{ctx: x, step: step(x)})
+		}
+	}
+	want := 1 / step(2050).Seconds()
+	if _, got := d.measuredRates("p", model, 2000, 100); got < want*0.98 || got > want*1.02 {
+		t.Errorf("decode rate of 100 tokens after 2,000 positions: %.1f tokens/s, want %.1f", got, want)
+	}
+}
+
+// What an attempt measured: a replay's first token after the prompt and the tokens
+// replayed, its decode steps over the tokens the client did not have (not the burst of
+// those sent again) at their context; an attempt that took a cache over prefilled nothing
+// to time.
+func TestTimingSample(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	now := t0
+	m := &timing{now: func() time.Time { return now }, start: t0, prompt: 90, skip: 3}
+	now = t0.Add(300 * time.Millisecond)
+	for range 3 { // the tokens the client had, at once after the prefill
+		m.token()
+	}
+	for i := range 7 { // then one every 20 ms
+		now = t0.Add(310*time.Millisecond + time.Duration(i)*20*time.Millisecond)
+		m.token()
+	}
+	m.served, m.replayed = 100, 3
+	want := sample{prefilled: 103, first: 300 * time.Millisecond, ctx: 106, step: 20 * time.Millisecond}
+	if got := m.sample(); got != want {
+		t.Fatalf("replay: %+v, want %+v", got, want)
+	}
+	m.replayed = 0 // it generated them again: it prefilled the prompt
+	if got := m.sample(); got.prefilled != 100 {
+		t.Fatalf("regenerated: %d positions prefilled, want the prompt's 100", got.prefilled)
+	}
+	m.tookOver = true
+	if got := m.sample(); got.prefilled != 0 || got.step != want.step {
+		t.Fatalf("took a cache over: %+v, want no prefill and the same steps", got)
+	}
 }

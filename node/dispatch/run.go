@@ -437,27 +437,25 @@ func (m *timing) token() {
 	m.last = t
 }
 
-// prefilled is how many positions the target prefilled before its first token: the
-// prompt (as its server counted it, else as measured so far) and the tokens it replayed;
-// 0 when the attempt took a cache over (it prefilled only the positions it lacked).
-func (m *timing) prefilled() int {
-	if m.tookOver {
-		return 0
-	}
+// sample is what the attempt measured for rates.go, its first token's time from its
+// start: the positions the target prefilled before its first token, the prompt (as its
+// server counted it, else as measured so far) and the tokens it replayed, none when it
+// took a cache over (it prefilled only the positions it lacked); and its decode steps,
+// over the tokens the client did not have yet after the first of them (those sent again
+// come in a burst after a replay's prefill, and say nothing of the target's decoding), at
+// their mean context: the step that makes token k attends over the prompt and k tokens.
+func (m *timing) sample() sample {
 	prompt := m.prompt
 	if m.served > 0 {
 		prompt = m.served
 	}
-	return prompt + m.replayed
-}
-
-// decodeRate is the tokens the client did not have over the time they took after the
-// first of them (tokens/s), 0 with fewer than two. The tokens sent again come in a burst
-// after a replay's prefill, and say nothing of the target's decoding.
-func (m *timing) decodeRate() float64 {
-	n := m.tokens - m.skip
-	if n < 2 || !m.last.After(m.fresh) {
-		return 0
+	s := sample{first: m.first.Sub(m.start)}
+	if !m.tookOver {
+		s.prefilled = prompt + m.replayed
 	}
-	return float64(n-1) / m.last.Sub(m.fresh).Seconds()
+	if n := m.tokens - m.skip; n >= 2 && m.last.After(m.fresh) {
+		s.ctx = prompt + (m.skip+m.tokens)/2
+		s.step = m.last.Sub(m.fresh) / time.Duration(n-1)
+	}
+	return s
 }
