@@ -63,13 +63,11 @@ import (
 // from the first rows relayed, B's round trip (ping), its prefill rate at the session's
 // length (route.PrefillFit over earlier streams of five lengths, 64 to 3,500 tokens,
 // twice, and every replay on B timed in the cases before: an executor's fits learn from
-// the requests it serves, not from a warm-up only) and decode rate, the cloud's measured
-// time to first token (also by prompt length, the same fit, fed the cloud restarts timed
-// before too) and rate, and the budget. The decode rates here are one moving average per
-// host, from the warm-up, where the executor now fits its by context (route.DecodeFit):
-// B and the cloud decode on the same cores and a case has 8-64 tokens to come, so both
-// estimates move alike, and the budgets, drawn from the gate's estimate of the cloud
-// restart, stay those of the runs reported in the README. Metrics: "fastest" the share of cases where what the gate's choice leads to
+// the requests it serves, not from a warm-up only) and decode rate at the context of the
+// tokens to come (route.DecodeFit over the same warm-up streams and the replacement's
+// tokens in every run before), the cloud's measured time to first token (also by prompt
+// length, the same fit, fed the cloud restarts timed before too) and decode rate (the
+// same way), and the budget. Metrics: "fastest" the share of cases where what the gate's choice leads to
 // measured fastest (by median); "not-measurably-slower" where it measured fastest or its
 // runs are not measurably slower than the fastest's (m2Slower: the two differ by less than
 // this machine's run-to-run noise can show); "within-10%" where it measured within 10 % of
@@ -105,7 +103,10 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 	if r := <-ping.Ping(ctx, hh, hb.ID()); r.Error == nil {
 		rtt = r.RTT
 	}
-	timed := func(h host.Host, req *inference.Request) (ttft time.Duration, rate float64, served int) {
+	// timed runs req on h: its first token after ttft, a prompt of served tokens, and its
+	// decode steps, step each at a mean context of at positions (as node/dispatch's timing
+	// measures an attempt).
+	timed := func(h host.Host, req *inference.Request) (ttft time.Duration, served, at int, step time.Duration) {
 		var first, last time.Time
 		n := 0
 		start := time.Now()
@@ -119,18 +120,20 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 		if err != nil || n < 2 {
 			b.Fatalf("warm-up on %s: %v, %d tokens", h.ID(), err, n)
 		}
-		return first.Sub(start), float64(n-1) / last.Sub(first).Seconds(), res.Usage.PromptTokens
+		served = res.Usage.PromptTokens
+		return first.Sub(start), served, served + n/2, last.Sub(first) / time.Duration(n-1)
 	}
 	// Earlier streams of five prompt lengths, twice, as the executor sees over its
 	// requests: B's first token less the round trip, and the cloud's first token, against
-	// the prompt's tokens (route.PrefillFit), their decode rates and the token ratio
-	// averaged (EWMA, weight 1/4, as node/dispatch averages them); the cloud's time to
-	// first token from the shortest prompt.
+	// the prompt's tokens (route.PrefillFit), their decode steps by context
+	// (route.DecodeFit), the token ratio averaged (EWMA, weight 1/4, as node/dispatch
+	// averages it); the cloud's time to first token from the shortest prompt.
 	timed(ha, m2Request(16, 40)) // loads the model on A
 	var (
-		fitB, fitC                route.PrefillFit
-		decodeB, cloudRate, ratio float64
-		cloudTTFT                 time.Duration
+		fitB, fitC       route.PrefillFit
+		decodeB, decodeC route.DecodeFit
+		ratio            float64
+		cloudTTFT        time.Duration
 	)
 	ewma := func(avg, x float64) float64 {
 		if avg == 0 {
@@ -148,22 +151,22 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 	}
 	for _, n := range slices.Repeat([]int{64, 250, 1000, 2000, 3500}, 2) {
 		req := m2Request(m2Words(n), 24)
-		ttft, rate, served := timed(hb, req)
+		ttft, served, at, step := timed(hb, req)
 		learnB(served, ttft)
-		decodeB = ewma(decodeB, rate)
+		decodeB.Add(at, step)
 		ratio = ewma(ratio, float64(served)/float64(route.PromptTokens(req)))
-		ttft, rate, _ = timed(hc, req)
+		ttft, _, at, step = timed(hc, req)
 		fitC.Add(served, ttft)
-		cloudRate = ewma(cloudRate, rate)
+		decodeC.Add(at, step)
 		if cloudTTFT == 0 {
 			cloudTTFT = ttft
 		}
 	}
 	for _, n := range []int{100, 500, 1000, 2000, 4000} {
-		b.Logf("measured for %d prompt tokens: B prefills %.0f tokens/s, the cloud's first token %v", n, float64(n)/fitB.At(n).Seconds(), fitC.At(n).Round(time.Millisecond))
+		b.Logf("measured for %d prompt tokens: B prefills %.0f tokens/s and decodes %.0f, the cloud's first token %v and %.0f tokens/s",
+			n, float64(n)/fitB.At(n).Seconds(), decodeB.Rate(n, 0), fitC.At(n).Round(time.Millisecond), decodeC.Rate(n, 0))
 	}
-	b.Logf("measured: RTT to B %v, B decodes %.0f tokens/s, the cloud %v to first token on a short prompt and %.0f tokens/s; %.2f tokens per estimated token",
-		rtt, decodeB, cloudTTFT, cloudRate, ratio)
+	b.Logf("measured: RTT to B %v, the cloud %v to first token on a short prompt; %.2f tokens per estimated token", rtt, cloudTTFT, ratio)
 
 	rng := rand.New(rand.NewPCG(17, 23)) // the same cases every run
 	// What the executor can do from a cut: hand over live, send B the request with the
@@ -210,8 +213,8 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 			in := route.GateInput{
 				PromptTokens: prompt, Generated: 4, Remaining: rest, Deterministic: true,
 				SourceUp: true, KVBytes: int64(prompt+4) * 8 << 10, Bandwidth: sample.measured,
-				Replacement: true, RTT: rtt, PrefillRate: float64(prompt+4) / fitB.At(prompt+4).Seconds(), DecodeRate: decodeB,
-				Cloud: true, CloudTTFT: cloudTTFT, CloudRate: cloudRate, CloudTTFTPerToken: fitC.At(prompt).Seconds() / float64(prompt),
+				Replacement: true, RTT: rtt, PrefillRate: float64(prompt+4) / fitB.At(prompt+4).Seconds(), DecodeRate: decodeB.Rate(prompt+4, rest),
+				Cloud: true, CloudTTFT: cloudTTFT, CloudRate: decodeC.Rate(prompt, 4+rest), CloudTTFTPerToken: fitC.At(prompt).Seconds() / float64(prompt),
 			}
 			// The budget: from just the cloud restart's estimate (tight) to ten times it
 			// (loose), log-uniform, as the time left before the request's deadline.
@@ -272,15 +275,18 @@ func BenchmarkM2GateAccuracy(b *testing.B) {
 			b.Logf("case %d: %.1f Mbit/s (measured %.1f), %d prompt tokens, %d to go, budget %v: gate %s (%s); measured live %v replay %v cloud %v",
 				k, bw*8/1e6, sample.measured*8/1e6, sample.prompt, rest, in.Budget.Round(time.Millisecond), dec.Choice, dec.Why,
 				m2Times(runs[route.MoveLiveTransfer]), m2Times(runs[route.MoveReplay]), m2Times(runs[route.MoveRestartCloud]))
-			// The case's prefills teach the fits, as an executor's requests teach its
-			// own, for the cases after it.
+			// The case's prefills and decode steps teach the fits, as an executor's
+			// requests teach its own, for the cases after it.
 			for _, r := range restarts {
 				switch {
-				case r.firstToken <= 0:
 				case r.cloud:
 					fitC.Add(r.positions, r.firstToken)
+					decodeC.Add(r.at, r.step)
 				default:
-					learnB(r.positions, r.firstToken)
+					if r.firstToken > 0 {
+						learnB(r.positions, r.firstToken)
+					}
+					decodeB.Add(r.at, r.step)
 				}
 			}
 		}
@@ -311,7 +317,9 @@ const moveGrace = 10 * time.Second
 // m2Cut is one option's run from the cut: the time to the completion's last token, and
 // for a live transfer the prompt's tokens and the bandwidth measured on the relay. When
 // the run restarted from the cut on B (a replay) or on the cloud, firstToken is the time
-// from that request to its first token, a prefill of positions tokens.
+// from that request to its first token, a prefill of positions tokens. The tokens the
+// replacement (B or the cloud) generated after those the client had took step each, at a
+// mean context of at positions (0: fewer than two).
 type m2Cut struct {
 	took       time.Duration
 	prompt     int
@@ -319,6 +327,8 @@ type m2Cut struct {
 	firstToken time.Duration
 	positions  int
 	cloud      bool
+	at         int
+	step       time.Duration
 }
 
 // m2Run runs req on A until its fourth token, cuts there the way option o needs, and goes
@@ -345,6 +355,11 @@ func m2Run(b *testing.B, c *infer.Client, servers map[host.Host]*infer.Server, h
 		sent  int64
 		t0    time.Time
 		again time.Time // when the request restarting from the cut went
+		// from is the index of the first token the replacement generated (-1: none yet),
+		// fresh and last the times of its first such token and its last, n their count.
+		from        = -1
+		fresh, last time.Time
+		n           int
 	)
 	emit := func(tok inference.Token) error {
 		if !again.IsZero() && out.firstToken == 0 {
@@ -352,6 +367,12 @@ func m2Run(b *testing.B, c *infer.Client, servers map[host.Host]*infer.Server, h
 		}
 		if tok.Index < len(ids) {
 			return nil
+		}
+		if from >= 0 {
+			if n == 0 {
+				fresh = time.Now()
+			}
+			n, last = n+1, time.Now()
 		}
 		ids = append(ids, tok.ID)
 		if tok.Index == 3 {
@@ -405,6 +426,7 @@ func m2Run(b *testing.B, c *infer.Client, servers map[host.Host]*infer.Server, h
 		if out.measured == 0 && !t0.IsZero() {
 			out.measured = float64(sent) / max(time.Since(t0), time.Microsecond).Seconds()
 		}
+		from = len(ids)
 		_, err = res.Generate(ctx, slices.Clone(ids), emit)
 		res.Close()
 	case err == nil && o == route.MoveLiveTransfer:
@@ -425,7 +447,7 @@ func m2Run(b *testing.B, c *infer.Client, servers map[host.Host]*infer.Server, h
 			target = hc
 		}
 		var rr inference.Result
-		again = time.Now()
+		again, from = time.Now(), len(ids)
 		rr, err = c.Generate(ctx, target.ID(), &retry, emit)
 		out.prompt = rr.Usage.PromptTokens
 		out.positions, out.cloud = out.prompt+len(retry.Replay), target == hc
@@ -434,6 +456,9 @@ func m2Run(b *testing.B, c *infer.Client, servers map[host.Host]*infer.Server, h
 		b.Fatalf("%s: %v (cut %v)", o, err, !cutAt.IsZero())
 	}
 	out.took = time.Since(cutAt)
+	if n >= 2 {
+		out.at, out.step = out.prompt+(from+len(ids))/2, last.Sub(fresh)/time.Duration(n-1)
+	}
 	return out
 }
 
