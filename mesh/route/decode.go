@@ -20,6 +20,12 @@ import "time"
 // prefill's fixed costs) about 0 here. Samples are kept by context bucket and fade as
 // PrefillFit's do; with samples of one context the fit is their mean step.
 //
+// Past twice the longest context bucket sampled (PrefillFit.longest), the step is held at
+// its value there: a slope fitted from short contexts alone carries their noise, and
+// extrapolated to ten times their length it put a step at 0.6 to 2 times the true one
+// (TestDecodeFitShortContexts). Held, the rate of a session longer than any seen is
+// between the true one and the mean step's, as it was before the fit.
+//
 // The zero value has no sample.
 type DecodeFit struct {
 	f PrefillFit
@@ -47,6 +53,7 @@ func (d *DecodeFit) Rate(ctx, n int) float64 {
 	if x <= 0 {
 		return 0
 	}
+	x = min(x, 2*d.f.longest())
 	t := d.f.At(x)
 	if t <= 0 {
 		return 0

@@ -26,7 +26,7 @@ func TestDecodeFit(t *testing.T) {
 		within  float64
 	}{
 		{"one context: its rate everywhere", []int{300}, stepAt(10*time.Millisecond, 0), 0, [][2]int{{100, 10}, {3000, 500}}, 0.01},
-		{"growing: interpolated and extrapolated", []int{80, 300, 1200, 80, 300, 1200}, growing, 0, [][2]int{{258, 0}, {3943, 0}, {1000, 1000}, {8000, 64}}, 0.02},
+		{"growing: interpolated and extrapolated", []int{80, 300, 1200, 80, 300, 1200}, growing, 0, [][2]int{{258, 0}, {3943, 0}, {1000, 1000}, {4000, 64}}, 0.02},
 		{"growing, samples ±10 %", []int{80, 300, 600, 1200, 2400, 80, 300, 600, 1200, 2400, 80, 300, 600, 1200, 2400}, growing, 0.1, [][2]int{{258, 8}, {3943, 64}}, 0.1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -75,5 +75,30 @@ func TestDecodeFitEdges(t *testing.T) {
 	}
 	if r := f.Rate(0, 0); r != 0 {
 		t.Fatalf("no context and no tokens: rate %v, want 0", r)
+	}
+}
+
+// Samples from short contexts only (100 and 300 positions, ±10 %) fit a slope of their
+// noise: at 4,000 positions it put the step at 0.6 to 2 times the true one. Held past twice
+// the longest bucket sampled, the rate there is between the true one and the mean step's
+// (the one rate the gate had before), whatever the noise.
+func TestDecodeFitShortContexts(t *testing.T) {
+	step := stepAt(8*time.Millisecond, 2*time.Microsecond)
+	truth := 1 / step(4000).Seconds()
+	for seed := range uint64(32) {
+		rng := rand.New(rand.NewPCG(seed, 9))
+		var f DecodeFit
+		var sum time.Duration
+		for range 6 {
+			for _, x := range []int{100, 300} {
+				s := time.Duration(float64(step(x)) * (1 + 0.1*(2*rng.Float64()-1)))
+				f.Add(x, s)
+				sum += s
+			}
+		}
+		mean := 12 / sum.Seconds()
+		if got := f.Rate(4000, 0); got < 0.9*truth || got > 1.1*mean {
+			t.Errorf("seed %d: rate at 4,000 positions %.1f tokens/s, want between the true %.1f and the mean step's %.1f", seed, got, truth, mean)
+		}
 	}
 }

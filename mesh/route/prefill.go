@@ -94,6 +94,17 @@ func (f *PrefillFit) Add(n int, t time.Duration) {
 	b.w = 1
 }
 
+// longest is the upper bound (2^(k+1) tokens) of the longest length bucket whose samples
+// still count, 0 with none.
+func (f *PrefillFit) longest() int {
+	for k := len(f.buckets) - 1; k >= 0; k-- {
+		if f.buckets[k].w >= prefillStale {
+			return 1 << (k + 1)
+		}
+	}
+	return 0
+}
+
 // At is the fitted prefill time of n tokens: 0 with no sample (or n ≤ 0), at most a day.
 func (f PrefillFit) At(n int) time.Duration {
 	if n <= 0 {
