@@ -127,11 +127,11 @@ func (r *run) session(ctx context.Context) route.GateInput {
 }
 
 // measured fills in what this node knows of the replacement t: this node's measured prefill
-// and decode rates and cold start when t is this node; for a peer, the round trip to it (to the first
-// stage of a pipeline), its measured prefill and decode rates for the model (rates.go; the
-// decode rate, when none is measured, as route.Decide estimates it: the default rate scaled
-// by its performance in the reputation store) and the default cold start when its copy of
-// the model is cold.
+// and decode rates (rates.go) and cold start when t is this node; for a peer, the round trip
+// to it (to the first stage of a pipeline), its measured prefill and decode rates for the
+// model (rates.go; the decode rate, when none is measured, as route.Decide estimates it:
+// the default rate scaled by its performance in the reputation store) and the default cold
+// start when its copy of the model is cold.
 func (r *run) measured(t route.Target, in *route.GateInput) {
 	tune := r.snap.Tune
 	switch {
