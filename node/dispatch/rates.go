@@ -173,8 +173,8 @@ func (d *Executor) noteLocalRates(model string, s sample) {
 	r.add(s, minPrefillSample)
 }
 
-// measuredLocalRates is this node's measured prefill rate for n positions of model and its decode
-// rate for rest tokens after them (tokens/s), 0 when not measured.
+// measuredLocalRates is this node's measured prefill rate for n positions of model and its
+// decode rate for rest tokens after them (tokens/s), 0 when not measured.
 func (d *Executor) measuredLocalRates(model string, n, rest int) (prefill, decode float64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
