@@ -43,8 +43,9 @@ import (
 // decodes meanwhile, so the gate never picks a live transfer on an optimistic guess. A live
 // transfer needs a measured bandwidth (GateInput.Bandwidth): never a guessed one, which is
 // the point of measuring it (the caller probes first when no recent sample exists). The
-// cloud's TTFT and rate are the measured ones (Snapshot.Cloud), else the defaults Decide
-// uses (DefaultCloudTTFT, DefaultTokensPerSec).
+// cloud's TTFT and rate are the measured ones (the executor's: its TTFT by prompt length,
+// its rate by context, DecodeFit), else the defaults Decide uses (DefaultCloudTTFT,
+// DefaultTokensPerSec).
 //
 // # The rule
 //

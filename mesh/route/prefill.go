@@ -94,8 +94,8 @@ func (f *PrefillFit) Add(n int, t time.Duration) {
 	b.w = 1
 }
 
-// longest is the upper bound (2^(k+1) tokens) of the longest length bucket whose samples
-// still count, 0 with none.
+// longest is the upper bound (2^(k+1) tokens) of the longest length bucket not faded
+// below prefillStale, 0 with none.
 func (f *PrefillFit) longest() int {
 	for k := len(f.buckets) - 1; k >= 0; k-- {
 		if f.buckets[k].w >= prefillStale {

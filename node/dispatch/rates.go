@@ -67,14 +67,13 @@ type sample struct {
 	step      time.Duration
 }
 
-// add folds s into r: its prefill when it prefilled at least minPrefill positions.
+// add folds s into r: its prefill when it prefilled at least minPrefill positions. The
+// fits ignore what is not measured (a count or a time not positive).
 func (r *rates) add(s sample, minPrefill int) {
-	if s.prefilled >= max(minPrefill, 1) && s.first > 0 {
+	if s.prefilled >= minPrefill {
 		r.prefill.Add(s.prefilled, s.first)
 	}
-	if s.step > 0 {
-		r.decode.Add(s.ctx, s.step)
-	}
+	r.decode.Add(s.ctx, s.step)
 }
 
 // at is r's prefill rate for n positions and its decode rate for rest tokens after them,
@@ -115,7 +114,7 @@ func (d *Executor) modelTokens(model string, est int) int {
 	return int(float64(est)*ratio + 0.5)
 }
 
-// noteTokens folds a completed fresh attempt's prompt tokens as its server counted them
+// noteTokens folds a completed attempt's prompt tokens as its server counted them
 // (served) into model's token ratio; est is routing's estimate of the same prompt.
 func (d *Executor) noteTokens(model string, est, served int) {
 	if est <= 0 || served <= 0 {
