@@ -125,6 +125,7 @@ func TestOfferWithEmbeddedCandidatesOverTheCap(t *testing.T) {
 	}
 	for _, n := range []int{MaxCandidates + 1, fit, 1000} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			waitSetupsDone(t, b)
 			sdp := withCandidates(offer, candidateLines(n)...)
 			before := len(seen.events()) // before the offer: the stage may judge it at once
 			st, err := ha.NewStream(context.Background(), hb.ID(), SignalID)
@@ -158,6 +159,7 @@ func TestOfferWithEmbeddedCandidatesOverTheCap(t *testing.T) {
 		})
 	}
 	// At the cap the offer is answered.
+	waitSetupsDone(t, b)
 	st, err := ha.NewStream(context.Background(), hb.ID(), SignalID)
 	if err != nil {
 		t.Fatal(err)
@@ -284,10 +286,11 @@ func TestTrickledCandidatesCountWithEmbedded(t *testing.T) {
 	connect(t, ha, hb)
 	cfg := accepting()
 	cfg.ConnectTimeout = time.Minute // a reset within the test is the violation's
-	newTransport(t, hb, cfg)
+	b := newTransport(t, hb, cfg)
 	offer := testOffer(t)
 	for _, n := range []int{MaxCandidates, MaxCandidates + 1} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			waitSetupsDone(t, b) // the last subtest's stream reset
 			st, err := ha.NewStream(context.Background(), hb.ID(), SignalID)
 			if err != nil {
 				t.Fatal(err)

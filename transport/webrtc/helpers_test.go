@@ -90,6 +90,18 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 	}
 }
 
+// waitSetupsDone waits until tr holds no incoming set-up: until the handler of a peer's
+// last signaling stream has returned. A peer's next stream sent before then is refused as
+// busy (one set-up per peer), a reset that would pass for whatever the test looks for.
+func waitSetupsDone(t testing.TB, tr *Transport) {
+	t.Helper()
+	waitFor(t, "the answerer's set-ups to end", func() bool {
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		return len(tr.incoming) == 0
+	})
+}
+
 func randomBytes(t testing.TB, n int) []byte {
 	t.Helper()
 	b := make([]byte, n)

@@ -43,11 +43,7 @@ func TestICEBlockedTimesOut(t *testing.T) {
 	if st := a.Stats(); st.Open != 0 || st.SetupFailures != 1 {
 		t.Fatalf("offerer stats %+v, want nothing open and one failure", st)
 	}
-	waitFor(t, "the answerer to give up", func() bool {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		return len(b.incoming) == 0
-	})
+	waitSetupsDone(t, b) // the answerer gave up
 	if st := b.Stats(); st.Open != 0 || st.Accepted != 0 {
 		t.Fatalf("answerer stats %+v, want nothing kept", st)
 	}

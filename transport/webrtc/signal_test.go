@@ -98,6 +98,7 @@ func TestSignalingViolationsReset(t *testing.T) {
 		{"non-minimal varint", []byte{0x81, 0x00}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			waitSetupsDone(t, b)
 			st, err := ha.NewStream(context.Background(), hb.ID(), SignalID)
 			if err != nil {
 				t.Fatal(err)
