@@ -144,9 +144,11 @@ type Executor struct {
 	// estimates (route.PromptTokens; EWMA of completed attempts): the gate counts a
 	// session's KV bytes and prefill time in the model's own tokens.
 	tokenRatio map[string]float64
-	// peerRates, localRates and cloud are the prefill and decode rates measured of each
-	// peer per model, of this node per model and of the cloud, for the gate (rates.go).
+	// peerRates, pipeRates, localRates and cloud are the prefill and decode rates measured
+	// of each peer per model, of each pipeline (by its route), of this node per model and
+	// of the cloud, for the gate (rates.go).
 	peerRates  map[rateKey]*rates
+	pipeRates  map[rateKey]*rates
 	localRates map[string]*rates
 	cloud      rates
 	keys       map[peer.ID]string // peer ID strings (encoding one costs ~1.5 µs)
@@ -202,8 +204,9 @@ func New(cfg Config) (*Executor, error) {
 		cfg:      cfg,
 		rng:      rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 		localTPS: map[string]float64{}, localCold: map[string]time.Duration{},
-		tokenRatio: map[string]float64{}, peerRates: map[rateKey]*rates{}, localRates: map[string]*rates{},
-		keys: map[peer.ID]string{}, inflight: map[peer.ID]int{}, waiting: map[peer.ID][]time.Time{},
+		tokenRatio: map[string]float64{}, peerRates: map[rateKey]*rates{}, pipeRates: map[rateKey]*rates{},
+		localRates: map[string]*rates{},
+		keys:       map[peer.ID]string{}, inflight: map[peer.ID]int{}, waiting: map[peer.ID][]time.Time{},
 		bg: bg, bgCancel: cancel,
 	}, nil
 }

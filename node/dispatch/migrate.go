@@ -35,10 +35,10 @@ import (
 // starts sending its KV cache: the gate is told the source is up, the bytes to move and
 // the bandwidth measured on the way. At a cut the source is down and the gate never picks
 // it. The inputs not measured yet take the gate's defaults: the replacement's prefill rate
-// (a pipeline's is never measured), and a peer's decode rate (the default scaled by its
-// performance). Every decision is counted, and the last recentMigrations are kept with
-// their inputs, estimate and the time the request really took from there (/api/status
-// "migration").
+// (a pipeline's until that chain has served the model, a stage's that replaces a leaving
+// one always), and a peer's decode rate (the default scaled by its performance). Every
+// decision is counted, and the last recentMigrations are kept with their inputs, estimate
+// and the time the request really took from there (/api/status "migration").
 
 // recentMigrations is how many decisions /api/status keeps (8).
 const recentMigrations = 8
@@ -128,10 +128,11 @@ func (r *run) session(ctx context.Context) route.GateInput {
 
 // measured fills in what this node knows of the replacement t: this node's measured prefill
 // and decode rates (rates.go) and cold start when t is this node; for a peer, the round trip
-// to it (to the first stage of a pipeline), its measured prefill and decode rates for the
-// model (rates.go; the decode rate, when none is measured, as route.Decide estimates it:
-// the default rate scaled by its performance in the reputation store) and the default cold
-// start when its copy of the model is cold.
+// to it, its measured prefill and decode rates for the model (rates.go; the decode rate,
+// when none is measured, as route.Decide estimates it: the default rate scaled by its
+// performance in the reputation store) and the default cold start when its copy of the
+// model is cold; for a pipeline, the round trip to its first stage and the rates measured
+// of that chain.
 func (r *run) measured(t route.Target, in *route.GateInput) {
 	tune := r.snap.Tune
 	switch {
@@ -149,6 +150,7 @@ func (r *run) measured(t route.Target, in *route.GateInput) {
 		if k := slices.IndexFunc(r.snap.Peers, func(p route.Peer) bool { return p.Entry.Peer.String() == t.Stages[0].Peer }); k >= 0 {
 			in.RTT = r.snap.Peers[k].RTT
 		}
+		in.PrefillRate, in.DecodeRate = r.d.measuredPipelineRates(t.String(), r.req.Model, in.PromptTokens+in.Generated, in.Remaining)
 	case t.Tier == inference.TierMesh:
 		k := slices.IndexFunc(r.snap.Peers, func(p route.Peer) bool { return p.Entry.Peer == t.Peer })
 		if k < 0 {

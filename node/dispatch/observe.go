@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
+
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/mesh/route"
 	"github.com/meshinfer/meshinfer/node/console"
@@ -85,9 +87,15 @@ func (d *Executor) observe(t route.Target, model string, cold bool, err error, c
 	switch t.Tier {
 	case inference.TierMesh:
 		d.cfg.Rep.RecordPerformance(t.RepKey(), ttft, tps, now)
-		if len(t.Stages) == 0 {
+		switch {
+		case len(t.Stages) == 0:
 			s.first -= d.cfg.Latency(t.Peer)
 			d.notePeerRates(t.RepKey(), model, s)
+		case !m.restaged.Load(): // else the attempt ended on another chain
+			if id, err := peer.Decode(t.Stages[0].Peer); err == nil {
+				s.first -= d.cfg.Latency(id)
+			}
+			d.notePipelineRates(t.String(), model, s)
 		}
 	case inference.TierLocal:
 		d.mu.Lock()

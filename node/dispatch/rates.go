@@ -33,6 +33,10 @@ import (
 //     context of the tokens still to come. Both per peer and model, dropped once the peer
 //     has left the registry (checked when the rates outnumber the peers well,
 //     forgetRates);
+//   - a pipeline's, the same way, per chain (its route: the stages' peers and layers, in
+//     order) and model, less the round trip to its first stage (the chain's other hops
+//     are the prefill fit's constant term and part of each step); an attempt during which
+//     a stage moved to other peers ended on another chain and is no sample;
 //   - this node's, per local model, the same way (no round trip; no prefill sample while
 //     the model was loading, whose time is the cold start's);
 //   - the cloud's, the same way, its prefill from any length (its round trip is the fit's
@@ -45,8 +49,9 @@ import (
 // [minTokenRatio, maxTokenRatio], and all of it only weighs estimates between ways on,
 // never what a request is served or billed.
 
-// rateKey is a peer's reputation key and a model.
-type rateKey struct{ peer, model string }
+// rateKey is where a model is served (a peer's reputation key, a pipeline's route) and the
+// model.
+type rateKey struct{ where, model string }
 
 // rates are what is measured of one place (a peer, this node, the cloud) serving a model.
 type rates struct {
@@ -91,8 +96,8 @@ const (
 	minPrefillSample = 32
 	// minTokenRatio and maxTokenRatio bound a model's tokens per estimated token.
 	minTokenRatio, maxTokenRatio = 1.0 / 8, 8.0
-	// maxRatioModels bounds tokenRatio and localRates: model names come from requests
-	// and vectors.
+	// maxRatioModels bounds tokenRatio, localRates and pipeRates: model names come from
+	// requests and vectors, and the pipelines planned change with the peers.
 	maxRatioModels = 256
 )
 
@@ -135,13 +140,7 @@ func (d *Executor) noteTokens(model string, est, served int) {
 func (d *Executor) notePeerRates(key, model string, s sample) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	k := rateKey{key, model}
-	r := d.peerRates[k]
-	if r == nil {
-		r = &rates{}
-		d.peerRates[k] = r
-	}
-	r.add(s, minPrefillSample)
+	ratesIn(d.peerRates, rateKey{key, model}, 0).add(s, minPrefillSample)
 }
 
 // measuredRates is what is measured of the peer whose reputation key is key serving model:
@@ -150,26 +149,31 @@ func (d *Executor) notePeerRates(key, model string, s sample) {
 func (d *Executor) measuredRates(key, model string, n, rest int) (prefill, decode float64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	r := d.peerRates[rateKey{key, model}]
-	if r == nil {
-		return 0, 0
-	}
-	return r.at(n, rest)
+	return ratesAt(d.peerRates, rateKey{key, model}, n, rest)
+}
+
+// notePipelineRates folds a completed attempt on the pipeline whose route is route
+// (route.Target's String) into its rates for model, as a peer's. The pipelines planned
+// change as peers come and go: their rates are bounded as the token ratios are.
+func (d *Executor) notePipelineRates(route, model string, s sample) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ratesIn(d.pipeRates, rateKey{route, model}, maxRatioModels).add(s, minPrefillSample)
+}
+
+// measuredPipelineRates is what is measured of the pipeline whose route is route serving
+// model, as measuredRates of a peer.
+func (d *Executor) measuredPipelineRates(route, model string, n, rest int) (prefill, decode float64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return ratesAt(d.pipeRates, rateKey{route, model}, n, rest)
 }
 
 // noteLocalRates folds a completed attempt on this node into model's rates, as a peer's.
 // Called under d.mu. The local models are few, but a backend's list can change: the rates
 // are bounded as the token ratios are.
 func (d *Executor) noteLocalRates(model string, s sample) {
-	r := d.localRates[model]
-	if r == nil {
-		if len(d.localRates) >= maxRatioModels {
-			clear(d.localRates)
-		}
-		r = &rates{}
-		d.localRates[model] = r
-	}
-	r.add(s, minPrefillSample)
+	ratesIn(d.localRates, model, maxRatioModels).add(s, minPrefillSample)
 }
 
 // measuredLocalRates is this node's measured prefill rate for n positions of model and its
@@ -177,11 +181,30 @@ func (d *Executor) noteLocalRates(model string, s sample) {
 func (d *Executor) measuredLocalRates(model string, n, rest int) (prefill, decode float64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	r := d.localRates[model]
+	return ratesAt(d.localRates, model, n, rest)
+}
+
+// ratesIn is m's rates for k, added when missing; with bound > 0, m is cleared first when
+// it holds bound rates already.
+func ratesIn[K comparable](m map[K]*rates, k K, bound int) *rates {
+	r := m[k]
 	if r == nil {
-		return 0, 0
+		if bound > 0 && len(m) >= bound {
+			clear(m)
+		}
+		r = &rates{}
+		m[k] = r
 	}
-	return r.at(n, rest)
+	return r
+}
+
+// ratesAt is m's rates for k at n positions and rest tokens after them (rates.at), 0 when
+// none are measured.
+func ratesAt[K comparable](m map[K]*rates, k K, n, rest int) (prefill, decode float64) {
+	if r := m[k]; r != nil {
+		return r.at(n, rest)
+	}
+	return 0, 0
 }
 
 // cloudPrefillAt is the cloud's measured time to first token for a prompt of n tokens (its
@@ -208,7 +231,7 @@ func (d *Executor) forgetRates(entries []registry.Entry) {
 		known[e.Peer.String()] = true
 	}
 	for k := range d.peerRates {
-		if !known[k.peer] {
+		if !known[k.where] {
 			delete(d.peerRates, k)
 		}
 	}

@@ -1,10 +1,14 @@
 package dispatch
 
 import (
+	"bytes"
+	"context"
 	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
@@ -265,4 +269,120 @@ func TestTimingSample(t *testing.T) {
 	if got := m.sample(); got.prefilled != 0 || got.step != want.step {
 		t.Fatalf("took a cache over: %+v, want no prefill and the same steps", got)
 	}
+}
+
+// A pipeline's rates are measured as a peer's, per chain: its two stages here take a fixed
+// time a position, and a round trip each pass, so its prefill is one position per
+// 2×perPosition (the round trip to the first stage taken off) and its decode one token per
+// 2×perPosition + rtt, and the gate is told them when that chain is the replacement.
+// Until the chain has served, and for the same peers in another order, the gate takes its
+// defaults.
+func TestPipelineRatesMeasured(t *testing.T) {
+	const perPosition, rtt = 2 * time.Millisecond, 30 * time.Millisecond
+	b, _ := loadedModel(t)
+	synctest.Test(t, func(t *testing.T) {
+		cfg := Config{Latency: func(peer.ID) time.Duration { return rtt }}
+		// Peer IDs that decode, as a real chain's do: the round trip is looked up by ID.
+		a, bb := keyedPeer(t, 1), keyedPeer(t, 2)
+		w := newPipelineWorld(t, b, cfg, newRep(t), []meshNode{{id: a}, {id: bb}})
+		for id, sb := range w.net.stages {
+			w.net.stages[id] = slowStages{sb, perPosition, rtt}
+		}
+		req := pipeReq()
+		req.Messages[0].Content = strings.Repeat("a longer prompt, ", 4) // 68 bytes
+		in := route.GateInput{PromptTokens: 80, Remaining: 2}
+		r := &run{d: w.d, req: req, snap: w.snap}
+		r.measured(pipeline(a, bb), &in)
+		if in.PrefillRate != 0 || in.DecodeRate != 0 {
+			t.Fatalf("rates %.1f and %.1f tokens/s before any attempt, want none", in.PrefillRate, in.DecodeRate)
+		}
+		res, at, err := w.d.Generate(context.Background(), &req, func(inference.Served, inference.Token) error { return nil })
+		if err != nil || len(at.Stages) != 2 {
+			t.Fatalf("served at %+v: %v; want a pipeline of 2 stages", at, err)
+		}
+		served := route.Target{Tier: route.TierMesh, Model: pipeModel, Stages: at.Stages}
+		other := pipeline(a, bb)
+		if at.Stages[0].Peer == a.String() {
+			other = pipeline(bb, a)
+		}
+		r.measured(other, &in) // the same peers the other way round: another chain
+		if in.PrefillRate != 0 || in.DecodeRate != 0 {
+			t.Fatalf("the chain %s took the rates of %s", other, served)
+		}
+		n := res.Usage.PromptTokens
+		in = route.GateInput{PromptTokens: n, Remaining: 2}
+		r.measured(served, &in)
+		want := 1 / (2 * perPosition).Seconds()
+		if in.PrefillRate < want*(1-1e-9) || in.PrefillRate > want*(1+1e-9) {
+			t.Errorf("the gate is told the pipeline prefills %.2f tokens/s, want the %.2f measured", in.PrefillRate, want)
+		}
+		want = 1 / (2*perPosition + rtt).Seconds()
+		if in.DecodeRate < want*(1-1e-9) || in.DecodeRate > want*(1+1e-9) {
+			t.Errorf("the gate is told the pipeline decodes %.2f tokens/s, want the %.2f measured", in.DecodeRate, want)
+		}
+		if in.RTT != rtt {
+			t.Errorf("round trip to the first stage %v, want %v", in.RTT, rtt)
+		}
+	})
+}
+
+// An attempt during which a stage of its pipeline moved to other peers ended on another
+// chain: it is no sample of the pipeline it started on.
+func TestPipelineRestagedNoSample(t *testing.T) {
+	tg := pipeline("a", "b")
+	for _, restaged := range []bool{false, true} {
+		d := newExecutor(t, Config{Peers: peers{}, Registry: entries{}, Rep: newRep(t)})
+		t0 := time.Unix(1000, 0)
+		m := &timing{start: t0, first: t0.Add(100 * time.Millisecond), fresh: t0.Add(100 * time.Millisecond),
+			last: t0.Add(300 * time.Millisecond), tokens: 3, prompt: 64, served: 64}
+		m.restaged.Store(restaged)
+		d.observe(tg, pipeModel, false, nil, false, m)
+		prefill, decode := d.measuredPipelineRates(tg.String(), pipeModel, 64, 2)
+		if measured := prefill > 0 && decode > 0; measured == restaged {
+			t.Errorf("restaged %v: rates %.1f and %.1f tokens/s measured", restaged, prefill, decode)
+		}
+	}
+}
+
+// keyedPeer is the ID of an ed25519 key made from seed.
+func keyedPeer(t *testing.T, seed byte) peer.ID {
+	t.Helper()
+	key, _, err := crypto.GenerateEd25519Key(bytes.NewReader(bytes.Repeat([]byte{seed}, 32)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := peer.IDFromPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// slowStages are stage backends whose sessions take perPosition a position they forward;
+// a first stage's (layer 0 on) takes rtt more a pass, the round trip through the chain.
+type slowStages struct {
+	inference.StageBackend
+	perPosition, rtt time.Duration
+}
+
+func (s slowStages) OpenStage(ctx context.Context, model string, lo, hi, maxPositions int) (inference.StageSession, error) {
+	ss, err := s.StageBackend.OpenStage(ctx, model, lo, hi, maxPositions)
+	if err != nil {
+		return nil, err
+	}
+	sl := slowSession{StageSession: ss, perPosition: s.perPosition}
+	if lo == 0 {
+		sl.pass = s.rtt
+	}
+	return sl, nil
+}
+
+type slowSession struct {
+	inference.StageSession
+	perPosition, pass time.Duration
+}
+
+func (s slowSession) Forward(ctx context.Context, hidden []float32, n int) ([]float32, error) {
+	time.Sleep(s.pass + time.Duration(n)*s.perPosition)
+	return s.StageSession.Forward(ctx, hidden, n)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -252,7 +253,7 @@ func (r *run) try(ctx context.Context, t route.Target) (res inference.Result, er
 		moving.Move = &inference.Move{Send: rl.send}
 		req = &moving
 	}
-	res, err = r.d.runOn(ctx, t, req, forward, &r.via, &r.stageReceipts, r.replaceStage(t, det))
+	res, err = r.d.runOn(ctx, t, req, forward, &r.via, &r.stageReceipts, r.replaceStage(t, det, m))
 	if rl != nil {
 		if mismatch == nil && emitErr == nil && (isMoved(err) || cutMidTransfer(ctx, err)) {
 			// The peer handed the generation over, or was cut while its cache moved: the
@@ -406,9 +407,10 @@ func (r *run) coldAt(t route.Target) bool {
 // tokens as measured so far (promptTokens), estimate the same as routing estimates it
 // (route.PromptTokens); skip is the tokens the client had when the attempt started (sent
 // again first, and replayed or generated again: replayed, the target's Result.Replayed);
-// tookOver says the attempt went on from a cache another node handed over; served is the
-// prompt tokens its server reported on completion (0: not known). What rates.go learns
-// from an attempt is in observe.
+// tookOver says the attempt went on from a cache another node handed over; restaged, that
+// a stage of the attempt's pipeline moved to other peers during it (stagemove.go); served
+// is the prompt tokens its server reported on completion (0: not known). What rates.go
+// learns from an attempt is in observe.
 type timing struct {
 	now                       func() time.Time
 	start, first, fresh, last time.Time
@@ -416,6 +418,7 @@ type timing struct {
 	prompt, estimate          int
 	skip, replayed            int
 	tookOver                  bool
+	restaged                  atomic.Bool // set by the pipeline's goroutines
 	served                    int
 }
 

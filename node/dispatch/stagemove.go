@@ -29,10 +29,11 @@ import (
 // choice keeps the chain as it is: the stage leaves at the end of its grace, the pipeline
 // fails as it would have, and the cut is decided again (gateCut), with the source down.
 
-// replaceStage returns the run's ReplaceStage for an attempt on t, or nil when t is no
-// pipeline or the model is not served deterministically (a moved cache must give the
-// very tokens the stream would have had).
-func (r *run) replaceStage(t route.Target, det bool) ReplaceStage {
+// replaceStage returns the run's ReplaceStage for an attempt on t, timed by m (a stage
+// moved makes the attempt no sample of t's rates), or nil when t is no pipeline or the
+// model is not served deterministically (a moved cache must give the very tokens the
+// stream would have had).
+func (r *run) replaceStage(t route.Target, det bool, m *timing) ReplaceStage {
 	if len(t.Stages) == 0 || !det {
 		return nil
 	}
@@ -72,6 +73,7 @@ func (r *run) replaceStage(t route.Target, det bool) ReplaceStage {
 			log.Debugw("pipeline stage not moved live", "peer", leaving, "why", dec.Why, "kv_bytes", in.KVBytes, "bandwidth", in.Bandwidth)
 			return nil, fmt.Errorf("the gate chose %s: %s", dec.Choice, dec.Why)
 		}
+		m.restaged.Store(true)
 		return slices.Clone(hops), nil
 	}
 }
