@@ -204,9 +204,9 @@ func New(cfg Config) (*Executor, error) {
 		cfg:      cfg,
 		rng:      rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 		localTPS: map[string]float64{}, localCold: map[string]time.Duration{},
-		tokenRatio: map[string]float64{}, peerRates: map[rateKey]*rates{}, pipeRates: map[rateKey]*rates{},
-		localRates: map[string]*rates{},
-		keys:       map[peer.ID]string{}, inflight: map[peer.ID]int{}, waiting: map[peer.ID][]time.Time{},
+		tokenRatio: map[string]float64{},
+		peerRates:  map[rateKey]*rates{}, pipeRates: map[rateKey]*rates{}, localRates: map[string]*rates{},
+		keys: map[peer.ID]string{}, inflight: map[peer.ID]int{}, waiting: map[peer.ID][]time.Time{},
 		bg: bg, bgCancel: cancel,
 	}, nil
 }

@@ -53,7 +53,8 @@ import (
 // model.
 type rateKey struct{ where, model string }
 
-// rates are what is measured of one place (a peer, this node, the cloud) serving a model.
+// rates are what is measured of one place (a peer, a pipeline, this node, the cloud)
+// serving a model.
 type rates struct {
 	// prefill is its first token's time (less the round trip, a peer's) by the positions
 	// prefilled before it.
