@@ -75,6 +75,12 @@ func LoadOrCreateIdentity(dataDir string) (key crypto.PrivKey, created bool, err
 	return key, true, nil
 }
 
+// LoadIdentity returns the node's identity key from dataDir, never creating one: with none
+// there, an error wrapping fs.ErrNotExist. The checks are LoadOrCreateIdentity's.
+func LoadIdentity(dataDir string) (crypto.PrivKey, error) {
+	return loadIdentity(filepath.Join(dataDir, IdentityFile))
+}
+
 func loadIdentity(path string) (crypto.PrivKey, error) {
 	f, err := atomicfile.OpenPrivate(path, os.O_RDONLY, 0)
 	if err != nil {

@@ -10,8 +10,11 @@ import (
 	"slices"
 	"text/tabwriter"
 
+	"github.com/libp2p/go-libp2p/core/peer"
+
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/mesh/receipts"
+	"github.com/meshinfer/meshinfer/node"
 	"github.com/meshinfer/meshinfer/transport/gateway"
 )
 
@@ -54,35 +57,38 @@ type receiptCheck struct {
 	// them too (the coordinator meters a task with a receipt only when they are equal; one
 	// that failed verification is metered with none).
 	Invalid int `json:"invalid"`
+	// OtherCoordinator events carry receipts that verify, countersigned by another key
+	// than the identity in the data dir: a log another node wrote, this node's from before
+	// its identity changed, or lines forged with keys of the forger's own. Not verified.
+	OtherCoordinator int `json:"other_coordinator"`
 }
 
-// checkReceipts checks the receipt of every event in the meter log at path.
-func checkReceipts(path string) (*receiptCheck, error) {
+// checkReceipts checks the receipt of every event in the meter log at path; self is the
+// coordinator's peer ID, whose countersignature a verified receipt bears.
+func checkReceipts(path, self string) (*receiptCheck, error) {
 	var c receiptCheck
 	err := gateway.ReadEvents(path, func(e gateway.MeterEvent) {
 		at, _ := inference.ParseRoute(e.Peer)
+		var ok, covered bool
 		if len(e.StageReceipts) > 0 {
-			switch covered, ok := stageReceiptsHold(e, at); {
-			case !ok:
-				c.Invalid++
-			case covered:
-				c.Verified++
-			default:
-				c.Missing++
-			}
-			return
+			covered, ok = stageReceiptsHold(e, at)
+		} else if covered = e.Receipt != ""; covered {
+			r, err := receipts.VerifyCountersig(e.Coordinator, e.Receipt, e.Countersig)
+			ok = err == nil && at.Tier == inference.TierMesh && at.Peer == r.Server && r.Model == e.Model &&
+				(e.Outcome == gateway.OutcomeVerificationFailed || e.TokensIn == r.TokensIn && e.TokensOut == r.TokensOut)
+		} else {
+			ok = true
 		}
-		if e.Receipt == "" {
-			c.Missing++
-			return
-		}
-		r, err := receipts.VerifyCountersig(e.Coordinator, e.Receipt, e.Countersig)
-		if err != nil || at.Tier != inference.TierMesh || at.Peer != r.Server || r.Model != e.Model ||
-			e.Outcome != gateway.OutcomeVerificationFailed && (e.TokensIn != r.TokensIn || e.TokensOut != r.TokensOut) {
+		switch {
+		case !ok:
 			c.Invalid++
-			return
+		case !covered:
+			c.Missing++
+		case e.Coordinator != self:
+			c.OtherCoordinator++
+		default:
+			c.Verified++
 		}
-		c.Verified++
 	})
 	if _, partial := errors.AsType[*gateway.BadLinesError](err); err != nil && !partial {
 		return nil, err
@@ -161,8 +167,21 @@ func runUsage(args []string, stdout, stderr io.Writer) error {
 			report.Total.Duration += r.Duration
 		}
 	}
+	var self string // this coordinator's peer ID, with --receipts
 	if *checkRcpt && len(totals) > 0 {
-		if report.Receipts, err = checkReceipts(path); err != nil {
+		key, err := node.LoadIdentity(dir)
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("no identity key in %s to check the receipts against: they are countersigned by the coordinator's key, which lives in its data dir; pass that --data-dir", dir)
+		}
+		if err != nil {
+			return err
+		}
+		id, err := peer.IDFromPrivateKey(key)
+		if err != nil {
+			return err
+		}
+		self = id.String()
+		if report.Receipts, err = checkReceipts(path, self); err != nil {
 			return err
 		}
 	}
@@ -178,10 +197,7 @@ func runUsage(args []string, stdout, stderr io.Writer) error {
 		if err := printJSON(stdout, report); err != nil {
 			return err
 		}
-		if c := report.Receipts; c != nil && c.Invalid > 0 {
-			return fmt.Errorf("%d receipts in %s do not verify: those lines were altered", c.Invalid, path)
-		}
-		return nil
+		return report.Receipts.failure(path, self)
 	}
 	if len(report.Keys) == 0 {
 		fmt.Fprintf(stdout, "no usage recorded in %s: no request has been served through this coordinator yet\n", dir)
@@ -213,11 +229,27 @@ func runUsage(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if c := report.Receipts; c != nil {
-		fmt.Fprintf(stdout, "\nreceipts: %d verified (signed by the serving peer, countersigned by this coordinator), %d tasks without one, %d invalid\n",
+		fmt.Fprintf(stdout, "\nreceipts: %d verified (signed by the serving peer, countersigned by this coordinator), %d tasks without one, %d invalid",
 			c.Verified, c.Missing, c.Invalid)
-		if c.Invalid > 0 {
-			return fmt.Errorf("%d receipts in %s do not verify: those lines were altered", c.Invalid, path)
+		if c.OtherCoordinator > 0 {
+			fmt.Fprintf(stdout, ", %d countersigned by another coordinator", c.OtherCoordinator)
 		}
+		fmt.Fprintln(stdout)
+	}
+	return report.Receipts.failure(path, self)
+}
+
+// failure is the command's error when c (nil: receipts not checked) found receipts that do
+// not hold in the meter log at path; self is this coordinator's peer ID.
+func (c *receiptCheck) failure(path, self string) error {
+	switch {
+	case c == nil:
+		return nil
+	case c.Invalid > 0:
+		return fmt.Errorf("%d receipts in %s do not verify: those lines were altered", c.Invalid, path)
+	case c.OtherCoordinator > 0:
+		return fmt.Errorf("%d receipts in %s are countersigned by another key than this node's identity (%s): a log another node wrote, this node's from before its identity changed, or forged lines",
+			c.OtherCoordinator, path, self)
 	}
 	return nil
 }

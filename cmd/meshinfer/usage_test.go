@@ -16,6 +16,7 @@ import (
 
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/mesh/receipts"
+	"github.com/meshinfer/meshinfer/node"
 	"github.com/meshinfer/meshinfer/transport/gateway"
 )
 
@@ -161,24 +162,30 @@ func TestUsageCommandErrors(t *testing.T) {
 }
 
 // --receipts checks each event's receipt: a peer's receipt countersigned by the coordinator
-// verifies, an event without one is counted apart, and an altered one fails the command.
+// (the identity in the data dir) verifies, an event without one is counted apart, and an
+// altered one fails the command, as does one countersigned by another key, even if it
+// verifies.
 func TestUsageReceipts(t *testing.T) {
 	dir := t.TempDir()
 	_, keyID := createKeyCmd(t, dir, "alice")
-	peerKey, _, _ := crypto.GenerateEd25519Key(rand.Reader)
-	coordKey, _, _ := crypto.GenerateEd25519Key(rand.Reader)
-	peerID, _ := peer.IDFromPrivateKey(peerKey)
-	coordID, _ := peer.IDFromPrivateKey(coordKey)
 	t0 := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
-	rcpt, err := receipts.SignTask(peerKey, receipts.Receipt{Time: t0, Requester: coordID.String(), Model: "synth-tiny",
-		TokensIn: 3, TokensOut: 8, DurationMS: 40, Outcome: receipts.Completed,
-		Result: "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sig, err := receipts.Countersign(coordKey, rcpt)
-	if err != nil {
-		t.Fatal(err)
+	// served signs a task receipt with a new peer key, countersigned with coordKey.
+	served := func(coordKey crypto.PrivKey) gateway.MeterEvent {
+		peerKey, _, _ := crypto.GenerateEd25519Key(rand.Reader)
+		peerID, _ := peer.IDFromPrivateKey(peerKey)
+		coordID, _ := peer.IDFromPrivateKey(coordKey)
+		rcpt, err := receipts.SignTask(peerKey, receipts.Receipt{Time: t0, Requester: coordID.String(), Model: "synth-tiny",
+			TokensIn: 3, TokensOut: 8, DurationMS: 40, Outcome: receipts.Completed,
+			Result: "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sig, err := receipts.Countersign(coordKey, rcpt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return gateway.MeterEvent{Peer: "peer:" + peerID.String(), TokensIn: 3, TokensOut: 8,
+			Receipt: rcpt, Countersig: sig, Coordinator: coordID.String()}
 	}
 	write := func(events ...gateway.MeterEvent) {
 		m, err := gateway.OpenMeter(dir)
@@ -193,27 +200,42 @@ func TestUsageReceipts(t *testing.T) {
 			}
 		}
 	}
-	good := gateway.MeterEvent{Peer: "peer:" + peerID.String(), TokensIn: 3, TokensOut: 8,
-		Receipt: rcpt, Countersig: sig, Coordinator: coordID.String()}
-	write(good, gateway.MeterEvent{Peer: "local", TokensIn: 1, TokensOut: 2})
-
+	write(gateway.MeterEvent{Peer: "local", TokensIn: 1, TokensOut: 2})
 	code, stdout, stderr := runCmd(t, "usage", "--data-dir", dir, "--receipts")
-	if code != 0 || !strings.Contains(stdout, "receipts: 1 verified") || !strings.Contains(stdout, "1 tasks without one, 0 invalid") {
+	if code == 0 || !strings.Contains(stderr, "no identity key in "+dir) {
+		t.Fatalf("usage --receipts with no identity in the data dir: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	coordKey, _, err := node.LoadOrCreateIdentity(dir) // as the coordinator's first start does
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := served(coordKey)
+	write(good)
+	code, stdout, stderr = runCmd(t, "usage", "--data-dir", dir, "--receipts")
+	if code != 0 || !strings.Contains(stdout, "receipts: 1 verified") || !strings.Contains(stdout, "1 tasks without one, 0 invalid\n") {
 		t.Fatalf("usage --receipts: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	// Receipts that verify, of a peer and a coordinator both the forger's own keys.
+	forgerKey, _, _ := crypto.GenerateEd25519Key(rand.Reader)
+	write(served(forgerKey), served(forgerKey))
+	code, stdout, stderr = runCmd(t, "usage", "--data-dir", dir, "--receipts")
+	if code == 0 || !strings.Contains(stdout, "0 invalid, 2 countersigned by another coordinator") ||
+		!strings.Contains(stderr, "2 receipts in") || !strings.Contains(stderr, "another key than this node's identity") {
+		t.Fatalf("usage --receipts with a forger's receipts: exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
 	// A receipt claimed for another peer, one countersigned by someone else, and a line
 	// billing more tokens than its receipt states (the counts are outside the signatures).
 	other := good
-	other.Peer = "peer:" + coordID.String()
+	other.Peer = "peer:" + good.Coordinator
 	forged := good
-	forged.Coordinator = peerID.String()
+	forged.Coordinator = strings.TrimPrefix(good.Peer, "peer:")
 	inflated := good
 	inflated.TokensOut = 800
 	write(other, forged, inflated)
 	code, stdout, stderr = runCmd(t, "usage", "--data-dir", dir, "--receipts", "--json")
 	var rep usageReport
 	if code == 0 || json.Unmarshal([]byte(stdout), &rep) != nil || rep.Receipts == nil ||
-		*rep.Receipts != (receiptCheck{Verified: 1, Missing: 1, Invalid: 3}) || !strings.Contains(stderr, "3 receipts") {
+		*rep.Receipts != (receiptCheck{Verified: 1, Missing: 1, Invalid: 3, OtherCoordinator: 2}) || !strings.Contains(stderr, "3 receipts") {
 		t.Fatalf("usage --receipts --json with altered lines: exit %d, %+v\nstdout:\n%s\nstderr:\n%s", code, rep.Receipts, stdout, stderr)
 	}
 }
@@ -224,7 +246,10 @@ func TestUsageReceipts(t *testing.T) {
 func TestUsageStageReceipts(t *testing.T) {
 	dir := t.TempDir()
 	_, keyID := createKeyCmd(t, dir, "alice")
-	coordKey, _, _ := crypto.GenerateEd25519Key(rand.Reader)
+	coordKey, _, err := node.LoadOrCreateIdentity(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
 	coordID, _ := peer.IDFromPrivateKey(coordKey)
 	t0 := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
 	var hops []inference.StageHop
