@@ -28,8 +28,14 @@ import (
 // countersignature. It never sees a token. A task that ends early is metered from the
 // peer's failed result: the tokens the peer wrote to the client's channel and the prompt at
 // its bound; when the client goes away first, the executor closes its side of the stream,
-// which ends the task at the peer, and waits for that report (directResultWait). A sample is verified like any mesh task, against
-// the receipt's digest of the output. The serving side is the node's (node/direct.go).
+// which ends the task at the peer, and waits for that report (directResultWait). A sample
+// is verified like any mesh task, against the receipt's digest of the output. The serving
+// side is the node's (node/direct.go).
+//
+// Of the body's "meshinfer" preferences (transport/openai's), a direct task keeps two: a
+// timeout ends it as a request's would (timeout, metered so), and privacy local-only, which
+// keeps a request on this node, is refused, a direct task being a mesh peer's. The others
+// are the direct path's own (mesh, explicit model, WebRTC); no header reaches it.
 
 // StreamOpener opens a libp2p stream to a peer (the node's routed host).
 type StreamOpener interface {
@@ -48,6 +54,23 @@ func (d *Executor) Relay(ctx context.Context, s gateway.Session, body json.RawMe
 	}
 	if err := req.Validate(inference.DefaultLimits()); err != nil {
 		return gateway.DirectResult{}, err
+	}
+	timeout, err := directPrefs(body)
+	if err != nil {
+		return gateway.DirectResult{}, err
+	}
+	client := ctx
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	// ended is why the task ended early when ctx did: its time limit, else the client gone.
+	ended := func() error {
+		if client.Err() == nil {
+			return inference.Errorf(inference.CodeTimeout, "the request's %v time limit passed", timeout)
+		}
+		return inference.Errorf(inference.CodePeerLost, "direct task: the client went away: %w", infer.ErrClientDisconnected)
 	}
 	req.Stream = true
 	t, r, err := d.directTarget(ctx, &req)
@@ -107,7 +130,7 @@ func (d *Executor) Relay(ctx context.Context, s gateway.Session, body json.RawMe
 		if err != nil {
 			st.Reset()
 			if ctx.Err() != nil {
-				return gateway.DirectResult{}, fmt.Errorf("direct task: %w", ctx.Err())
+				return gateway.DirectResult{}, ended()
 			}
 			return gateway.DirectResult{}, inference.Errorf(inference.CodePeerLost, "direct task on %s ended without a result: %v", t.Peer, err)
 		}
@@ -126,10 +149,10 @@ func (d *Executor) Relay(ctx context.Context, s gateway.Session, body json.RawMe
 			// Ended early: the tokens the peer says it wrote to the client's channel (bounded
 			// by max_tokens), and the prompt at its bound, as an unfinished mesh request is
 			// metered. A client that went away is client_disconnected, whatever the peer
-			// made of it.
+			// made of it; a task past its time limit, timeout.
 			res.Usage = r.req.UnfinishedUsage(res.Usage.CompletionTokens)
 			if ctx.Err() != nil {
-				err = inference.Errorf(inference.CodePeerLost, "direct task: the client went away: %w", infer.ErrClientDisconnected)
+				err = ended()
 			}
 			d.meterDirect(s, r, res, err, d.now().Sub(start))
 			return gateway.DirectResult{}, err
@@ -189,6 +212,35 @@ func (d *Executor) meterDirect(s gateway.Session, r *run, res inference.Result, 
 		return res.Receipt, countersig
 	}
 	return "", ""
+}
+
+// directPrefs reads the preferences of a direct task's body that apply to it: its time
+// limit (0: none), and privacy, where local-only is refused. A value the API would refuse is
+// refused the same way.
+func directPrefs(body json.RawMessage) (time.Duration, error) {
+	var ext struct {
+		Meshinfer struct {
+			Privacy inference.Privacy `json:"privacy"`
+			Timeout string            `json:"timeout"`
+		} `json:"meshinfer"`
+	}
+	if err := json.Unmarshal(body, &ext); err != nil {
+		return 0, inference.Errorf(inference.CodeInvalidRequest, "meshinfer object: %v", err)
+	}
+	p := inference.Prefs{Privacy: ext.Meshinfer.Privacy}
+	if err := p.Validate(); err != nil {
+		return 0, fmt.Errorf("meshinfer object: %w", err)
+	}
+	if p.Privacy == inference.PrivacyLocalOnly {
+		return 0, inference.Errorf(inference.CodeInvalidRequest,
+			"privacy %q keeps a request on this node, and a direct task runs on a mesh peer: ask without direct, or with privacy %q",
+			inference.PrivacyLocalOnly, inference.PrivacyMesh)
+	}
+	timeout, err := inference.ParseTimeout(ext.Meshinfer.Timeout)
+	if err != nil {
+		return 0, fmt.Errorf("meshinfer object: %w", err)
+	}
+	return timeout, nil
 }
 
 // directTarget picks the mesh peer that serves a direct task, as route.Decide would for a

@@ -180,18 +180,20 @@
 //	{"type":"direct_done","id":"d1","peer":"peer:12D3KooW…","finish_reason":"stop",
 //	 "usage":{…},"receipt":"{…}","countersig":"ed25519:…"}           server: the task ended, metered
 //
-// body is the chat completion request object. The client then sends the offer of a
-// PeerConnection with one data channel, its ICE candidates and an end marker, each as a
-// signal message whose frame is a transport/webrtc signaling message (type byte and text,
-// at most MaxSignalFrame bytes), without waiting for ICE gathering; the coordinator relays
-// them to the peer it chose and relays the peer's answer, candidates and end back. On the
-// data channel (transport/webrtc's stream messages) the peer then writes the answer as
-// transport/infer frames: tokens and one terminal frame, the client sending nothing. Once
-// the peer reports the task to the coordinator, the client gets direct_done with the
-// metered record, or an error message (the request's typed error, or why no channel could
-// be set up). A direct request counts in the connection's MaxInFlight; cancel ends it.
-// Signal messages for no request in flight are ignored; more than 40 waiting for the relay
-// end the request.
+// body is the chat completion request object; of its "meshinfer" preferences the
+// coordinator keeps timeout and refuses privacy local-only (the task runs on a mesh
+// peer). The client then sends the offer of a PeerConnection with one data channel, its
+// ICE candidates and an end marker, each as a signal message whose frame is a
+// transport/webrtc signaling message (type byte and text, at most MaxSignalFrame bytes),
+// without waiting for ICE gathering; the coordinator relays them to the peer it chose and
+// relays the peer's answer, candidates and end back. On the data channel
+// (transport/webrtc's stream messages) the peer then writes the answer as transport/infer
+// frames: tokens and one terminal frame, the client sending nothing. Once the peer
+// reports the task to the coordinator, the client gets direct_done with the metered
+// record, or an error message (the request's typed error, or why no channel could be set
+// up). A direct request counts in the connection's MaxInFlight; cancel ends it. Signal
+// messages for no request in flight are ignored; more than 40 waiting for the relay end
+// the request.
 //
 // # Idempotency and resubmission
 //

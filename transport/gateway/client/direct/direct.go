@@ -90,6 +90,9 @@ func checkReceipt(receipt string, received inference.Digest) error {
 	return nil
 }
 
+// outcomeWait bounds the wait for the coordinator's word on a task whose channel failed.
+const outcomeWait = 5 * time.Second
+
 // Chat sends body (a chat completion request object) to the coordinator at baseURL with API
 // key key and returns the answer, streamed from the serving peer over WebRTC. Errors are
 // the coordinator's or the peer's typed errors (*inference.Error) where there is one.
@@ -166,7 +169,20 @@ func Chat(ctx context.Context, baseURL, key string, body any, o Options) (Result
 		return nil
 	})
 	if err != nil {
+		// The coordinator says why the task ended early (its time limit, the peer lost),
+		// typed, once the peer has reported it: wait for that a little, else the channel's
+		// error is all there is.
+		wait := time.NewTimer(outcomeWait)
+		select {
+		case <-done:
+		case <-ctx.Done():
+		case <-wait.C:
+		}
+		wait.Stop()
 		stopped()
+		if m := outcome; m.Type == "error" && m.Error != nil {
+			return Result{}, inference.Errorf(inference.Code(m.Error.Code), "%s", m.Error.Message)
+		}
 		return Result{}, err
 	}
 	// The coordinator's record: direct_done once the peer reported the task.

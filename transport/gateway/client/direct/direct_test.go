@@ -304,6 +304,54 @@ func TestDirectHangUpIsMetered(t *testing.T) {
 	}
 }
 
+// A direct task keeps the body's time limit: a task still running at it ends with timeout,
+// metered so, and the serving peer ends it too. Privacy local-only, which keeps a request
+// on the coordinator, is refused before anything is set up, as is a malformed preference.
+func TestDirectPrefs(t *testing.T) {
+	// Every stream holds at its third token until its context ends: only the time limit
+	// ends the task.
+	m := startMeshWrapped(t, node.VerifyOff, func(b inference.Backend) inference.Backend { return heldBackend{b, 2} })
+	base := "http://" + m.coord.APIAddr()
+	for _, tc := range []struct {
+		meshinfer map[string]any
+		want      string // in the error
+	}{
+		{map[string]any{"privacy": "local-only"}, `privacy "local-only" keeps a request on this node`},
+		{map[string]any{"privacy": "nearby"}, "privacy"},
+		{map[string]any{"timeout": "30"}, "timeout"},
+		{map[string]any{"timeout": 30}, "meshinfer object"},
+	} {
+		body := chatBody(1, 8)
+		body["meshinfer"] = tc.meshinfer
+		_, err := direct.Chat(context.Background(), base, m.key, body, direct.Options{})
+		if inference.CodeOf(err) != inference.CodeInvalidRequest || !strings.Contains(err.Error(), tc.want) {
+			t.Fatalf("meshinfer %v: %v, want invalid_request naming %q", tc.meshinfer, err, tc.want)
+		}
+	}
+	if st := m.coord.Status().Routing; st.Direct != 0 {
+		t.Fatalf("coordinator counted %d direct tasks for refused requests", st.Direct)
+	}
+
+	body := chatBody(1, 8)
+	body["meshinfer"] = map[string]any{"timeout": "1s"}
+	got := 0
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a limit not kept fails, not hangs
+	defer cancel()
+	_, err := direct.Chat(ctx, base, m.key, body, direct.Options{OnToken: func(inference.Token) { got++ }})
+	if inference.CodeOf(err) != inference.CodeTimeout || !strings.Contains(err.Error(), "1s time limit passed") || got != 2 {
+		t.Fatalf("held past its 1s time limit: %v after %d tokens, want timeout after 2", err, got)
+	}
+	var events []gateway.MeterEvent
+	waitFor(t, 10*time.Second, "the timed-out task metered", func() bool {
+		events = events[:0]
+		gateway.ReadEvents(filepath.Join(m.dir, gateway.UsageFile), func(e gateway.MeterEvent) { events = append(events, e) })
+		return len(events) > 0
+	})
+	if e := events[0]; len(events) != 1 || e.Outcome != string(inference.CodeTimeout) || e.TokensOut > 2 || e.Receipt != "" {
+		t.Fatalf("meter events %+v: want one timeout with at most 2 tokens out", events)
+	}
+}
+
 // Direct tasks are verified like any mesh task: against the digest the peer's receipt
 // names, by another peer's execution.
 func TestDirectTasksAreVerified(t *testing.T) {
