@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -121,10 +122,10 @@ func runReceipts(args []string, stdout, stderr io.Writer) error {
 // ownID returns the peer ID of the identity in dir, or "" when dir has none: receipts of a
 // log copied elsewhere are then checked against the server they name only.
 func ownID(dir string) (string, error) {
-	if _, err := os.Stat(filepath.Join(dir, node.IdentityFile)); errors.Is(err, os.ErrNotExist) {
+	key, err := node.LoadIdentity(dir)
+	if errors.Is(err, fs.ErrNotExist) {
 		return "", nil
 	}
-	key, _, err := node.LoadOrCreateIdentity(dir)
 	if err != nil {
 		return "", err
 	}

@@ -10,11 +10,8 @@ import (
 	"slices"
 	"text/tabwriter"
 
-	"github.com/libp2p/go-libp2p/core/peer"
-
 	"github.com/meshinfer/meshinfer/inference"
 	"github.com/meshinfer/meshinfer/mesh/receipts"
-	"github.com/meshinfer/meshinfer/node"
 	"github.com/meshinfer/meshinfer/transport/gateway"
 )
 
@@ -169,18 +166,12 @@ func runUsage(args []string, stdout, stderr io.Writer) error {
 	}
 	var self string // this coordinator's peer ID, with --receipts
 	if *checkRcpt && len(totals) > 0 {
-		key, err := node.LoadIdentity(dir)
-		if errors.Is(err, fs.ErrNotExist) {
+		if self, err = ownID(dir); err != nil {
+			return err
+		}
+		if self == "" {
 			return fmt.Errorf("no identity key in %s to check the receipts against: they are countersigned by the coordinator's key, which lives in its data dir; pass that --data-dir", dir)
 		}
-		if err != nil {
-			return err
-		}
-		id, err := peer.IDFromPrivateKey(key)
-		if err != nil {
-			return err
-		}
-		self = id.String()
 		if report.Receipts, err = checkReceipts(path, self); err != nil {
 			return err
 		}

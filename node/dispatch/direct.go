@@ -18,6 +18,7 @@ import (
 	"github.com/meshinfer/meshinfer/mesh/route"
 	"github.com/meshinfer/meshinfer/transport/gateway"
 	"github.com/meshinfer/meshinfer/transport/infer"
+	"github.com/meshinfer/meshinfer/transport/openai"
 )
 
 // Direct tasks (transport/infer's DirectID): a coordinator's thin client gets its tokens
@@ -32,7 +33,7 @@ import (
 // is verified like any mesh task, against the receipt's digest of the output. The serving
 // side is the node's (node/direct.go).
 //
-// Of the body's "meshinfer" preferences (transport/openai's), a direct task keeps two: a
+// Of the body's "meshinfer" preferences (openai.BodyPrefs), a direct task keeps two: a
 // timeout ends it as a request's would (timeout, metered so), and privacy local-only, which
 // keeps a request on this node, is refused, a direct task being a mesh peer's. The others
 // are the direct path's own (mesh, explicit model, WebRTC); no header reaches it.
@@ -214,33 +215,20 @@ func (d *Executor) meterDirect(s gateway.Session, r *run, res inference.Result, 
 	return "", ""
 }
 
-// directPrefs reads the preferences of a direct task's body that apply to it: its time
-// limit (0: none), and privacy, where local-only is refused. A value the API would refuse is
-// refused the same way.
+// directPrefs reads the preferences of a direct task's body that apply to it, checked as
+// the API checks them (openai.BodyPrefs): its time limit (0: none), and privacy, where
+// local-only is refused.
 func directPrefs(body json.RawMessage) (time.Duration, error) {
-	var ext struct {
-		Meshinfer struct {
-			Privacy inference.Privacy `json:"privacy"`
-			Timeout string            `json:"timeout"`
-		} `json:"meshinfer"`
-	}
-	if err := json.Unmarshal(body, &ext); err != nil {
-		return 0, inference.Errorf(inference.CodeInvalidRequest, "meshinfer object: %v", err)
-	}
-	p := inference.Prefs{Privacy: ext.Meshinfer.Privacy}
-	if err := p.Validate(); err != nil {
-		return 0, fmt.Errorf("meshinfer object: %w", err)
+	p, err := openai.BodyPrefs(body)
+	if err != nil {
+		return 0, err
 	}
 	if p.Privacy == inference.PrivacyLocalOnly {
 		return 0, inference.Errorf(inference.CodeInvalidRequest,
 			"privacy %q keeps a request on this node, and a direct task runs on a mesh peer: ask without direct, or with privacy %q",
 			inference.PrivacyLocalOnly, inference.PrivacyMesh)
 	}
-	timeout, err := inference.ParseTimeout(ext.Meshinfer.Timeout)
-	if err != nil {
-		return 0, fmt.Errorf("meshinfer object: %w", err)
-	}
-	return timeout, nil
+	return p.Timeout, nil
 }
 
 // directTarget picks the mesh peer that serves a direct task, as route.Decide would for a

@@ -56,8 +56,8 @@ type rateKey struct{ where, model string }
 // rates are what is measured of one place (a peer, a pipeline, this node, the cloud)
 // serving a model.
 type rates struct {
-	// prefill is its first token's time (less the round trip, a peer's) by the positions
-	// prefilled before it.
+	// prefill is its first token's time (less the round trip to a peer, or to a
+	// pipeline's first stage) by the positions prefilled before it.
 	prefill route.PrefillFit
 	// decode is its decode step by the context the step attends over.
 	decode route.DecodeFit

@@ -244,13 +244,9 @@ func (h *handler) decode(w http.ResponseWriter, r *http.Request) (*chatRequest, 
 // An unknown value in the body or a header, or a timeout not of inference.ParseTimeout's
 // form, is an invalid_request naming the accepted ones.
 func (h *handler) prefs(header http.Header, obj meshinferObject) (inference.Prefs, *inference.Error) {
-	body := obj.Prefs
-	err := body.Validate()
-	if err == nil {
-		body.Timeout, err = inference.ParseTimeout(obj.Timeout)
-	}
-	if err != nil {
-		return inference.Prefs{}, invalidf("meshinfer object: %s", message(err))
+	body, e := obj.checked()
+	if e != nil {
+		return inference.Prefs{}, e
 	}
 	var fromHeader inference.Prefs
 	for _, f := range []struct {
@@ -266,6 +262,7 @@ func (h *handler) prefs(header http.Header, obj meshinferObject) (inference.Pref
 		}
 		fromHeader = fromHeader.Or(f.p)
 	}
+	var err error
 	if fromHeader.Timeout, err = inference.ParseTimeout(header.Get(headerTimeout)); err != nil {
 		return inference.Prefs{}, invalidf("%s header: %s", headerTimeout, message(err))
 	}

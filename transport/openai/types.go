@@ -2,6 +2,7 @@ package openai
 
 import (
 	"context"
+	"encoding/json"
 
 	"github.com/meshinfer/meshinfer/inference"
 )
@@ -55,6 +56,37 @@ type chatRequest struct {
 type meshinferObject struct {
 	inference.Prefs
 	Timeout string `json:"timeout,omitempty"`
+}
+
+// checked is o's preferences: an unknown value, or a timeout not of inference.ParseTimeout's
+// form, is an invalid_request naming the accepted ones.
+func (o meshinferObject) checked() (inference.Prefs, *inference.Error) {
+	p := o.Prefs
+	err := p.Validate()
+	if err == nil {
+		p.Timeout, err = inference.ParseTimeout(o.Timeout)
+	}
+	if err != nil {
+		return inference.Prefs{}, invalidf("meshinfer object: %s", message(err))
+	}
+	return p, nil
+}
+
+// BodyPrefs is the preferences the meshinfer object of a chat completion body gives,
+// checked as the API checks them, without headers or defaults: for a body that reaches
+// the node another way than the API, as a coordinator's direct tasks do.
+func BodyPrefs(body []byte) (inference.Prefs, error) {
+	var req struct {
+		Meshinfer meshinferObject `json:"meshinfer"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		return inference.Prefs{}, invalidf("meshinfer object: %v", err)
+	}
+	p, e := req.Meshinfer.checked()
+	if e != nil {
+		return inference.Prefs{}, e
+	}
+	return p, nil
 }
 
 type streamOptions struct {
